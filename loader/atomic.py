@@ -1,0 +1,70 @@
+"""Build an output directory under a temporary name and publish it with one rename.
+
+A dataset is either complete (every file written, fsynced, checksummed) or absent: a crash,
+Ctrl-C or a full disk leaves at most a ``.NAME.tmp-*`` directory, which this module removes
+on the way out when the process still can.
+"""
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from loader.errors import UserError
+
+__all__ = ["atomic_directory", "fsync_directory", "io_error"]
+
+
+def fsync_directory(path: Path) -> None:
+    """fsync a directory so that renames and new entries in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def io_error(err: OSError, what: str) -> UserError:
+    """Turn an OSError into a one-line UserError, naming disk-full explicitly."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return UserError(f"no space left on device while {what} ({os.strerror(err.errno or 0)})")
+    return UserError(f"I/O error while {what}: {err.strerror or err}")
+
+
+@contextlib.contextmanager
+def atomic_directory(out: Path) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``out``; rename it to ``out`` on success.
+
+    Refuses an ``out`` that already exists. On any exception (including KeyboardInterrupt)
+    the temporary directory is deleted and the exception propagates.
+    """
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"output {out} already exists; choose a new path or remove it first")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"output parent directory {parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    try:
+        yield tmp
+        for entry in tmp.iterdir():
+            if entry.is_file():
+                fd = os.open(entry, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_directory(tmp)
+        if out.exists():
+            raise UserError(f"output {out} appeared while this command ran; not overwriting it")
+        os.rename(tmp, out)
+        fsync_directory(parent)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise io_error(err, f"writing {out}") from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

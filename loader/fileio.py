@@ -1,0 +1,62 @@
+"""Low-level file primitives: every byte the offline tools write goes through ``write_all``.
+
+Keeping one write path means one place handles short writes and one place a test can make
+fail (a simulated full disk).
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from loader.errors import UserError
+
+__all__ = ["write_all", "pread_into", "file_xxh3", "HASH_CHUNK_BYTES"]
+
+HASH_CHUNK_BYTES = 8 << 20
+"""Read size for checksumming: large enough to stream at disk speed, small next to any budget."""
+
+
+def write_all(fd: int, data: memoryview | bytes | np.ndarray, offset: int | None = None) -> int:
+    """Write every byte of ``data`` to ``fd`` (at ``offset`` when given); return the count.
+
+    Raises OSError (ENOSPC and friends) unchanged; callers turn it into a UserError.
+    """
+    view = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+    total = len(view)
+    done = 0
+    while done < total:
+        if offset is None:
+            written = os.write(fd, view[done:])
+        else:
+            written = os.pwrite(fd, view[done:], offset + done)
+        if written <= 0:
+            raise OSError(28, "No space left on device")
+        done += written
+    return total
+
+
+def pread_into(fd: int, buffer: np.ndarray, offset: int, path: Path | str) -> None:
+    """Fill ``buffer`` from ``fd`` at ``offset``; a short read means a truncated file."""
+    view = memoryview(buffer).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise UserError(f"{path}: truncated (wanted {len(view)} bytes at offset {offset}, file ends early)")
+        done += got
+
+
+def file_xxh3(path: Path) -> str:
+    """xxh3-64 of a whole file as 16 hex digits, read in bounded chunks."""
+    hasher = xxhash.xxh3_64()
+    buffer = bytearray(HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            got = handle.readinto(buffer)
+            if not got:
+                break
+            hasher.update(view[:got])
+    return hasher.hexdigest()

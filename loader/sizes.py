@@ -1,0 +1,34 @@
+"""Human byte sizes: parse ``--memory-budget 512M`` and print ``1.5 GiB``."""
+
+import re
+
+from loader.errors import UserError
+
+__all__ = ["parse_size", "format_size"]
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int, *, name: str = "size") -> int:
+    """Parse ``"256M"``, ``"2GiB"``, ``"1.5G"`` or a plain byte count (binary units)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE_RE.match(text)
+        if match is None:
+            raise UserError(f"{name}: cannot parse {text!r} as a size (examples: 512M, 2G, 1073741824)")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if value <= 0:
+        raise UserError(f"{name}: must be positive, got {text!r}")
+    return value
+
+
+def format_size(nbytes: float) -> str:
+    """Format a byte count with binary units, three significant digits."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
