@@ -1,0 +1,36 @@
+# Quick start: `make demo` and `make test`. Both create or refresh .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build first: any other torch request pulls gigabytes of CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed-stamp
+DEMO_DIR := demo-data
+DEMO_ARGS := --nodes 200000 --avg-degree 20 --feat-dim 64 --classes 8 --seed 0
+
+.PHONY: demo test lint clean bench-prepare
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e '.[trainer,dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check loader proto trainer tests bench
+	$(BIN)/mypy
+
+demo: $(STAMP)
+	test -d $(DEMO_DIR)/raw || $(BIN)/megabatch generate $(DEMO_DIR)/raw $(DEMO_ARGS)
+	rm -rf $(DEMO_DIR)/dataset
+	$(BIN)/megabatch prepare $(DEMO_DIR)/raw $(DEMO_DIR)/dataset --partitions 64 --memory-budget 512M
+	$(BIN)/megabatch verify $(DEMO_DIR)/dataset
+
+bench-prepare: $(STAMP)
+	$(BIN)/python bench/prepare_bench.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info

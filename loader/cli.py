@@ -1,0 +1,188 @@
+"""The ``megabatch`` command line: one entry point, one subcommand per tool.
+
+User errors print one line and exit 1; Ctrl-C exits 130; argparse usage errors exit 2;
+an unexpected exception prints one line (``--debug`` shows the traceback) and exits 70.
+"""
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from loader.errors import UserError
+from loader.sizes import parse_size
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger("megabatch")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from loader.generate import generate_graph
+    from loader.splits import parse_split_ratios
+
+    raw = generate_graph(Path(args.out), num_nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
+                         num_classes=args.classes, seed=args.seed, feat_dtype=args.feat_dtype,
+                         split=parse_split_ratios(args.split),
+                         memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
+                         progress=args.progress)
+    h = raw.header
+    print(f"generated {raw.path}: {h.num_nodes:,} nodes, {h.num_edges:,} edges, {h.feat_dim}-dim {h.feat_dtype} "
+          f"features, {h.num_classes} classes")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from loader.importers import ImportOptions, import_dataset
+    from loader.splits import parse_split_ratios
+
+    options = ImportOptions(undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedup=args.dedup,
+                            split=parse_split_ratios(args.split), split_seed=args.split_seed,
+                            force_split=args.force_split, feat_dtype=args.feat_dtype)
+    raw = import_dataset(Path(args.src), Path(args.out), fmt=args.format, options=options,
+                         memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
+                         progress=args.progress)
+    h = raw.header
+    print(f"imported {raw.path}: {h.num_nodes:,} nodes, {h.num_edges:,} edges, {h.feat_dim}-dim features, "
+          f"{h.num_classes} classes")
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from loader.inspect_dataset import dataset_summary, format_summary
+    from loader.prepare import PrepareOptions, prepare_dataset
+
+    options = PrepareOptions(num_partitions=args.partitions, partitioner=args.partitioner,
+                             memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
+                             static_ratio=args.static_ratio, feat_dtype=args.feat_dtype, seed=args.seed,
+                             progress=args.progress)
+    dataset = prepare_dataset(Path(args.raw), Path(args.out), options)
+    print(format_summary(dataset_summary(dataset.path)))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from loader.verify import verify_dataset
+
+    report = verify_dataset(Path(args.dataset), progress=args.progress)
+    for problem in report.problems:
+        print(f"FAIL {problem}")
+    if report.ok:
+        print(f"ok: {args.dataset} passed {len(report.checks)} checks ({', '.join(report.checks)})")
+        return 0
+    print(f"{args.dataset}: {len(report.problems)} problem(s) found", file=sys.stderr)
+    return 1
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from loader.inspect_dataset import dataset_summary, format_summary
+
+    summary = dataset_summary(Path(args.dataset))
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megabatch", description="Out-of-core data loading for GNN training.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for unexpected errors")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar or lines")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="write a synthetic raw graph (power-law, communities)")
+    gen.add_argument("out", help="output raw dataset directory (must not exist)")
+    gen.add_argument("--nodes", type=_positive_int, required=True)
+    gen.add_argument("--avg-degree", type=float, required=True, help="average degree (edges stored both ways)")
+    gen.add_argument("--feat-dim", type=_positive_int, required=True)
+    gen.add_argument("--classes", type=_positive_int, required=True)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--feat-dtype", choices=("float32", "float16"), default="float32")
+    gen.add_argument("--split", default="0.6,0.2,0.2", help="train,val,test ratios (default 0.6,0.2,0.2)")
+    gen.add_argument("--memory-budget", default="1G", help="chunk memory (default 1G)")
+    gen.set_defaults(handler=_cmd_generate)
+
+    imp = sub.add_parser("import", help="convert a user's graph (npz, OGB, numpy) into a raw dataset")
+    imp.add_argument("src")
+    imp.add_argument("out", help="output raw dataset directory (must not exist)")
+    imp.add_argument("--format", required=True, choices=("npz", "ogb", "numpy"))
+    imp.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    imp.add_argument("--drop-self-loops", action="store_true")
+    imp.add_argument("--dedup", action="store_true", help="drop duplicate edges")
+    imp.add_argument("--split", default="0.6,0.2,0.2", help="ratios for a split when the source has none")
+    imp.add_argument("--split-seed", type=int, default=0)
+    imp.add_argument("--force-split", action="store_true", help="replace the source's split with a new one")
+    imp.add_argument("--feat-dtype", choices=("float32", "float16"), default="float32")
+    imp.add_argument("--memory-budget", default="1G", help="chunk memory (default 1G)")
+    imp.set_defaults(handler=_cmd_import)
+
+    prep = sub.add_parser("prepare", help="partition a raw dataset into the megabatch format")
+    prep.add_argument("raw")
+    prep.add_argument("out", help="output dataset directory (must not exist)")
+    prep.add_argument("--partitions", type=_positive_int, required=True)
+    prep.add_argument("--partitioner", choices=("metis", "stream", "random"), default="metis")
+    prep.add_argument("--memory-budget", default="1G", help="peak data memory (default 1G)")
+    prep.add_argument("--static-ratio", type=float, default=0.01, help="static cache fraction (default 0.01)")
+    prep.add_argument("--feat-dtype", choices=("float32", "float16"), default=None,
+                      help="store features as (default: the raw dtype)")
+    prep.add_argument("--seed", type=int, default=0, help="partitioner seed (default 0)")
+    prep.set_defaults(handler=_cmd_prepare)
+
+    ver = sub.add_parser("verify", help="check checksums and structure; exit 0 only if all hold")
+    ver.add_argument("dataset")
+    ver.set_defaults(handler=_cmd_verify)
+
+    ins = sub.add_parser("inspect", help="summarize a prepared dataset")
+    ins.add_argument("dataset")
+    ins.add_argument("--json", action="store_true", help="machine-readable output")
+    ins.set_defaults(handler=_cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="megabatch: %(message)s", stream=sys.stderr, force=True)
+    if args.quiet:
+        args.progress = False
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    # SIGTERM behaves like Ctrl-C so temporary outputs are removed on the way out.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return handler(args)
+    except UserError as err:
+        print(f"megabatch: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("megabatch: interrupted; no output was left behind", file=sys.stderr)
+        return 130
+    except OSError as err:
+        print(f"megabatch: error: {err.strerror or err}"
+              f"{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
+        return 1
+    except Exception as err:  # the user interface is never a traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"megabatch: internal error: {type(err).__name__}: {err} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 70
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

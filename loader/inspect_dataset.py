@@ -1,0 +1,73 @@
+"""``megabatch inspect``: a summary of a prepared dataset (sizes, degrees, edge-cut, balance)."""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loader.dataset import open_dataset
+from loader.npyio import NpyReader, rows_per_chunk
+from loader.sizes import format_size
+
+__all__ = ["dataset_summary", "format_summary"]
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    if not values.size:
+        return {"min": 0, "mean": 0.0, "median": 0.0, "p99": 0.0, "max": 0}
+    return {"min": int(values.min()), "mean": float(values.mean()), "median": float(np.median(values)),
+            "p99": float(np.percentile(values, 99)), "max": int(values.max())}
+
+
+def dataset_summary(path: Path | str) -> dict[str, Any]:
+    """Everything ``inspect`` prints, as a JSON-ready dict."""
+    dataset = open_dataset(path)
+    m = dataset.manifest
+    with NpyReader(dataset.file("indptr")) as reader:
+        in_degree = np.diff(reader.read())
+    out_degree = np.zeros(m.num_nodes, dtype=np.int64)
+    with NpyReader(dataset.file("indices")) as reader:
+        for _start, ids in reader.chunks(rows_per_chunk(16, 64 << 20)):
+            out_degree += np.bincount(ids, minlength=m.num_nodes)
+    parts = dataset.partitions()
+    sizes = parts[:, 1] - parts[:, 0]
+    split_sizes = {name: m.splits.get(name) for name in ("train", "val", "test")}
+    return {
+        "path": str(dataset.path), "format_version": m.version, "num_nodes": m.num_nodes,
+        "num_edges": m.num_edges, "num_classes": m.num_classes,
+        "features": {"dim": m.feat_dim, "dtype": m.feat_dtype.value, "row_bytes": m.row_bytes},
+        "index_dtype": m.index_dtype.value,
+        "bytes": {"total": sum(e.bytes for e in m.files.values()),
+                  **{name: e.bytes for name, e in sorted(m.files.items())}},
+        "in_degree": _stats(in_degree), "out_degree": _stats(out_degree),
+        "partitioner": m.partitioner, "edge_cut": m.edge_cut,
+        "partitions": {"count": m.num_partitions, "nodes": _stats(sizes),
+                       "imbalance": float(sizes.max() / sizes.mean()) if sizes.size else 1.0,
+                       "empty": int((sizes == 0).sum())},
+        "static_cache": m.static_cache, "splits": split_sizes, "source": m.source,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Human-readable rendering of ``dataset_summary``."""
+    s = summary
+    deg_in, deg_out, parts = s["in_degree"], s["out_degree"], s["partitions"]
+    lines = [
+        f"dataset      {s['path']} (format {s['format_version']})",
+        f"graph        {s['num_nodes']:,} nodes, {s['num_edges']:,} edges, {s['num_classes']} classes",
+        f"features     {s['features']['dim']} x {s['features']['dtype']} ({s['features']['row_bytes']} B/row)",
+        f"size         {format_size(s['bytes']['total'])} on disk "
+        f"(features {format_size(s['bytes'].get('features.bin', 0))}, "
+        f"indices {format_size(s['bytes'].get('indices.npy', 0))} as {s['index_dtype']})",
+        f"in-degree    min {deg_in['min']}, mean {deg_in['mean']:.2f}, median {deg_in['median']:.0f}, "
+        f"p99 {deg_in['p99']:.0f}, max {deg_in['max']}",
+        f"out-degree   min {deg_out['min']}, mean {deg_out['mean']:.2f}, median {deg_out['median']:.0f}, "
+        f"p99 {deg_out['p99']:.0f}, max {deg_out['max']}",
+        f"partitioner  {s['partitioner']['name']} {s['partitioner'].get('params', {})}",
+        f"edge-cut     {s['edge_cut']['edges']:,} edges ({100 * s['edge_cut']['fraction']:.1f}%)",
+        f"partitions   {parts['count']}: nodes min {parts['nodes']['min']}, mean {parts['nodes']['mean']:.1f}, "
+        f"max {parts['nodes']['max']} (imbalance {parts['imbalance']:.3f}, {parts['empty']} empty)",
+        f"static cache {s['static_cache']['num_nodes']:,} nodes (ratio {s['static_cache']['ratio']})",
+        f"splits       train {s['splits']['train']:,}, val {s['splits']['val']:,}, test {s['splits']['test']:,}",
+    ]
+    return "\n".join(lines)
