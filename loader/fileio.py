@@ -23,7 +23,11 @@ def write_all(fd: int, data: memoryview | bytes | np.ndarray, offset: int | None
 
     Raises OSError (ENOSPC and friends) unchanged; callers turn it into a UserError.
     """
-    view = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+    if isinstance(data, np.ndarray):
+        # reshape(-1) first: memoryview refuses to cast arrays with a zero-length axis
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    else:
+        view = memoryview(data)
     total = len(view)
     done = 0
     while done < total:

@@ -95,18 +95,20 @@ class StreamPartitioner(Partitioner):
     The neighbour lists stream from disk in budgeted chunks, so only the assignment and the
     partition sizes stay in memory. ``slack`` bounds imbalance: no partition exceeds
     ``(1 + slack) * N / P`` nodes. ``gamma`` is Fennel's balance exponent (1.5 in the paper).
+    ``passes`` > 1 restreams: later passes re-place each node knowing every neighbour's partition.
     """
 
     name = "stream"
 
-    def __init__(self, seed: int = 0, slack: float = 0.05, gamma: float = 1.5) -> None:
+    def __init__(self, seed: int = 0, slack: float = 0.05, gamma: float = 1.5, passes: int = 2) -> None:
         super().__init__(seed)
         self.slack = slack
         self.gamma = gamma
+        self.passes = passes
 
     def params(self) -> dict[str, float | int | str]:
         return {"seed": self.seed, "algorithm": "fennel", "slack": self.slack, "gamma": self.gamma,
-                "order": "node id"}
+                "order": "node id", "passes": self.passes}
 
     def partition(self, num_nodes: int, num_parts: int, adjacency: SymmetricAdjacency | None,
                   budget: int, progress: bool) -> np.ndarray:
@@ -122,8 +124,8 @@ class StreamPartitioner(Partitioner):
             alpha = math.sqrt(num_parts) * undirected_edges / max(1.0, num_nodes ** self.gamma)
             avg_row_bytes = 8 * (1 + nnz / max(1, num_nodes))
             rows = rows_per_chunk(int(avg_row_bytes) + 1, budget // 2, minimum=1024)
-            with Progress("partition (stream)", num_nodes, "nodes", enabled=progress) as bar:
-                for start in range(0, num_nodes, rows):
+            with Progress("partition (stream)", num_nodes * self.passes, "nodes", enabled=progress) as bar:
+                for start in ((s) for _ in range(self.passes) for s in range(0, num_nodes, rows)):
                     stop = min(num_nodes, start + rows)
                     indptr = ptr_reader.read(start, stop + 1)
                     indices = idx_reader.read(int(indptr[0]), int(indptr[-1]))

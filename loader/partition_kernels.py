@@ -12,6 +12,9 @@ def fennel_assign(indptr: np.ndarray, indices: np.ndarray, first_node: int, assi
                   counts: np.ndarray) -> int:
     """Assign nodes ``first_node + i`` (rows of a CSR slice) one by one with the Fennel rule.
 
+    Nodes already assigned (a restreaming pass, Nishimura & Ugander KDD 2013) are removed
+    from their partition first and placed again.
+
     Node v goes to argmax_p |N(v) ∩ P_p| - alpha * gamma * |P_p|^(gamma-1) among partitions
     below ``capacity``. Only partitions holding a neighbour can beat the smallest partition,
     so each node costs O(degree) plus a rescan for the smallest partition only when it grows.
@@ -26,6 +29,12 @@ def fennel_assign(indptr: np.ndarray, indices: np.ndarray, first_node: int, assi
     cut = 0
     for row in range(indptr.shape[0] - 1):
         v = first_node + row
+        previous = assignment[v]
+        if previous >= 0:  # restreaming: take v out and place it again, now seeing all neighbours
+            assignment[v] = -1
+            sizes[previous] -= 1
+            if sizes[previous] < sizes[smallest]:
+                smallest = previous
         begin = indptr[row] - indptr[0]
         end = indptr[row + 1] - indptr[0]
         for k in range(begin, end):
