@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from loader.atomic import io_error
 from loader.errors import UserError
 from loader.sizes import parse_size
 
@@ -171,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("megabatch: interrupted; no output was left behind", file=sys.stderr)
         return 130
     except OSError as err:
-        print(f"megabatch: error: {err.strerror or err}"
-              f"{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
+        where = f"{args.command}{f' ({err.filename})' if err.filename else ''}"
+        print(f"megabatch: error: {io_error(err, where)}", file=sys.stderr)
         return 1
     except Exception as err:  # the user interface is never a traceback
         if args.debug:

@@ -21,8 +21,14 @@ from loader.progress import Progress
 from loader.raw import SPLIT_NAMES, RawDataset, RawDatasetWriter, open_raw
 from loader.splits import stratified_split
 
-__all__ = ["ReadRequest", "ImportSource", "SplitArrays", "normalize_labels", "split_from_mask",
-           "write_dataset"]
+__all__ = [
+    "ImportSource",
+    "ReadRequest",
+    "SplitArrays",
+    "normalize_labels",
+    "split_from_mask",
+    "write_dataset",
+]
 
 SplitArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -182,8 +188,8 @@ def _sort_edges(writer: RawDatasetWriter, num_nodes: int, options: ImportOptions
     rows = rows_per_chunk(DISTRIBUTE_BYTES_PER_EDGE * (2 if options.undirected else 1), budget)
 
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        with NpyReader(src_path, expect_dtype=np.int64, expect_ndim=1) as srcs, \
-                NpyReader(dst_path, expect_dtype=np.int64, expect_ndim=1) as dsts:
+        with NpyReader(src_path, expect_dtype="int64", expect_ndim=1) as srcs, \
+                NpyReader(dst_path, expect_dtype="int64", expect_ndim=1) as dsts:
             for start in range(0, srcs.nrows, rows):
                 src, dst = srcs.read(start, start + rows), dsts.read(start, start + rows)
                 if options.undirected:
@@ -193,7 +199,7 @@ def _sort_edges(writer: RawDatasetWriter, num_nodes: int, options: ImportOptions
                 yield src, dst
 
     sorted_src, sorted_dst = writer.scratch / "sorted_src.npy", writer.scratch / "sorted_dst.npy"
-    with NpyWriter(sorted_src, np.int64) as out_src, NpyWriter(sorted_dst, np.int64) as out_dst:
+    with NpyWriter(sorted_src, "int64") as out_src, NpyWriter(sorted_dst, "int64") as out_dst:
         for bucket in external_sort_edges(chunks, num_nodes, writer.scratch, budget, dedup=options.dedup,
                                           progress=progress, step="import: sort edges"):
             out_src.append(bucket.primary)

@@ -11,10 +11,12 @@ labels, split) are loaded whole.
 """
 
 import contextlib
+import io
 import zipfile
 import zlib
 from collections.abc import Generator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -35,7 +37,8 @@ class _Member:
     def __init__(self, archive: zipfile.ZipFile, path: Path, key: str) -> None:
         self.origin = f"{path} [{key}]"
         try:
-            self._fp = archive.open(key + ".npy")
+            # zipfile's member stream is a BufferedIOBase (typeshed says only IO[bytes])
+            self._fp = cast(io.BufferedIOBase, archive.open(key + ".npy"))
         except KeyError:
             raise UserError(f"{path}: missing key {key!r}") from None
         except _ARCHIVE_ERRORS as err:
@@ -66,7 +69,7 @@ class _Member:
         """The next ``rows`` rows (fewer at the end)."""
         rows = max(0, min(rows, self._rows_left))
         out = np.empty((rows, *self.shape[1:]), dtype=self.dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data
         done = 0
         try:
             while done < len(view):
@@ -150,6 +153,8 @@ def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
         raise UserError(f"{path}: a single .npy array, not an .npz archive")
     stack.callback(npz.close)
     archive = npz.zip
+    if archive is None:
+        raise UserError(f"{path}: not a readable .npz archive")
 
     n, n_cols = _shape2(npz, path, "adj_shape")
     if n != n_cols or n == 0:

@@ -54,14 +54,15 @@ def _require(folder: Path, stem: str) -> Path:
 @contextlib.contextmanager
 def _open_text(path: Path) -> Generator[tuple[io.TextIOWrapper, io.BufferedReader], None, None]:
     """The file as text lines, and the underlying binary file (its position tracks progress)."""
-    try:
-        raw = open(path, "rb")
-    except OSError as err:
-        raise UserError(f"{path}: cannot open ({err.strerror})") from None
-    with raw:
-        stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw
-        with io.TextIOWrapper(stream, encoding="ascii", newline=None) as text:
-            yield text, raw
+    with contextlib.ExitStack() as stack:
+        try:
+            raw = stack.enter_context(open(path, "rb"))
+        except OSError as err:
+            raise UserError(f"{path}: cannot open ({err.strerror})") from None
+        stream: gzip.GzipFile | io.BufferedReader = (gzip.GzipFile(fileobj=raw, mode="rb")
+                                                     if path.suffix == ".gz" else raw)
+        text = stack.enter_context(io.TextIOWrapper(stream, encoding="ascii", newline=None))
+        yield text, raw
 
 
 def _csv_chunks(path: Path, dtype: type, lines_per_chunk: int, raw_pos: list[int] | None = None
@@ -83,7 +84,7 @@ def _csv_chunks(path: Path, dtype: type, lines_per_chunk: int, raw_pos: list[int
                 with warnings.catch_warnings():
                     # blank lines only (a trailing newline) is not worth a warning
                     warnings.simplefilter("ignore", UserWarning)
-                    values = np.loadtxt(lines, delimiter=",", dtype=dtype, ndmin=2)
+                    values: np.ndarray = np.loadtxt(lines, delimiter=",", dtype=dtype, ndmin=2)
             except ValueError as err:
                 raise UserError(f"{path}: lines {first}-{first + len(lines) - 1}: "
                                 f"{str(err).splitlines()[0]}") from None
