@@ -1,0 +1,95 @@
+"""Run a command the way out-of-core benchmarks must: page cache dropped, under a cgroup v1
+memory limit when one is available, timed by /usr/bin/time -v for wall time and peak RSS.
+
+Where the cgroup or drop_caches is unavailable (not root, cgroup v2 only), the run goes on
+with a warning: the numbers may then include the page cache quietly holding the dataset.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "machine_description"]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One measured command: exit code, wall seconds, peak RSS bytes, cgroup peak (or None)."""
+
+    returncode: int
+    wall_seconds: float
+    peak_rss_bytes: int
+    cgroup_peak_bytes: int | None
+    stdout: str
+    stderr: str
+
+
+def warn(message: str) -> None:
+    print(f"bench: warning: {message}", file=sys.stderr)
+
+
+def drop_caches() -> bool:
+    """Flush dirty pages and drop the page cache; False (with a warning) when not permitted."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError as err:
+        warn(f"cannot drop the page cache ({err.strerror}); reads may be served from RAM")
+        return False
+
+
+def cgroup_available() -> bool:
+    return (CGROUP_ROOT / "cgroup.procs").exists() and os.access(CGROUP_ROOT, os.W_OK)
+
+
+def run_measured(cmd: list[str], *, memory_limit: int | None = None, drop: bool = True,
+                 env: dict[str, str] | None = None) -> RunResult:
+    """Run ``cmd`` under /usr/bin/time -v (and a fresh cgroup limited to ``memory_limit``)."""
+    if drop:
+        drop_caches()
+    group: Path | None = None
+    if memory_limit is not None:
+        if cgroup_available():
+            group = CGROUP_ROOT / f"megabatch-bench-{uuid.uuid4().hex[:8]}"
+            group.mkdir()
+            (group / "memory.limit_in_bytes").write_text(str(memory_limit))
+        else:
+            warn("cgroup v1 memory controller unavailable; running without a memory limit")
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
+        wrapped = ["/usr/bin/time", "-v", "-o", timing.name, *cmd]
+        start = time.monotonic()
+        # the child joins the cgroup before exec, so every byte it maps is charged
+        preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None  # type: ignore[operator]
+        proc = subprocess.run(wrapped, capture_output=True, text=True, env=env, preexec_fn=preexec)
+        wall = time.monotonic() - start
+        report = Path(timing.name).read_text()
+    match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", report)
+    peak = int(match.group(1)) * 1024 if match else -1
+    cgroup_peak = None
+    if group is not None:
+        cgroup_peak = int((group / "memory.max_usage_in_bytes").read_text())
+        group.rmdir()
+    return RunResult(proc.returncode, wall, peak, cgroup_peak, proc.stdout, proc.stderr)
+
+
+def machine_description() -> str:
+    """CPU model, core count and RAM, for result files."""
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    except OSError:
+        mem_kb = 0
+    return f"{cpu}, {os.cpu_count()} cores, {mem_kb / 2**20:.0f} GiB RAM"
