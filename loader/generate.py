@@ -10,13 +10,16 @@ The model is a degree-corrected stochastic block model sampled Chung-Lu style:
 - each undirected edge picks its first endpoint anywhere with probability proportional to
   weight, and its second endpoint, with probability ``INTRA_FRACTION``, inside the first
   endpoint's community (again proportional to weight), otherwise anywhere;
-- features are the node's class mean plus unit Gaussian noise, with class means only
-  ``CLASS_SEPARATION`` apart, so a classifier on one node's features is unreliable while
-  the mean over its mostly same-class neighbours is not: neighbour aggregation (GraphSAGE)
-  clearly beats an MLP.
+- features are the node's class mean plus unit Gaussian noise; class means point in random
+  directions with norm about ``CLASS_SEPARATION``, small next to the noise (norm about
+  ``sqrt(feat_dim)``), so a classifier on one node's features is unreliable. About 80% of a
+  node's neighbours share its class, and averaging them shrinks the noise by the square
+  root of the degree while keeping most of the class signal: neighbour aggregation
+  (GraphSAGE) clearly beats an MLP, which cannot do better than the nearest class mean.
 
 Streaming: only per-node arrays (community, the community-ordered node list and its
-cumulative weights, labels; about 24 bytes per node) are held whole. Edges and features are
+cumulative weights, labels; about 24 bytes per node, more while they are built and the
+split is drawn) and the (num_classes, feat_dim) class means are held whole. Edges and features are
 generated in chunks sized from ``memory_budget`` and appended to the output files. Random
 numbers come from fixed-size blocks each seeded by ``(stream, block, seed)``, and a chunk is a
 run of whole blocks, so the output depends only on the arguments, not on the memory budget.
