@@ -49,6 +49,10 @@ def atomic_directory(out: Path) -> Iterator[Path]:
         raise UserError(f"output parent directory {parent} does not exist")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
     try:
+        # mkdtemp makes the directory private (0700); publish it with the usual umask mode
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
         yield tmp
         for entry in tmp.iterdir():
             if entry.is_file():

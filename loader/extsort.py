@@ -24,11 +24,14 @@ __all__ = ["EdgeChunkSource", "SortedBucket", "external_sort_edges", "SORT_BYTES
 EdgeChunkSource = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 """Returns a fresh iterable of ``(primary, secondary)`` int64 chunks each time it is called."""
 
-SORT_BYTES_PER_EDGE = 40
-"""Peak bytes per edge while a bucket is sorted: key, sorted copy, and the two id arrays."""
+SORT_BYTES_PER_EDGE = 64
+"""Peak bytes per edge while a bucket is sorted and consumed: the keys (8), the two id arrays
+(16), and the consumer's per-edge temporaries (``prepare`` uses up to ~40: partition ids of both
+ends, a narrowed copy of the ids, masks). Measured with the step's peak-RSS log lines."""
 
-DISTRIBUTE_BYTES_PER_EDGE = 64
-"""Peak bytes per edge while an input chunk is distributed (input pair, key, bucket id, order)."""
+DISTRIBUTE_BYTES_PER_EDGE = 96
+"""Peak bytes per edge while an input chunk is distributed: the raw pair (16), the mapped pair
+(16), key (8), bucket id (8), order (8), reordered keys (8), plus the reader's next chunk."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ def external_sort_edges(source: EdgeChunkSource, num_nodes: int, scratch: Path, 
     for primary, _secondary in source():
         counts += np.bincount(primary, minlength=n)
         total += len(primary)
+        del primary, _secondary
     max_edges = max(1, budget_bytes // SORT_BYTES_PER_EDGE)
     bounds = _bucket_bounds(counts, max_edges)
     del counts
@@ -95,6 +99,7 @@ def external_sort_edges(source: EdgeChunkSource, num_nodes: int, scratch: Path, 
                     finally:
                         os.close(fd)
                 bar.update(len(keys))
+                del primary, secondary, keys, offsets  # free before the source reads the next chunk
         with Progress(f"{step}: sort buckets", nbuckets, "buckets", enabled=progress) as bar:
             for bucket in range(nbuckets):
                 path = paths[bucket]

@@ -69,6 +69,7 @@ def write_structure(raw: RawDataset, renumbering: Renumbering, static_nodes: np.
     def by_new_target() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for src, dst in iter_edge_chunks(raw, chunk_rows):
             yield o2n[dst], o2n[src]
+            del src, dst
 
     is_static = np.zeros(n, dtype=bool)
     is_static[static_nodes] = True

@@ -163,6 +163,7 @@ def _degrees(raw: RawDataset, budget: int) -> tuple[np.ndarray, np.ndarray]:
     for src, dst in iter_edge_chunks(raw, rows_per_chunk(32, budget, minimum=1024)):
         out_deg += np.bincount(src, minlength=n)
         in_deg += np.bincount(dst, minlength=n)
+        del src, dst
     return in_deg, out_deg
 
 
@@ -175,7 +176,9 @@ def _symmetric_adjacency(raw: RawDataset, scratch: Path, budget: int, progress: 
         for src, dst in iter_edge_chunks(raw, chunk_rows):
             keep = src != dst
             src, dst = src[keep], dst[keep]
+            del keep
             yield np.concatenate((src, dst)), np.concatenate((dst, src))
+            del src, dst
 
     degree = np.zeros(n, dtype=np.int64)
     adjacency = SymmetricAdjacency(scratch / "sym_indptr.npy", scratch / "sym_indices.npy", n)

@@ -5,6 +5,7 @@ and CI logs readable.
 """
 
 import logging
+import resource
 import sys
 import time
 from types import TracebackType
@@ -71,7 +72,9 @@ class Progress:
             self._stream.write("\n")
             self._stream.flush()
         else:
-            log.info("%s: done in %.1f s", self.step, elapsed)
+            # peak RSS so far: shows which step sets the process's high-water mark
+            peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            log.info("%s: done in %.1f s (peak RSS so far %.0f MiB)", self.step, elapsed, peak_mib)
 
     def __enter__(self) -> "Progress":
         return self

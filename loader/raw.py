@@ -143,52 +143,73 @@ def validate_raw(raw: RawDataset, chunk_bytes: int, *, progress: bool = True) ->
 
     Checks: shapes and dtypes, edge endpoints in ``[0, N)``, finite features, labels in
     ``[-1, C)``, split ids in range, unique within a split and disjoint across splits.
+    Each file is checked in its own function so its chunks are freed before the next starts.
     """
-    head = raw.header
-    n = head.num_nodes
     for path in (raw.edge_src, raw.edge_dst):
-        with NpyReader(path, expect_dtype=np.int64, expect_ndim=1) as reader:
-            if reader.nrows != head.num_edges:
-                raise UserError(f"{path}: {reader.nrows} edges, raw.json says {head.num_edges}")
-            with Progress(f"check {path.name}", reader.nrows, "edges", enabled=progress) as bar:
-                for start, ids in reader.chunks(rows_per_chunk(8, chunk_bytes)):
-                    if ids.size and (ids.min() < 0 or ids.max() >= n):
-                        bad = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
-                        raise UserError(f"{path}: edge {start + bad} has endpoint {int(ids[bad])}, "
-                                        f"outside [0, {n})")
-                    bar.update(len(ids))
+        _check_edge_file(path, raw.header, chunk_bytes, progress)
+    _check_features(raw, chunk_bytes, progress)
+    _check_labels(raw, chunk_bytes)
+    if raw.header.has_split:
+        _check_splits(raw)
+
+
+def _check_edge_file(path: Path, head: RawHeader, chunk_bytes: int, progress: bool) -> None:
+    n = head.num_nodes
+    with NpyReader(path, expect_dtype=np.int64, expect_ndim=1) as reader:
+        if reader.nrows != head.num_edges:
+            raise UserError(f"{path}: {reader.nrows} edges, raw.json says {head.num_edges}")
+        with Progress(f"check {path.name}", reader.nrows, "edges", enabled=progress) as bar:
+            for start, ids in reader.chunks(rows_per_chunk(8, chunk_bytes)):
+                if ids.size and (ids.min() < 0 or ids.max() >= n):
+                    bad = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
+                    raise UserError(f"{path}: edge {start + bad} has endpoint {int(ids[bad])}, outside [0, {n})")
+                bar.update(len(ids))
+                del ids  # so the next chunk is not read while this one is alive
+
+
+def _check_features(raw: RawDataset, chunk_bytes: int, progress: bool) -> None:
+    head = raw.header
     with NpyReader(raw.features, expect_dtype=head.feat_dtype, expect_ndim=2) as feats:
-        if feats.shape != (n, head.feat_dim):
-            raise UserError(f"{raw.features}: shape {feats.shape}, raw.json says ({n}, {head.feat_dim})")
-        with Progress("check features", n, "rows", enabled=progress) as bar:
-            for start, rows in feats.chunks(rows_per_chunk(feats.row_bytes * 2, chunk_bytes)):
+        if feats.shape != (head.num_nodes, head.feat_dim):
+            raise UserError(f"{raw.features}: shape {feats.shape}, raw.json says ({head.num_nodes}, {head.feat_dim})")
+        with Progress("check features", head.num_nodes, "rows", enabled=progress) as bar:
+            # a chunk plus its boolean isfinite mask (itemsize 1 per value)
+            for start, rows in feats.chunks(rows_per_chunk(feats.row_bytes + head.feat_dim, chunk_bytes)):
                 finite = np.isfinite(rows).all(axis=1)
                 if not finite.all():
                     bad = int(np.flatnonzero(~finite)[0])
                     raise UserError(f"{raw.features}: row {start + bad} has NaN or infinite values")
                 bar.update(len(rows))
+                del rows, finite
+
+
+def _check_labels(raw: RawDataset, chunk_bytes: int) -> None:
+    head = raw.header
     with NpyReader(raw.labels, expect_ndim=1) as reader:
         if reader.dtype.kind not in "iu":
             raise UserError(f"{raw.labels}: dtype {reader.dtype}, expected an integer type")
-        if reader.nrows != n:
-            raise UserError(f"{raw.labels}: {reader.nrows} labels for {n} nodes")
-        for start, labels in reader.chunks(rows_per_chunk(8, chunk_bytes)):
+        if reader.nrows != head.num_nodes:
+            raise UserError(f"{raw.labels}: {reader.nrows} labels for {head.num_nodes} nodes")
+        for start, labels in reader.chunks(rows_per_chunk(10, chunk_bytes)):
             bad_mask = (labels < -1) | (labels >= head.num_classes)
             if bad_mask.any():
                 bad = int(np.flatnonzero(bad_mask)[0])
                 raise UserError(f"{raw.labels}: label {int(labels[bad])} at node {start + bad} is outside "
                                 f"[-1, {head.num_classes})")
-    if head.has_split:
-        seen = np.zeros(n, dtype=np.uint8)
-        for name in SPLIT_NAMES:
-            ids = _read_whole(raw.split(name))
-            if ids.size and (ids.min() < 0 or ids.max() >= n):
-                raise UserError(f"{raw.split(name)}: node ids must lie in [0, {n})")
-            if np.unique(ids).size != ids.size:
-                raise UserError(f"{raw.split(name)}: contains duplicate node ids")
-            if seen[ids].any():
-                raise UserError(f"{raw.split(name)}: overlaps an earlier split; splits must be disjoint")
-            seen[ids] = 1
+
+
+def _check_splits(raw: RawDataset) -> None:
+    n = raw.header.num_nodes
+    seen = np.zeros(n, dtype=np.uint8)
+    for name in SPLIT_NAMES:
+        ids = _read_whole(raw.split(name))
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise UserError(f"{raw.split(name)}: node ids must lie in [0, {n})")
+        if np.unique(ids).size != ids.size:
+            raise UserError(f"{raw.split(name)}: contains duplicate node ids")
+        if seen[ids].any():
+            raise UserError(f"{raw.split(name)}: overlaps an earlier split; splits must be disjoint")
+        seen[ids] = 1
 
 
 def _read_whole(path: Path) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.atomic import io_error
 from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.importers.options import ImportOptions
@@ -26,6 +27,7 @@ __all__ = [
     "ReadRequest",
     "SplitArrays",
     "normalize_labels",
+    "one_line",
     "split_from_mask",
     "write_dataset",
 ]
@@ -69,6 +71,11 @@ class ImportSource:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's message, for a one-line UserError."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def normalize_labels(values: np.ndarray, origin: str) -> np.ndarray:
     """Labels as int64 with -1 for unlabeled.
 
@@ -99,7 +106,7 @@ def normalize_labels(values: np.ndarray, origin: str) -> np.ndarray:
         bad = ~np.isfinite(filled) | (filled != np.floor(filled)) | (np.abs(filled) >= 2.0 ** 53)
         if bad.any():
             node = int(np.flatnonzero(bad)[0])
-            raise UserError(f"{origin}: label {arr[node]!r} of node {node} is not an integer")
+            raise UserError(f"{origin}: label {float(arr[node])!r} of node {node} is not an integer")
         arr = filled
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise UserError(f"{origin}: label {int(arr.max())} does not fit in int64")
@@ -219,7 +226,8 @@ def _copy_features(writer: RawDatasetWriter, data: ImportSource, feat_dtype: str
                 raise UserError(f"{origin}: more than {n} feature rows; expected one per node")
             if chunk.dtype.kind not in "biuf":
                 raise UserError(f"{origin}: features have dtype {chunk.dtype}, expected floats")
-            out = chunk.astype(feat_dtype, copy=False)
+            with np.errstate(over="ignore"):  # overflow to inf is reported below, by row
+                out = chunk.astype(feat_dtype, copy=False)
             finite = np.isfinite(out).all(axis=1)
             if not finite.all():
                 bad = int(np.flatnonzero(~finite)[0])
@@ -242,12 +250,16 @@ def write_dataset(data: ImportSource, out: Path, *, fmt: str, src: Path, options
     num_classes = max(1, int(data.labels.max()) + 1 if data.labels.size else 1)
     source = {"importer": fmt, "input": str(src), "options": options.to_json(), "split": split_info,
               **data.provenance}
-    with RawDatasetWriter(out, num_nodes=data.num_nodes, feat_dim=data.feat_dim, num_classes=num_classes,
-                          feat_dtype=options.feat_dtype, source=source) as writer:
-        _copy_edges(writer, data, options, progress)
-        if options.rewrites_edges:
-            _sort_edges(writer, data.num_nodes, options, memory_budget, progress)
-        _copy_features(writer, data, options.feat_dtype, progress)
-        writer.write_labels(data.labels)
-        writer.write_split(*split)
+    try:
+        with RawDatasetWriter(out, num_nodes=data.num_nodes, feat_dim=data.feat_dim, num_classes=num_classes,
+                              feat_dtype=options.feat_dtype, source=source) as writer:
+            _copy_edges(writer, data, options, progress)
+            if options.rewrites_edges:
+                _sort_edges(writer, data.num_nodes, options, memory_budget, progress)
+            _copy_features(writer, data, options.feat_dtype, progress)
+            writer.write_labels(data.labels)
+            writer.write_split(*split)
+    except OSError as err:
+        # the writer has already removed its temporary directory; a full disk is the usual cause
+        raise io_error(err, f"importing {src} into {out}") from err
     return open_raw(out)

@@ -21,7 +21,7 @@ from typing import cast
 import numpy as np
 
 from loader.errors import UserError
-from loader.importers.common import ImportSource, ReadRequest, normalize_labels
+from loader.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
 from loader.npyio import rows_per_chunk
 
 __all__ = ["read_npz"]
@@ -42,7 +42,7 @@ class _Member:
         except KeyError:
             raise UserError(f"{path}: missing key {key!r}") from None
         except _ARCHIVE_ERRORS as err:
-            raise UserError(f"{self.origin}: corrupt archive member ({err})") from None
+            raise UserError(f"{self.origin}: corrupt archive member ({one_line(err)})") from None
         try:
             version = np.lib.format.read_magic(self._fp)
             if version == (1, 0):
@@ -60,7 +60,7 @@ class _Member:
             raise
         except _ARCHIVE_ERRORS as err:
             self._fp.close()
-            raise UserError(f"{self.origin}: corrupt array header ({err})") from None
+            raise UserError(f"{self.origin}: corrupt array header ({one_line(err)})") from None
         self.shape: tuple[int, ...] = tuple(shape)
         self.dtype: np.dtype = dtype
         self._rows_left = shape[0] if shape else 1
@@ -78,7 +78,7 @@ class _Member:
                     raise UserError(f"{self.origin}: truncated array data")
                 done += got
         except _ARCHIVE_ERRORS as err:
-            raise UserError(f"{self.origin}: corrupt array data ({err})") from None
+            raise UserError(f"{self.origin}: corrupt array data ({one_line(err)})") from None
         self._rows_left -= rows
         return out
 
@@ -87,7 +87,7 @@ class _Member:
         try:
             extra = self._fp.read(1)
         except _ARCHIVE_ERRORS as err:
-            raise UserError(f"{self.origin}: corrupt array data ({err})") from None
+            raise UserError(f"{self.origin}: corrupt array data ({one_line(err)})") from None
         if self._rows_left or extra:
             raise UserError(f"{self.origin}: array data does not match its header")
 
@@ -102,7 +102,7 @@ def _load(npz: np.lib.npyio.NpzFile, path: Path, key: str) -> np.ndarray:
     try:
         return np.asarray(npz[key])
     except _ARCHIVE_ERRORS as err:
-        raise UserError(f"{path} [{key}]: cannot read ({str(err).splitlines()[0] if str(err) else err!r})"
+        raise UserError(f"{path} [{key}]: cannot read ({one_line(err)})"
                         ) from None
 
 
@@ -148,7 +148,7 @@ def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
     try:
         npz = np.load(path, allow_pickle=False)
     except _ARCHIVE_ERRORS as err:
-        raise UserError(f"{path}: not a readable .npz archive ({str(err).splitlines()[0]})") from None
+        raise UserError(f"{path}: not a readable .npz archive ({one_line(err)})") from None
     if not isinstance(npz, np.lib.npyio.NpzFile):
         raise UserError(f"{path}: a single .npy array, not an .npz archive")
     stack.callback(npz.close)
@@ -165,7 +165,7 @@ def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
     if len(labels) != n:
         raise UserError(f"{path} [labels]: {len(labels)} labels, but adj_shape says {n} nodes")
 
-    if "attr_data" in npz.files:
+    if any(f"attr_{part}" in npz.files for part in ("data", "indices", "indptr", "shape")):
         rows, dim = _shape2(npz, path, "attr_shape")
         attr_indptr = _indptr(npz, path, "attr_indptr", rows, _entry_count(archive, path, "attr"))
         feature_origin = f"{path} [attr_data]"
@@ -178,7 +178,8 @@ def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
         attr_indptr = None
         feature_origin = f"{path} [attr_matrix]"
     else:
-        raise UserError(f"{path}: no node features (neither 'attr_data'/'attr_indptr' nor 'attr_matrix')")
+        raise UserError(f"{path}: no node features (neither CSR 'attr_data', 'attr_indices', 'attr_indptr', "
+                        "'attr_shape' nor dense 'attr_matrix')")
     if rows != n:
         raise UserError(f"{feature_origin}: {rows} feature rows, but adj_shape says {n} nodes")
     if dim == 0:

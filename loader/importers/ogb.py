@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from loader.errors import UserError
-from loader.importers.common import ImportSource, ReadRequest, normalize_labels
+from loader.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
 from loader.npyio import rows_per_chunk
 from loader.progress import Progress
 
@@ -77,7 +77,7 @@ def _csv_chunks(path: Path, dtype: type, lines_per_chunk: int, raw_pos: list[int
             try:
                 lines = list(itertools.islice(text, lines_per_chunk))
             except _DECODE_ERRORS as err:
-                raise UserError(f"{path}: cannot read after line {first - 1} ({err})") from None
+                raise UserError(f"{path}: cannot read after line {first - 1} ({one_line(err)})") from None
             if not lines:
                 return
             try:
@@ -87,7 +87,7 @@ def _csv_chunks(path: Path, dtype: type, lines_per_chunk: int, raw_pos: list[int
                     values: np.ndarray = np.loadtxt(lines, delimiter=",", dtype=dtype, ndmin=2)
             except ValueError as err:
                 raise UserError(f"{path}: lines {first}-{first + len(lines) - 1}: "
-                                f"{str(err).splitlines()[0]}") from None
+                                f"{one_line(err)}") from None
             if raw_pos is not None:
                 raw_pos[0] = raw.tell()
             first += len(lines)
@@ -119,7 +119,7 @@ def _first_line(path: Path) -> str:
         try:
             return text.readline().strip()
         except _DECODE_ERRORS as err:
-            raise UserError(f"{path}: cannot read ({err})") from None
+            raise UserError(f"{path}: cannot read ({one_line(err)})") from None
 
 
 def _read_split(root: Path, lines: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
