@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.harness import RunResult, machine_description, run_measured  # noqa: E402
+from bench.harness import RunResult, machine_description, run_measured
 
 MIB = 1 << 20
 OVERHEAD_ALLOWANCE = 384 * MIB
@@ -54,9 +54,16 @@ def edge_cut_section(work: Path) -> list[dict]:
         out = work / f"physics-{name}"
         result = cli(["prepare", str(raw), str(out), "--partitions", "64", "--partitioner", name])
         manifest = json.loads((out / "manifest.json").read_text())
-        rows.append({"partitioner": name, "partitions": 64, "edge_cut": manifest["edge_cut"]["fraction"],
-                     "partition_seconds": manifest["partitioner"]["seconds"], "wall_seconds": result.wall_seconds,
-                     "peak_rss_bytes": result.peak_rss_bytes})
+        rows.append(
+            {
+                "partitioner": name,
+                "partitions": 64,
+                "edge_cut": manifest["edge_cut"]["fraction"],
+                "partition_seconds": manifest["partitioner"]["seconds"],
+                "wall_seconds": result.wall_seconds,
+                "peak_rss_bytes": result.peak_rss_bytes,
+            }
+        )
         shutil.rmtree(out)
     random_cut = next(r["edge_cut"] for r in rows if r["partitioner"] == "random")
     for row in rows:
@@ -64,62 +71,130 @@ def edge_cut_section(work: Path) -> list[dict]:
     return rows
 
 
-def memory_section(work: Path, nodes: int, avg_degree: float, dim: int, budget: int, label: str,
-                   partitioners: tuple[str, ...]) -> list[dict]:
+def memory_section(
+    work: Path, nodes: int, avg_degree: float, dim: int, budget: int, label: str, partitioners: tuple[str, ...]
+) -> list[dict]:
     raw = work / f"{label}-raw"
-    gen = cli(["generate", str(raw), "--nodes", str(nodes), "--avg-degree", str(avg_degree), "--feat-dim", str(dim),
-               "--classes", "16", "--memory-budget", f"{budget // MIB}M"], memory_limit=budget + OVERHEAD_ALLOWANCE)
+    gen = cli(
+        [
+            "generate",
+            str(raw),
+            "--nodes",
+            str(nodes),
+            "--avg-degree",
+            str(avg_degree),
+            "--feat-dim",
+            str(dim),
+            "--classes",
+            "16",
+            "--memory-budget",
+            f"{budget // MIB}M",
+        ],
+        memory_limit=budget + OVERHEAD_ALLOWANCE,
+    )
     feature_bytes = (raw / "features.npy").stat().st_size
     header = json.loads((raw / "raw.json").read_text())
-    rows = [{"step": "generate", "graph": label, "nodes": nodes, "edges": header["num_edges"], "dim": dim,
-             "feature_bytes": feature_bytes, "budget_bytes": budget, "wall_seconds": gen.wall_seconds,
-             "peak_rss_bytes": gen.peak_rss_bytes, "cgroup_peak_bytes": gen.cgroup_peak_bytes}]
+    rows = [
+        {
+            "step": "generate",
+            "graph": label,
+            "nodes": nodes,
+            "edges": header["num_edges"],
+            "dim": dim,
+            "feature_bytes": feature_bytes,
+            "budget_bytes": budget,
+            "wall_seconds": gen.wall_seconds,
+            "peak_rss_bytes": gen.peak_rss_bytes,
+            "cgroup_peak_bytes": gen.cgroup_peak_bytes,
+        }
+    ]
     partitions = max(1, nodes // 4000)
     for name in partitioners:
         out = work / f"{label}-{name}"
-        result = cli(["prepare", str(raw), str(out), "--partitions", str(partitions), "--partitioner", name,
-                      "--memory-budget", f"{budget // MIB}M"], memory_limit=budget + OVERHEAD_ALLOWANCE)
+        result = cli(
+            [
+                "prepare",
+                str(raw),
+                str(out),
+                "--partitions",
+                str(partitions),
+                "--partitioner",
+                name,
+                "--memory-budget",
+                f"{budget // MIB}M",
+            ],
+            memory_limit=budget + OVERHEAD_ALLOWANCE,
+        )
         manifest = json.loads((out / "manifest.json").read_text())
-        rows.append({"step": f"prepare ({name})", "graph": label, "nodes": nodes, "edges": header["num_edges"],
-                     "dim": dim, "feature_bytes": feature_bytes, "budget_bytes": budget,
-                     "wall_seconds": result.wall_seconds, "peak_rss_bytes": result.peak_rss_bytes,
-                     "cgroup_peak_bytes": result.cgroup_peak_bytes, "edge_cut": manifest["edge_cut"]["fraction"],
-                     "partitions": partitions})
+        rows.append(
+            {
+                "step": f"prepare ({name})",
+                "graph": label,
+                "nodes": nodes,
+                "edges": header["num_edges"],
+                "dim": dim,
+                "feature_bytes": feature_bytes,
+                "budget_bytes": budget,
+                "wall_seconds": result.wall_seconds,
+                "peak_rss_bytes": result.peak_rss_bytes,
+                "cgroup_peak_bytes": result.cgroup_peak_bytes,
+                "edge_cut": manifest["edge_cut"]["fraction"],
+                "partitions": partitions,
+            }
+        )
         shutil.rmtree(out)
     shutil.rmtree(raw)
     return rows
 
 
 def markdown(results: dict) -> str:
-    lines = [f"Machine: {results['machine']}. Baseline RSS of the interpreter with numpy/numba/pymetis "
-             f"loaded: {results['baseline_rss_bytes'] / MIB:.0f} MiB.", ""]
+    lines = [
+        f"Machine: {results['machine']}. Baseline RSS of the interpreter with numpy/numba/pymetis "
+        f"loaded: {results['baseline_rss_bytes'] / MIB:.0f} MiB.",
+        "",
+    ]
     if results["edge_cut"]:
-        lines += ["| coauthor-physics, 64 parts | edge-cut | vs random | partition s | prepare wall s |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['partitioner']} | {100 * r['edge_cut']:.1f}% | {r['cut_vs_random']:.2f}x | "
-                  f"{r['partition_seconds']:.2f} | {r['wall_seconds']:.1f} |" for r in results["edge_cut"]]
+        lines += [
+            "| coauthor-physics, 64 parts | edge-cut | vs random | partition s | prepare wall s |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['partitioner']} | {100 * r['edge_cut']:.1f}% | {r['cut_vs_random']:.2f}x | "
+            f"{r['partition_seconds']:.2f} | {r['wall_seconds']:.1f} |"
+            for r in results["edge_cut"]
+        ]
         lines.append("")
-    lines += ["| graph | step | nodes | edges | features | budget | wall s | peak RSS | RSS - budget | edge-cut |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| graph | step | nodes | edges | features | budget | wall s | peak RSS | RSS - budget | edge-cut |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["memory"]:
         cut = f"{100 * r['edge_cut']:.1f}%" if "edge_cut" in r else ""
-        lines.append(f"| {r['graph']} | {r['step']} | {r['nodes']:,} | {r['edges']:,} | "
-                     f"{r['feature_bytes'] / MIB:.0f} MiB | {r['budget_bytes'] / MIB:.0f} MiB | {r['wall_seconds']:.1f} | "
-                     f"{r['peak_rss_bytes'] / MIB:.0f} MiB | {(r['peak_rss_bytes'] - r['budget_bytes']) / MIB:+.0f} MiB "
-                     f"| {cut} |")
+        lines.append(
+            f"| {r['graph']} | {r['step']} | {r['nodes']:,} | {r['edges']:,} | "
+            f"{r['feature_bytes'] / MIB:.0f} MiB | {r['budget_bytes'] / MIB:.0f} MiB | {r['wall_seconds']:.1f} | "
+            f"{r['peak_rss_bytes'] / MIB:.0f} MiB | {(r['peak_rss_bytes'] - r['budget_bytes']) / MIB:+.0f} MiB "
+            f"| {cut} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", default="/var/tmp/megabatch-bench", help="scratch directory (needs ~20 GB for --scale)")
+    parser.add_argument(
+        "--work", default="/var/tmp/megabatch-bench", help="scratch directory (needs ~20 GB for --scale)"
+    )
     parser.add_argument("--scale", action="store_true", help="also run the 10M-node recipe (~15-30 min)")
     args = parser.parse_args()
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    results: dict = {"machine": machine_description(), "baseline_rss_bytes": baseline_rss(),
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "edge_cut": edge_cut_section(work)}
+    results: dict = {
+        "machine": machine_description(),
+        "baseline_rss_bytes": baseline_rss(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "edge_cut": edge_cut_section(work),
+    }
     # features (1.2M x 256 float32 = 1.2 GB) are >= 4x the 256 MiB budget
     results["memory"] = memory_section(work, 1_200_000, 10, 256, 256 * MIB, "1.2M x 256", ("stream", "random"))
     if args.scale:

@@ -92,7 +92,7 @@ def external_sort_edges(source: EdgeChunkSource, num_nodes: int, scratch: Path, 
                 sizes = np.bincount(which, minlength=nbuckets)
                 del order, which
                 offsets = np.concatenate(([0], np.cumsum(sizes)))
-                for bucket in np.flatnonzero(sizes):
+                for bucket in np.flatnonzero(sizes).tolist():
                     fd = os.open(paths[bucket], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                     try:
                         write_all(fd, keys[offsets[bucket]:offsets[bucket + 1]])

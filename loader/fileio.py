@@ -25,7 +25,7 @@ def write_all(fd: int, data: memoryview | bytes | np.ndarray, offset: int | None
     """
     if isinstance(data, np.ndarray):
         # reshape(-1) first: memoryview refuses to cast arrays with a zero-length axis
-        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     else:
         view = memoryview(data)
     total = len(view)
@@ -43,7 +43,9 @@ def write_all(fd: int, data: memoryview | bytes | np.ndarray, offset: int | None
 
 def pread_into(fd: int, buffer: np.ndarray, offset: int, path: Path | str) -> None:
     """Fill ``buffer`` from ``fd`` at ``offset``; a short read means a truncated file."""
-    view = memoryview(buffer).cast("B")
+    if not buffer.flags.c_contiguous:
+        raise ValueError("pread_into needs a C-contiguous buffer")
+    view = buffer.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)

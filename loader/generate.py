@@ -199,7 +199,7 @@ def _validate(num_nodes: int, avg_degree: float, feat_dim: int, num_classes: int
         raise UserError(f"--seed must be a non-negative integer, got {seed!r}")
     if feat_dtype not in FEATURE_DTYPES:
         raise UserError(f"--feat-dtype must be one of {', '.join(FEATURE_DTYPES)}, got {feat_dtype!r}")
-    if (len(split) != 3 or not all(isinstance(r, (int, float)) and 0 <= r for r in split)
+    if (len(split) != 3 or not all(isinstance(r, (int, float)) and r >= 0 for r in split)
             or sum(split) > 1 + 1e-9):
         raise UserError(f"--split must be three non-negative ratios summing to at most 1, got {split!r}")
     if not is_int(memory_budget) or memory_budget < 1:
@@ -215,7 +215,8 @@ def generate_graph(out: Path, *, num_nodes: int, avg_degree: float, feat_dim: in
     stored in both directions, so ``num_edges`` is twice that and the mean degree is
     ``avg_degree``. No self-loops. Edges are sampled independently and not deduplicated, so
     a pair can repeat: about 0.6% of edges at 1M nodes and degree 20, a few percent on
-    graphs of a few thousand nodes, whose communities are small and dense. ``feat_dim`` features of ``feat_dtype`` (float32, the default, or float16);
+    graphs of a few thousand nodes, whose communities are small and dense. ``feat_dim``
+    features of ``feat_dtype`` (float32, the default, or float16);
     labels in ``[0, num_classes)``; a stratified split with ratios ``split`` (default
     0.6/0.2/0.2) seeded by ``seed`` (default 0). ``memory_budget`` (default 1 GiB) bounds the
     edge and feature chunks; per-node arrays add about 24 bytes per node on top. It does not

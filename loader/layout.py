@@ -135,7 +135,7 @@ def write_features(raw: RawDataset, renumbering: Renumbering, static_nodes: np.n
                 order = np.argsort(which, kind="stable")
                 new_ids, rows, which = new_ids[order], rows[order], which[order]
                 bounds = np.searchsorted(which, np.arange(num_buckets + 1))
-                for b in np.flatnonzero(np.diff(bounds)):
+                for b in np.flatnonzero(np.diff(bounds)).tolist():
                     lo, hi = bounds[b], bounds[b + 1]
                     _append(id_paths[b], new_ids[lo:hi])
                     _append(row_paths[b], rows[lo:hi])

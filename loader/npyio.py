@@ -12,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
+import numpy.typing as npt
 
 from loader.errors import UserError
 from loader.fileio import pread_into, write_all
@@ -33,7 +34,7 @@ class NpyReader:
     ``expect_dtype`` / ``expect_ndim`` make a mismatch a UserError that names the file.
     """
 
-    def __init__(self, path: Path | str, *, expect_dtype: str | np.dtype | None = None,
+    def __init__(self, path: Path | str, *, expect_dtype: npt.DTypeLike | None = None,
                  expect_ndim: int | None = None) -> None:
         self.path = Path(path)
         try:
@@ -140,7 +141,7 @@ class NpyWriter:
     ``nrows=None`` the file grows and the header is rewritten on ``close``.
     """
 
-    def __init__(self, path: Path | str, dtype: str | np.dtype, row_shape: tuple[int, ...] = (),
+    def __init__(self, path: Path | str, dtype: npt.DTypeLike, row_shape: tuple[int, ...] = (),
                  nrows: int | None = None) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
@@ -196,7 +197,7 @@ class NpyWriter:
             self.abort()
 
 
-def read_npy(path: Path | str, *, expect_dtype: str | np.dtype | None = None,
+def read_npy(path: Path | str, *, expect_dtype: npt.DTypeLike | None = None,
              expect_ndim: int | None = None) -> np.ndarray:
     """Read a whole (small) ``.npy`` file with the same validation as NpyReader."""
     with NpyReader(path, expect_dtype=expect_dtype, expect_ndim=expect_ndim) as reader:

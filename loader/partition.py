@@ -42,8 +42,8 @@ class Partitioner(abc.ABC):
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def check_memory(self, num_nodes: int, num_edges: int, budget: int) -> None:
-        """Raise UserError when this partitioner cannot run within ``budget`` bytes."""
+    def check_memory(self, num_nodes: int, num_edges: int, budget: int) -> None:  # noqa: B027 (optional hook)
+        """Raise UserError when this partitioner cannot run within ``budget`` bytes (default: never)."""
 
     @abc.abstractmethod
     def partition(self, num_nodes: int, num_parts: int, adjacency: SymmetricAdjacency | None,

@@ -45,12 +45,11 @@ def fennel_assign(indptr: np.ndarray, indices: np.ndarray, first_node: int, assi
         best_score = -alpha * gamma * sizes[smallest] ** (gamma - 1.0)
         for k in range(begin, end):
             p = assignment[indices[k]]
-            if p >= 0 and counts[p] > 0:
-                if sizes[p] < capacity:
-                    score = counts[p] - alpha * gamma * sizes[p] ** (gamma - 1.0)
-                    if score > best_score or (score == best_score and sizes[p] < sizes[best]):
-                        best = p
-                        best_score = score
+            if p >= 0 and counts[p] > 0 and sizes[p] < capacity:
+                score = counts[p] - alpha * gamma * sizes[p] ** (gamma - 1.0)
+                if score > best_score or (score == best_score and sizes[p] < sizes[best]):
+                    best = p
+                    best_score = score
         for k in range(begin, end):
             p = assignment[indices[k]]
             if p >= 0:

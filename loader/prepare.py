@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,18 @@ import numpy as np
 
 import loader
 from loader.atomic import atomic_directory, io_error
-from loader.dataset import (FEATURE_ALIGNMENT, FILES, FORMAT_VERSION, Dataset, FeatureDtype, FileEntry,
-                            IndexDtype, Manifest, manifest_text, open_dataset)
+from loader.dataset import (
+    FEATURE_ALIGNMENT,
+    FILES,
+    FORMAT_VERSION,
+    Dataset,
+    FeatureDtype,
+    FileEntry,
+    IndexDtype,
+    Manifest,
+    manifest_text,
+    open_dataset,
+)
 from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.fileio import file_xxh3, write_all
@@ -141,7 +151,7 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
                 neighbor_rank={"ranked_by": "out_degree / in_degree (in_degree 0 first)"},
                 splits=splits, files=files,
                 created_by={"tool": "megabatch", "version": loader.__version__,
-                            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
                             "host": socket.gethostname(), "seconds": round(time.monotonic() - started, 3),
                             "memory_budget": options.memory_budget},
                 source=head.source)
@@ -213,6 +223,7 @@ def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Pat
         labels = reader.read().astype(np.int64)
     write_npy(tmp / FILES["labels"], labels[renumbering.new_to_orig])
     generated = not raw.header.has_split
+    ids: tuple[np.ndarray, ...]
     if generated:
         log.warning("%s has no split; making a seeded stratified 60/20/20 split (seed 0)", raw.path)
         ids = stratified_split(labels, (0.6, 0.2, 0.2), 0)

@@ -9,6 +9,7 @@ A directory (see docs/FORMAT.md, "Raw dataset"):
 - ``train_idx.npy``, ``val_idx.npy``, ``test_idx.npy``: int64 node ids (all three or none)
 """
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -153,6 +154,11 @@ def validate_raw(raw: RawDataset, chunk_bytes: int, *, progress: bool = True) ->
         _check_splits(raw)
 
 
+def _read_labels(raw: RawDataset) -> np.ndarray:
+    with NpyReader(raw.labels) as reader:
+        return reader.read()
+
+
 def _check_edge_file(path: Path, head: RawHeader, chunk_bytes: int, progress: bool) -> None:
     n = head.num_nodes
     with NpyReader(path, expect_dtype=np.int64, expect_ndim=1) as reader:
@@ -201,6 +207,7 @@ def _check_labels(raw: RawDataset, chunk_bytes: int) -> None:
 def _check_splits(raw: RawDataset) -> None:
     n = raw.header.num_nodes
     seen = np.zeros(n, dtype=np.uint8)
+    labels = _read_labels(raw)
     for name in SPLIT_NAMES:
         ids = _read_whole(raw.split(name))
         if ids.size and (ids.min() < 0 or ids.max() >= n):
@@ -209,6 +216,8 @@ def _check_splits(raw: RawDataset) -> None:
             raise UserError(f"{raw.split(name)}: contains duplicate node ids")
         if seen[ids].any():
             raise UserError(f"{raw.split(name)}: overlaps an earlier split; splits must be disjoint")
+        if (labels[ids] < 0).any():
+            raise UserError(f"{raw.split(name)}: node {int(ids[labels[ids] < 0][0])} is unlabeled (label -1)")
         seen[ids] = 1
 
 
@@ -245,13 +254,23 @@ class RawDatasetWriter:
         RawHeader(self.num_nodes, 0, self.feat_dim, feat_dtype, self.num_classes, False, self.source)
         self._context = atomic_directory(self.out)
         self.tmp = self._context.__enter__()
-        self.scratch = self.tmp / "scratch"
-        self.scratch.mkdir()
-        self._src = NpyWriter(self.tmp / "edge_src.npy", np.int64)
-        self._dst = NpyWriter(self.tmp / "edge_dst.npy", np.int64)
-        self._features = NpyWriter(self.tmp / "features.npy", feat_dtype, (self.feat_dim,), nrows=self.num_nodes)
+        self._writers: list[NpyWriter] = []
+        try:
+            self.scratch = self.tmp / "scratch"
+            self.scratch.mkdir()
+            self._src = self._open(NpyWriter(self.tmp / "edge_src.npy", np.int64))
+            self._dst = self._open(NpyWriter(self.tmp / "edge_dst.npy", np.int64))
+            self._features = self._open(NpyWriter(self.tmp / "features.npy", feat_dtype, (self.feat_dim,),
+                                                  nrows=self.num_nodes))
+        except OSError as err:
+            self.abort(err)
+            raise io_error(err, f"writing {self.out}") from err
         self._has_labels = False
         self._has_split = False
+
+    def _open(self, writer: NpyWriter) -> NpyWriter:
+        self._writers.append(writer)
+        return writer
 
     def append_edges(self, src: np.ndarray, dst: np.ndarray) -> None:
         if len(src) != len(dst):
@@ -265,7 +284,6 @@ class RawDatasetWriter:
         self._dst.abort()
         os.replace(src_path, self.tmp / "edge_src.npy")
         os.replace(dst_path, self.tmp / "edge_dst.npy")
-        self._edges_replaced = True
 
     @property
     def edge_paths(self) -> tuple[Path, Path]:
@@ -320,13 +338,12 @@ class RawDatasetWriter:
 
     def abort(self, err: BaseException | None = None) -> None:
         """Discard everything written so far."""
-        for writer in (self._src, self._dst, self._features):
+        for writer in self._writers:
             writer.abort()
         exc = err if err is not None else KeyboardInterrupt()
-        try:
+        # the caller raises its own error; cleanup must not replace it
+        with contextlib.suppress(BaseException):
             self._context.__exit__(type(exc), exc, None)
-        except BaseException:
-            pass
 
     def __enter__(self) -> "RawDatasetWriter":
         return self
@@ -335,5 +352,7 @@ class RawDatasetWriter:
                  tb: TracebackType | None) -> None:
         if exc_type is None:
             self.close()
-        else:
-            self.abort(exc)
+            return
+        self.abort(exc)
+        if isinstance(exc, OSError):
+            raise io_error(exc, f"writing {self.out}") from exc

@@ -22,8 +22,9 @@ def stratified_split(labels: np.ndarray, ratios: tuple[float, float, float], see
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split labeled nodes (label >= 0) class by class into sorted int64 train/val/test ids.
 
-    Each class contributes ``round(ratio * class_size)`` nodes to train and to val, the
-    next ``round(ratio * class_size)`` to test; unlabeled nodes go nowhere.
+    Each class contributes ``round(ratio * class_size)`` nodes to train and to val (never more
+    than the class holds) and ``round(ratio * class_size)`` to test, or all the rest when the
+    ratios sum to 1; unlabeled nodes go nowhere.
     """
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
@@ -36,9 +37,11 @@ def stratified_split(labels: np.ndarray, ratios: tuple[float, float, float], see
     parts: list[list[np.ndarray]] = [[], [], []]
     for start, size in zip(starts.tolist(), sizes.tolist()):
         group = ids[start:start + size]
-        n_train = int(round(ratios[0] * size))
-        n_val = int(round(ratios[1] * size))
-        n_test = min(size - n_train - n_val, int(round(ratios[2] * size)))
+        n_train = min(size, int(round(ratios[0] * size)))
+        n_val = min(size - n_train, int(round(ratios[1] * size)))
+        # ratios summing to 1 mean "everything": the rounding remainder goes to test
+        full = abs(sum(ratios) - 1.0) < 1e-9
+        n_test = size - n_train - n_val if full else min(size - n_train - n_val, int(round(ratios[2] * size)))
         bounds = (0, n_train, n_train + n_val, n_train + n_val + max(0, n_test))
         for k in range(3):
             parts[k].append(group[bounds[k]:bounds[k + 1]])

@@ -121,9 +121,9 @@ def _check_partitions(dataset: Dataset) -> list[str]:
     if (node_end < node_begin).any():
         problems.append("a partition has node_end < node_begin")
     indptr = _read(dataset, "indptr", "int64", 1)
-    if len(indptr) == m.num_nodes + 1 and not problems:
-        if (edge_begin != indptr[node_begin]).any() or (edge_end != indptr[node_end]).any():
-            problems.append("partition edge ranges disagree with indptr")
+    if len(indptr) == m.num_nodes + 1 and not problems and (
+            (edge_begin != indptr[node_begin]).any() or (edge_end != indptr[node_end]).any()):
+        problems.append("partition edge ranges disagree with indptr")
     if (offset % FEATURE_ALIGNMENT).any():
         problems.append(f"a partition's features do not start on a {FEATURE_ALIGNMENT}-byte boundary")
     if (nbytes != (node_end - node_begin) * m.row_bytes).any():

@@ -36,5 +36,5 @@ def random_graph(rng: np.random.Generator, n: int, e: int, d: int, classes: int 
     src = rng.integers(0, n, e)
     dst = rng.integers(0, n, e)
     features = rng.standard_normal((n, d)).astype(np.float32)
-    labels = rng.integers(-1, classes, n)
+    labels = rng.integers(0, classes, n)
     return src, dst, features, labels

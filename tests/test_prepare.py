@@ -51,7 +51,8 @@ def test_round_trip_random_graphs(tmp_path_factory, n, avg, d, parts, partitione
     rng = np.random.default_rng(seed)
     src, dst, features, labels = random_graph(rng, n, n * avg, d)
     perm = rng.permutation(n)
-    split = (np.sort(perm[: n // 2]), np.sort(perm[n // 2: 3 * n // 4]), np.sort(perm[3 * n // 4:]))
+    split = (np.sort(perm[: n // 2]), np.sort(perm[n // 2: 3 * n // 4]), np.sort(perm[3 * n // 4: 9 * n // 10]))
+    labels[perm[9 * n // 10:]] = -1  # unlabeled nodes outside every split
     tmp = tmp_path_factory.mktemp("rt")
     write_raw(tmp / "raw", src, dst, features, labels, 3, split)
     parts = min(parts, n)
