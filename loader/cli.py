@@ -15,6 +15,7 @@ from pathlib import Path
 
 from loader.atomic import io_error
 from loader.errors import UserError
+from loader.memory import pin_malloc_thresholds
 from loader.sizes import parse_size
 
 __all__ = ["main", "build_parser"]
@@ -160,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="megabatch: %(message)s", stream=sys.stderr, force=True)
     if args.quiet:
         args.progress = False
+    pin_malloc_thresholds()
     handler: Callable[[argparse.Namespace], int] = args.handler
     # SIGTERM behaves like Ctrl-C so temporary outputs are removed on the way out.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -43,7 +43,7 @@ from loader.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, vali
 from loader.sizes import format_size
 from loader.splits import stratified_split
 
-__all__ = ["PrepareOptions", "prepare_dataset", "NODE_STATE_BYTES", "MIN_CHUNK_BUDGET"]
+__all__ = ["PrepareOptions", "prepare_dataset", "NODE_STATE_BYTES", "MIN_CHUNK_BUDGET", "FIXED_OVERHEAD_BYTES"]
 
 log = logging.getLogger("megabatch")
 
@@ -52,6 +52,11 @@ NODE_STATE_BYTES = 80
 
 MIN_CHUNK_BUDGET = 16 << 20
 """Smallest budget left for streaming chunks after per-node state; below it, refuse."""
+
+FIXED_OVERHEAD_BYTES = 192 << 20
+"""What peak RSS may exceed ``memory_budget`` by: the interpreter with numpy and pymetis
+(~95 MiB measured), numba's LLVM once a kernel runs (+44 MiB), and allocator slack. Checked by
+tests/test_memory_bound.py and bench/prepare_bench.py."""
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,28 @@ import time
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "peak_rss_bytes"]
 
 log = logging.getLogger("megabatch")
 
 _LOG_INTERVAL_S = 10.0
 _BAR_INTERVAL_S = 0.2
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size.
+
+    VmHWM belongs to the current address space; ``ru_maxrss`` would also count a large parent
+    that forked this process, because Linux carries it across ``exec``.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Progress:
@@ -72,9 +88,8 @@ class Progress:
             self._stream.write("\n")
             self._stream.flush()
         else:
-            # peak RSS so far: shows which step sets the process's high-water mark
-            peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            log.info("%s: done in %.1f s (peak RSS so far %.0f MiB)", self.step, elapsed, peak_mib)
+            # shows which step sets the process's high-water mark
+            log.info("%s: done in %.1f s (peak RSS so far %.0f MiB)", self.step, elapsed, peak_rss_bytes() / 2**20)
 
     def __enter__(self) -> "Progress":
         return self
