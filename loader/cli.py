@@ -12,11 +12,15 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loader.atomic import io_error
 from loader.errors import UserError
 from loader.memory import pin_malloc_thresholds
 from loader.sizes import parse_size
+
+if TYPE_CHECKING:
+    from loader.raw import RawDataset
 
 __all__ = ["main", "build_parser"]
 
@@ -33,6 +37,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _print_raw_summary(verb: str, raw: "RawDataset") -> None:
+    h = raw.header
+    print(f"{verb} {raw.path}: {h.num_nodes:,} nodes, {h.num_edges:,} edges, {h.feat_dim}-dim {h.feat_dtype} "
+          f"features, {h.num_classes} classes")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from loader.generate import generate_graph
     from loader.splits import parse_split_ratios
@@ -42,9 +52,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                          split=parse_split_ratios(args.split),
                          memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
                          progress=args.progress)
-    h = raw.header
-    print(f"generated {raw.path}: {h.num_nodes:,} nodes, {h.num_edges:,} edges, {h.feat_dim}-dim {h.feat_dtype} "
-          f"features, {h.num_classes} classes")
+    _print_raw_summary("generated", raw)
     return 0
 
 
@@ -58,9 +66,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     raw = import_dataset(Path(args.src), Path(args.out), fmt=args.format, options=options,
                          memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
                          progress=args.progress)
-    h = raw.header
-    print(f"imported {raw.path}: {h.num_nodes:,} nodes, {h.num_edges:,} edges, {h.feat_dim}-dim features, "
-          f"{h.num_classes} classes")
+    _print_raw_summary("imported", raw)
     return 0
 
 

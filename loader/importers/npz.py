@@ -95,6 +95,14 @@ class _Member:
         self._fp.close()
 
 
+def _check_columns(columns: np.ndarray, limit: int, origin: str, first_entry: int) -> None:
+    """Column indices of a CSR member must lie in ``[0, limit)``; name the first that does not."""
+    bad = (columns < 0) | (columns >= limit)
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        raise UserError(f"{origin}: entry {first_entry + at} is column {int(columns[at])}, outside [0, {limit})")
+
+
 def _load(npz: np.lib.npyio.NpzFile, path: Path, key: str) -> np.ndarray:
     """A small member, whole."""
     if key not in npz.files:
@@ -203,11 +211,7 @@ def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
             for start in range(0, num_edges, edge_rows):
                 dst = indices.read(edge_rows).astype(np.int64)
                 weight = data.read(edge_rows)
-                bad = (dst < 0) | (dst >= n)
-                if bad.any():
-                    at = int(np.flatnonzero(bad)[0])
-                    raise UserError(f"{indices.origin}: entry {start + at} is column {int(dst[at])}, "
-                                    f"outside [0, {n})")
+                _check_columns(dst, n, indices.origin, start)
                 src = np.searchsorted(adj_indptr, np.arange(start, start + len(dst)), side="right") - 1
                 keep = weight != 0
                 yield src[keep], dst[keep]
@@ -231,11 +235,7 @@ def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
                 count = int(attr_indptr[stop] - attr_indptr[start])
                 cols = indices.read(count).astype(np.int64)
                 values = data.read(count)
-                bad = (cols < 0) | (cols >= dim)
-                if bad.any():
-                    at = int(np.flatnonzero(bad)[0])
-                    raise UserError(f"{indices.origin}: entry {int(attr_indptr[start]) + at} is column "
-                                    f"{int(cols[at])}, outside [0, {dim})")
+                _check_columns(cols, dim, indices.origin, int(attr_indptr[start]))
                 row_of = np.repeat(np.arange(stop - start, dtype=np.int64), np.diff(attr_indptr[start:stop + 1]))
                 dense = np.zeros((stop - start, dim), dtype=dense_dtype)
                 # add, not assign: duplicate (row, column) entries of a CSR matrix sum
