@@ -24,6 +24,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 demo: $(STAMP)
+	mkdir -p $(DEMO_DIR)
 	test -d $(DEMO_DIR)/raw || $(BIN)/megabatch generate $(DEMO_DIR)/raw $(DEMO_ARGS)
 	rm -rf $(DEMO_DIR)/dataset
 	$(BIN)/megabatch prepare $(DEMO_DIR)/raw $(DEMO_DIR)/dataset --partitions 64 --memory-budget 512M

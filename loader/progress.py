@@ -51,7 +51,8 @@ class Progress:
         self._enabled = enabled
         self._tty = enabled and self._stream.isatty()
         self._start = time.monotonic()
-        self._last = 0.0
+        # the first periodic log line comes one interval in: short steps log only start and end
+        self._last = self._start if not self._tty else 0.0
         if enabled and not self._tty:
             log.info("%s: started (%d %s)", step, self.total, unit)
 
