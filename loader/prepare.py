@@ -90,6 +90,8 @@ class PrepareOptions:
 def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptions) -> Dataset:
     """Prepare ``raw_path`` into a new dataset directory ``out`` (which must not exist)."""
     started = time.monotonic()
+    if Path(out).exists():  # fail before minutes of validation, not after
+        raise UserError(f"output {out} already exists; choose a new path or remove it first")
     raw = open_raw(raw_path)
     head = raw.header
     n = head.num_nodes
