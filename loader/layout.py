@@ -17,11 +17,11 @@ from loader.dataset import FEATURE_ALIGNMENT
 from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.fileio import write_all
-from loader.npyio import NpyReader, NpyWriter, rows_per_chunk
+from loader.npyio import NpyReader, NpyWriter, rows_per_chunk, write_npy
 from loader.progress import Progress
 from loader.raw import RawDataset, iter_edge_chunks
 
-__all__ = ["Renumbering", "StructureResult", "feature_offsets", "write_structure", "write_features"]
+__all__ = ["Renumbering", "feature_offsets", "write_structure", "write_features"]
 
 
 @dataclass(frozen=True)
@@ -51,17 +51,13 @@ class Renumbering:
         return np.searchsorted(self.node_end, new_ids, side="right")
 
 
-@dataclass(frozen=True)
-class StructureResult:
-    """What the CSC pass learned: in-degrees (new ids), cut edges, static list lengths."""
+def write_structure(raw: RawDataset, renumbering: Renumbering, indptr: np.ndarray, static_nodes: np.ndarray,
+                    out_dir: Path, scratch: Path, budget: int, index_dtype: np.dtype, progress: bool) -> int:
+    """Write ``indices.npy``, ``indptr.npy``, ``static_indptr.npy`` and ``static_indices.npy``.
 
-    in_degree: np.ndarray
-    cut_edges: int
-
-
-def write_structure(raw: RawDataset, renumbering: Renumbering, static_nodes: np.ndarray, out_dir: Path,
-                    scratch: Path, budget: int, index_dtype: np.dtype, progress: bool) -> StructureResult:
-    """Write ``indices.npy``, ``indptr.npy``, ``static_indptr.npy`` and ``static_indices.npy``."""
+    ``indptr`` (new ids) comes from the degree pass; the sorted edges fill exactly its ranges.
+    Returns the number of cut edges (endpoints in different partitions).
+    """
     n = raw.header.num_nodes
     o2n = renumbering.orig_to_new
     chunk_rows = rows_per_chunk(DISTRIBUTE_BYTES_PER_EDGE, budget, minimum=1024)
@@ -73,29 +69,21 @@ def write_structure(raw: RawDataset, renumbering: Renumbering, static_nodes: np.
 
     is_static = np.zeros(n, dtype=bool)
     is_static[static_nodes] = True
-    in_degree = np.zeros(n, dtype=np.int64)
     cut_edges = 0
     with NpyWriter(out_dir / "indices.npy", index_dtype, nrows=raw.header.num_edges) as indices, \
             NpyWriter(out_dir / "static_indices.npy", index_dtype) as static_indices:
         for bucket in external_sort_edges(by_new_target, n, scratch, budget, progress=progress,
                                           step="build CSC"):
             indices.append(bucket.secondary.astype(index_dtype))
-            in_degree[bucket.primary_begin:bucket.primary_end] = np.bincount(
-                bucket.primary - bucket.primary_begin, minlength=bucket.primary_end - bucket.primary_begin)
             cut_edges += int(np.count_nonzero(renumbering.partition_of(bucket.primary)
                                               != renumbering.partition_of(bucket.secondary)))
             static_mask = is_static[bucket.primary]
             static_indices.append(bucket.secondary[static_mask].astype(index_dtype))
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(in_degree, out=indptr[1:])
-    with NpyWriter(out_dir / "indptr.npy", np.int64, nrows=n + 1) as writer:
-        writer.append(indptr)
-    del indptr
+    write_npy(out_dir / "indptr.npy", indptr)
     static_indptr = np.zeros(len(static_nodes) + 1, dtype=np.int64)
-    np.cumsum(in_degree[static_nodes], out=static_indptr[1:])
-    with NpyWriter(out_dir / "static_indptr.npy", np.int64, nrows=len(static_indptr)) as writer:
-        writer.append(static_indptr)
-    return StructureResult(in_degree, cut_edges)
+    np.cumsum(indptr[static_nodes + 1] - indptr[static_nodes], out=static_indptr[1:])
+    write_npy(out_dir / "static_indptr.npy", static_indptr)
+    return cut_edges
 
 
 def feature_offsets(node_begin: np.ndarray, node_end: np.ndarray, row_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:

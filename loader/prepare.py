@@ -127,21 +127,22 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             del in_deg, out_deg
             static_count = min(n, math.ceil(options.static_ratio * n))
             static_nodes = _static_nodes(in_new, out_new, static_count)
-            structure = write_structure(raw, renumbering, static_nodes, tmp, scratch, budget, index_dtype,
+            write_npy(tmp / FILES["neighbor_rank"], _neighbor_rank(in_new, out_new))
+            indptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(in_new, out=indptr[1:])
+            del in_new, out_new
+            cut_edges = write_structure(raw, renumbering, indptr, static_nodes, tmp, scratch, budget, index_dtype,
                                         options.progress)
-            del in_new
             offsets, nbytes = write_features(raw, renumbering, static_nodes, tmp, scratch, budget, out_dtype,
                                              options.progress)
             scratch.rmdir()
-            indptr_edges = np.concatenate(([0], np.cumsum(structure.in_degree)))
             partitions = np.stack([renumbering.node_begin, renumbering.node_end,
-                                   indptr_edges[renumbering.node_begin], indptr_edges[renumbering.node_end],
+                                   indptr[renumbering.node_begin], indptr[renumbering.node_end],
                                    offsets, nbytes], axis=1).astype(np.int64)
-            del indptr_edges
+            del indptr
             write_npy(tmp / FILES["partitions"], partitions)
             write_npy(tmp / FILES["new_to_orig"], renumbering.new_to_orig)
             write_npy(tmp / FILES["static_nodes"], static_nodes)
-            write_npy(tmp / FILES["neighbor_rank"], _neighbor_rank(structure.in_degree, out_new))
             splits = _write_labels_and_splits(raw, renumbering, tmp)
             files = _checksums(tmp, options.progress)
             manifest = Manifest(
@@ -151,8 +152,7 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
                 feature_alignment=FEATURE_ALIGNMENT,
                 partitioner={"name": partitioner.name, "params": partitioner.params(),
                              "seconds": round(partition_seconds, 3)},
-                edge_cut={"edges": structure.cut_edges,
-                          "fraction": structure.cut_edges / head.num_edges if head.num_edges else 0.0},
+                edge_cut={"edges": cut_edges, "fraction": cut_edges / head.num_edges if head.num_edges else 0.0},
                 static_cache={"ratio": options.static_ratio, "num_nodes": int(static_count),
                               "ranked_by": "in_degree + out_degree"},
                 neighbor_rank={"ranked_by": "out_degree / in_degree (in_degree 0 first)"},
