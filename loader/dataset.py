@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from loader.errors import UserError
-from loader.npyio import NpyReader
+from loader.npyio import read_npy
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "FeatureDtype", "IndexDtype",
@@ -161,13 +162,11 @@ class Dataset:
 
     def partitions(self) -> np.ndarray:
         """``partitions.npy`` as int64 (P, 6); columns are ``PARTITION_COLUMNS``."""
-        with NpyReader(self.file("partitions"), expect_dtype=np.int64, expect_ndim=2) as reader:
-            return reader.read()
+        return self.read("partitions", np.int64, 2)
 
-    def read_small(self, name: str) -> np.ndarray:
-        """A whole (per-node or smaller) array file."""
-        with NpyReader(self.file(name)) as reader:
-            return reader.read()
+    def read(self, name: str, dtype: npt.DTypeLike | None = None, ndim: int | None = None) -> np.ndarray:
+        """A whole (per-node or smaller) array file, checked against ``dtype``/``ndim`` when given."""
+        return read_npy(self.file(name), expect_dtype=dtype, expect_ndim=ndim)
 
 
 def open_dataset(path: Path | str) -> Dataset:

@@ -23,8 +23,7 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
     """Everything ``inspect`` prints, as a JSON-ready dict."""
     dataset = open_dataset(path)
     m = dataset.manifest
-    with NpyReader(dataset.file("indptr")) as reader:
-        in_degree = np.diff(reader.read())
+    in_degree = np.diff(dataset.read("indptr"))
     out_degree = np.zeros(m.num_nodes, dtype=np.int64)
     with NpyReader(dataset.file("indices")) as reader:
         for _start, ids in reader.chunks(rows_per_chunk(16, 64 << 20)):

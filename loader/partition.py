@@ -15,7 +15,7 @@ import numpy as np
 import pymetis
 
 from loader.errors import UserError
-from loader.npyio import NpyReader, rows_per_chunk
+from loader.npyio import NpyReader, read_npy, rows_per_chunk
 from loader.partition_kernels import fennel_assign
 from loader.progress import Progress
 from loader.sizes import format_size
@@ -78,10 +78,8 @@ class MetisPartitioner(Partitioner):
         assert adjacency is not None
         if num_parts == 1:
             return np.zeros(num_nodes, dtype=np.int32)
-        with NpyReader(adjacency.indptr) as reader:
-            xadj = reader.read()
-        with NpyReader(adjacency.indices) as reader:
-            adjncy = reader.read()
+        xadj = read_npy(adjacency.indptr)
+        adjncy = read_npy(adjacency.indices)
         with Progress("partition (metis)", 1, "graphs", enabled=progress) as bar:
             result = pymetis.part_graph(num_parts, adjacency=pymetis.CSRAdjacency(adj_starts=xadj, adjacent=adjncy),
                                         options=pymetis.Options(seed=self.seed))

@@ -36,10 +36,10 @@ from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.fileio import file_xxh3, write_all
 from loader.layout import Renumbering, write_features, write_structure
-from loader.npyio import NpyReader, NpyWriter, rows_per_chunk, write_npy
+from loader.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.partition import SymmetricAdjacency, make_partitioner
 from loader.progress import Progress
-from loader.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, validate_raw
+from loader.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
 from loader.sizes import format_size
 from loader.splits import stratified_split
 
@@ -226,8 +226,7 @@ def _neighbor_rank(in_new: np.ndarray, out_new: np.ndarray) -> np.ndarray:
 
 
 def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Path) -> dict[str, Any]:
-    with NpyReader(raw.labels) as reader:
-        labels = reader.read().astype(np.int64)
+    labels = read_npy(raw.labels).astype(np.int64)
     write_npy(tmp / FILES["labels"], labels[renumbering.new_to_orig])
     generated = not raw.header.has_split
     ids: tuple[np.ndarray, ...]
@@ -235,18 +234,13 @@ def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Pat
         log.warning("%s has no split; making a seeded stratified 60/20/20 split (seed 0)", raw.path)
         ids = stratified_split(labels, (0.6, 0.2, 0.2), 0)
     else:
-        ids = tuple(_read_ids(raw.split(name)) for name in SPLIT_NAMES)
+        ids = tuple(read_split_ids(raw.split(name)) for name in SPLIT_NAMES)
     del labels
     sizes: dict[str, Any] = {"generated": generated}
     for name, orig in zip(SPLIT_NAMES, ids):
         write_npy(tmp / FILES[name], np.sort(renumbering.orig_to_new[orig]))
         sizes[name] = int(len(orig))
     return sizes
-
-
-def _read_ids(path: Path) -> np.ndarray:
-    with NpyReader(path) as reader:
-        return reader.read().astype(np.int64)
 
 
 def _checksums(tmp: Path, progress: bool) -> dict[str, FileEntry]:

@@ -23,12 +23,12 @@ import numpy as np
 from loader.atomic import atomic_directory, io_error
 from loader.errors import UserError
 from loader.fileio import write_all
-from loader.npyio import NpyReader, NpyWriter, rows_per_chunk, write_npy
+from loader.npyio import NpyReader, NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.progress import Progress
 
 __all__ = [
     "RAW_FORMAT", "RAW_VERSION", "FEATURE_DTYPES", "SPLIT_NAMES", "RawHeader", "RawDataset",
-    "RawDatasetWriter", "open_raw", "validate_raw", "iter_edge_chunks",
+    "RawDatasetWriter", "open_raw", "validate_raw", "iter_edge_chunks", "read_split_ids",
 ]
 
 RAW_FORMAT = "megabatch-raw"
@@ -154,11 +154,6 @@ def validate_raw(raw: RawDataset, chunk_bytes: int, *, progress: bool = True) ->
         _check_splits(raw)
 
 
-def _read_labels(raw: RawDataset) -> np.ndarray:
-    with NpyReader(raw.labels) as reader:
-        return reader.read()
-
-
 def _check_edge_file(path: Path, head: RawHeader, chunk_bytes: int, progress: bool) -> None:
     n = head.num_nodes
     with NpyReader(path, expect_dtype=np.int64, expect_ndim=1) as reader:
@@ -207,9 +202,9 @@ def _check_labels(raw: RawDataset, chunk_bytes: int) -> None:
 def _check_splits(raw: RawDataset) -> None:
     n = raw.header.num_nodes
     seen = np.zeros(n, dtype=np.uint8)
-    labels = _read_labels(raw)
+    labels = read_npy(raw.labels)
     for name in SPLIT_NAMES:
-        ids = _read_whole(raw.split(name))
+        ids = read_split_ids(raw.split(name))
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             raise UserError(f"{raw.split(name)}: node ids must lie in [0, {n})")
         if np.unique(ids).size != ids.size:
@@ -221,7 +216,8 @@ def _check_splits(raw: RawDataset) -> None:
         seen[ids] = 1
 
 
-def _read_whole(path: Path) -> np.ndarray:
+def read_split_ids(path: Path) -> np.ndarray:
+    """A split file's node ids as int64 (any integer dtype accepted)."""
     with NpyReader(path, expect_ndim=1) as reader:
         if reader.dtype.kind not in "iu":
             raise UserError(f"{path}: dtype {reader.dtype}, expected integer node ids")

@@ -84,14 +84,9 @@ def _check_checksums(dataset: Dataset, report: VerifyReport, progress: bool) -> 
             bar.update()
 
 
-def _read(dataset: Dataset, name: str, dtype: str | None = None, ndim: int | None = None) -> np.ndarray:
-    with NpyReader(dataset.file(name), expect_dtype=dtype, expect_ndim=ndim) as reader:
-        return reader.read()
-
-
 def _check_csc(dataset: Dataset) -> list[str]:
     m = dataset.manifest
-    indptr = _read(dataset, "indptr", "int64", 1)
+    indptr = dataset.read("indptr", "int64", 1)
     problems = []
     if len(indptr) != m.num_nodes + 1:
         return [f"indptr has {len(indptr)} entries, expected {m.num_nodes + 1}"]
@@ -120,7 +115,7 @@ def _check_partitions(dataset: Dataset) -> list[str]:
         problems.append("partition node ranges are not contiguous from 0 to num_nodes")
     if (node_end < node_begin).any():
         problems.append("a partition has node_end < node_begin")
-    indptr = _read(dataset, "indptr", "int64", 1)
+    indptr = dataset.read("indptr", "int64", 1)
     if len(indptr) == m.num_nodes + 1 and not problems and (
             (edge_begin != indptr[node_begin]).any() or (edge_end != indptr[node_end]).any()):
         problems.append("partition edge ranges disagree with indptr")
@@ -157,7 +152,7 @@ def _check_features(dataset: Dataset) -> list[str]:
 
 def _check_labels_and_splits(dataset: Dataset) -> list[str]:
     m = dataset.manifest
-    labels = _read(dataset, "labels", "int64", 1)
+    labels = dataset.read("labels", "int64", 1)
     problems = []
     if len(labels) != m.num_nodes:
         problems.append(f"labels has {len(labels)} entries, expected {m.num_nodes}")
@@ -165,7 +160,7 @@ def _check_labels_and_splits(dataset: Dataset) -> list[str]:
         problems.append(f"labels outside [-1, {m.num_classes})")
     seen = np.zeros(m.num_nodes, dtype=bool)
     for name in ("train", "val", "test"):
-        ids = _read(dataset, name, "int64", 1)
+        ids = dataset.read(name, "int64", 1)
         if ids.size and (ids.min() < 0 or ids.max() >= m.num_nodes):
             problems.append(f"{name} split has ids outside [0, {m.num_nodes})")
             continue
@@ -189,7 +184,7 @@ def _check_permutations(dataset: Dataset) -> list[str]:
     n = dataset.manifest.num_nodes
     problems = []
     for name in ("new_to_orig", "neighbor_rank"):
-        if not _is_permutation(_read(dataset, name, "int64", 1), n):
+        if not _is_permutation(dataset.read(name, "int64", 1), n):
             problems.append(f"{FILES[name]} is not a permutation of 0..{n - 1}")
     return problems
 
@@ -197,7 +192,7 @@ def _check_permutations(dataset: Dataset) -> list[str]:
 def _check_static_cache(dataset: Dataset) -> list[str]:
     """Static ids valid and each stored list equals the node's list in the CSC."""
     m = dataset.manifest
-    static = _read(dataset, "static_nodes", "int64", 1)
+    static = dataset.read("static_nodes", "int64", 1)
     problems = []
     if len(static) != m.static_cache.get("num_nodes"):
         problems.append(f"{len(static)} static nodes, manifest says {m.static_cache.get('num_nodes')}")
@@ -206,8 +201,8 @@ def _check_static_cache(dataset: Dataset) -> list[str]:
     with NpyReader(dataset.file("static_features")) as reader:
         if reader.shape != (len(static), m.feat_dim):
             problems.append(f"static_features has shape {reader.shape}, expected ({len(static)}, {m.feat_dim})")
-    indptr = _read(dataset, "indptr", "int64", 1)
-    static_indptr = _read(dataset, "static_indptr", "int64", 1)
+    indptr = dataset.read("indptr", "int64", 1)
+    static_indptr = dataset.read("static_indptr", "int64", 1)
     if len(static_indptr) != len(static) + 1 or (np.diff(static_indptr) != np.diff(indptr)[static]).any():
         return problems + ["static_indptr disagrees with the CSC degrees of the static nodes"]
     if not static.size:
