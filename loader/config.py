@@ -1,0 +1,301 @@
+"""The daemon's configuration: TOML in, a tree of frozen, validated dataclasses out.
+
+Every option is documented in docs/CONFIG.md; defaults are given there and in each field's
+docstring. Errors name the table and key (``[sampler] fanouts: ...``) and the offending value.
+Unknown tables or keys are errors too: a typo must not silently fall back to a default.
+"""
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from loader.errors import UserError
+from loader.sizes import parse_size
+
+__all__ = [
+    "DatasetConfig", "MemoryConfig", "HierarchyConfig", "SamplerConfig", "IOConfig", "PublisherConfig",
+    "ServerConfig", "MetricsConfig", "LogConfig", "LoaderConfig", "load_config", "config_from_mapping",
+]
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    path: Path
+    """Directory written by ``megabatch prepare`` (required)."""
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    budget: int = 2 << 30
+    """Bytes the daemon may hold for data: static cache, two mega-batch buffers, slots (default 2G)."""
+
+
+@dataclass(frozen=True)
+class HierarchyConfig:
+    megabatch_fraction: float | None = 0.25
+    """N_d / N_p: the share of partitions loaded per mega-batch, or None ("auto": the largest N_d the
+    memory budget holds, at most half the partitions; default 0.25)."""
+    static_cache: bool = True
+    """Keep the prepared static nodes (highest degree) in RAM for every mega-batch (default true)."""
+    passes: int | None = 1
+    """Passes over each mega-batch (p >= 1), or None for "auto" (from load vs train time; default 1)."""
+    max_passes: int = 4
+    """Cap for ``passes = "auto"`` (default 4)."""
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    batch_size: int = 1024
+    """Seed nodes per mini-batch (default 1024)."""
+    fanouts: tuple[int, ...] = (10, 5)
+    """Neighbours sampled per node at hop 1, 2, ...; -1 = all (default [10, 5])."""
+    eval_fanouts: tuple[int, ...] = (10, 5)
+    """Fanouts for validation/test batches; same length as ``fanouts`` (default [10, 5])."""
+    eval_batch_size: int = 1024
+    """Seed nodes per evaluation batch (default 1024)."""
+    seed: int = 0
+    """Seeds the partition shuffle and the sampler; same seed, same batches (default 0)."""
+
+
+@dataclass(frozen=True)
+class IOConfig:
+    direct_io: bool = False
+    """Read partitions with O_DIRECT, bypassing the page cache (default false; falls back with a
+    warning where the filesystem refuses it)."""
+    read_threads: int = 2
+    """Threads issuing preadv calls (default 2)."""
+    read_block: int = 4 << 20
+    """Largest single read in bytes; bigger ranges are split so several are in flight (default 4M)."""
+
+
+@dataclass(frozen=True)
+class PublisherConfig:
+    slots: int = 4
+    """Shared-memory slots per client: batches in flight between daemon and trainer (default 4)."""
+    slot_bytes: int | None = None
+    """Bytes per slot, or None ("auto") to size from the largest batch of the first pass (default auto)."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    socket: Path = Path("/run/megabatch/loader.sock")
+    """Control socket path (default /run/megabatch/loader.sock)."""
+    socket_mode: int = 0o660
+    """Permissions of the socket file, octal string in TOML (default "0660")."""
+    max_clients: int = 8
+    """Connections served at once; more are refused with an error message (default 8)."""
+    max_frame_bytes: int = 64 << 10
+    """Largest control message accepted; bigger frames disconnect the client (default 64K)."""
+    drain_timeout: float = 10.0
+    """Seconds a shutdown waits for stages to finish before cancelling them (default 10)."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    address: str = "127.0.0.1"
+    """Prometheus HTTP listen address (default 127.0.0.1)."""
+    port: int = 9450
+    """Prometheus HTTP port; 0 disables the endpoint (default 9450)."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "info"
+    """debug, info, warning or error (default info)."""
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    dataset: DatasetConfig
+    memory: MemoryConfig = MemoryConfig()
+    hierarchy: HierarchyConfig = HierarchyConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    io: IOConfig = IOConfig()
+    publisher: PublisherConfig = PublisherConfig()
+    server: ServerConfig = ServerConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    log: LogConfig = LogConfig()
+
+
+def _fail(table: str, key: str, message: str) -> UserError:
+    return UserError(f"[{table}] {key}: {message}")
+
+
+def _int(table: str, key: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(table, key, f"expected an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise _fail(table, key, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise _fail(table, key, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def _bool(table: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(table, key, f"expected true or false, got {value!r}")
+    return value
+
+
+def _str(table: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(table, key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _size(table: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _fail(table, key, f"expected a size such as \"512M\" or a byte count, got {value!r}")
+    try:
+        return parse_size(value, name=f"[{table}] {key}")
+    except UserError as err:
+        raise UserError(str(err)) from None
+
+
+def _fanouts(table: str, key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(table, key, f"expected a non-empty list of integers, got {value!r}")
+    out = tuple(_int(table, key, v) for v in value)
+    if any(v == 0 or v < -1 for v in out):
+        raise _fail(table, key, f"each fanout must be positive or -1 (all neighbours), got {list(out)}")
+    return out
+
+
+def _check_keys(table: str, data: Mapping[str, Any], cls: type) -> None:
+    allowed = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in allowed:
+            raise _fail(table, key, f"unknown option (known: {', '.join(sorted(allowed))})")
+
+
+def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise UserError(f"[{name}]: expected a table, got {value!r}")
+    return value
+
+
+def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
+    _check_keys("hierarchy", t, HierarchyConfig)
+    d = HierarchyConfig()
+    fraction = t.get("megabatch_fraction", d.megabatch_fraction)
+    if fraction == "auto":
+        fraction = None
+    elif isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise _fail("hierarchy", "megabatch_fraction", f"expected a number in (0, 1] or \"auto\", got {fraction!r}")
+    passes_value = t.get("passes", d.passes)
+    passes: int | None
+    if passes_value == "auto":
+        passes = None
+    else:
+        if isinstance(passes_value, str):
+            raise _fail("hierarchy", "passes", f"expected an integer >= 1 or \"auto\", got {passes_value!r}")
+        passes = _int("hierarchy", "passes", passes_value, minimum=1)
+    max_passes = _int("hierarchy", "max_passes", t.get("max_passes", d.max_passes), minimum=1)
+    if passes is not None and passes > max_passes:
+        raise _fail("hierarchy", "passes", f"{passes} exceeds max_passes = {max_passes}")
+    return HierarchyConfig(megabatch_fraction=None if fraction is None else float(fraction),
+                           static_cache=_bool("hierarchy", "static_cache", t.get("static_cache", d.static_cache)),
+                           passes=passes, max_passes=max_passes)
+
+
+def _sampler(t: Mapping[str, Any]) -> SamplerConfig:
+    _check_keys("sampler", t, SamplerConfig)
+    d = SamplerConfig()
+    fanouts = _fanouts("sampler", "fanouts", t.get("fanouts", list(d.fanouts)))
+    eval_fanouts = _fanouts("sampler", "eval_fanouts", t.get("eval_fanouts", list(fanouts)))
+    if len(eval_fanouts) != len(fanouts):
+        raise _fail("sampler", "eval_fanouts", f"needs one entry per hop ({len(fanouts)}), got {list(eval_fanouts)}")
+    return SamplerConfig(
+        batch_size=_int("sampler", "batch_size", t.get("batch_size", d.batch_size), minimum=1),
+        fanouts=fanouts, eval_fanouts=eval_fanouts,
+        eval_batch_size=_int("sampler", "eval_batch_size", t.get("eval_batch_size", d.eval_batch_size), minimum=1),
+        seed=_int("sampler", "seed", t.get("seed", d.seed), minimum=0, maximum=2**63 - 1))
+
+
+def _server(t: Mapping[str, Any], base: Path) -> ServerConfig:
+    _check_keys("server", t, ServerConfig)
+    d = ServerConfig()
+    mode_text = t.get("socket_mode", "0660")
+    try:
+        mode = int(_str("server", "socket_mode", mode_text), 8)
+    except ValueError:
+        raise _fail("server", "socket_mode", f"expected an octal string such as \"0660\", got {mode_text!r}") from None
+    if not 0 <= mode <= 0o777:
+        raise _fail("server", "socket_mode", f"not a permission mode: {mode_text!r}")
+    drain = t.get("drain_timeout", d.drain_timeout)
+    if isinstance(drain, bool) or not isinstance(drain, int | float) or drain <= 0:
+        raise _fail("server", "drain_timeout", f"expected a positive number of seconds, got {drain!r}")
+    return ServerConfig(
+        socket=base / _str("server", "socket", t.get("socket", str(d.socket))), socket_mode=mode,
+        max_clients=_int("server", "max_clients", t.get("max_clients", d.max_clients), minimum=1),
+        max_frame_bytes=_size("server", "max_frame_bytes", t.get("max_frame_bytes", d.max_frame_bytes)),
+        drain_timeout=float(drain))
+
+
+def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> LoaderConfig:
+    """Validate a parsed TOML document; relative paths resolve against ``base`` (the file's directory)."""
+    known = {f.name for f in fields(LoaderConfig)}
+    for name in data:
+        if name not in known:
+            raise UserError(f"[{name}]: unknown table (known: {', '.join(sorted(known))})")
+    ds = _table(data, "dataset")
+    _check_keys("dataset", ds, DatasetConfig)
+    if "path" not in ds:
+        raise UserError("[dataset] path: required (the directory written by 'megabatch prepare')")
+    dataset = DatasetConfig(path=base / _str("dataset", "path", ds["path"]))
+
+    mem = _table(data, "memory")
+    _check_keys("memory", mem, MemoryConfig)
+    memory = MemoryConfig(budget=_size("memory", "budget", mem.get("budget", MemoryConfig().budget)))
+
+    io_t = _table(data, "io")
+    _check_keys("io", io_t, IOConfig)
+    dio = IOConfig()
+    io = IOConfig(direct_io=_bool("io", "direct_io", io_t.get("direct_io", dio.direct_io)),
+                  read_threads=_int("io", "read_threads", io_t.get("read_threads", dio.read_threads),
+                                    minimum=1, maximum=64),
+                  read_block=_size("io", "read_block", io_t.get("read_block", dio.read_block)))
+    if io.read_block % 4096:
+        raise _fail("io", "read_block", f"must be a multiple of 4096, got {io.read_block}")
+
+    pub = _table(data, "publisher")
+    _check_keys("publisher", pub, PublisherConfig)
+    slot_bytes_value = pub.get("slot_bytes", "auto")
+    publisher = PublisherConfig(
+        slots=_int("publisher", "slots", pub.get("slots", PublisherConfig().slots), minimum=1, maximum=256),
+        slot_bytes=None if slot_bytes_value == "auto" else _size("publisher", "slot_bytes", slot_bytes_value))
+
+    met = _table(data, "metrics")
+    _check_keys("metrics", met, MetricsConfig)
+    metrics = MetricsConfig(address=_str("metrics", "address", met.get("address", MetricsConfig().address)),
+                            port=_int("metrics", "port", met.get("port", MetricsConfig().port),
+                                      minimum=0, maximum=65535))
+    log_t = _table(data, "log")
+    _check_keys("log", log_t, LogConfig)
+    level = _str("log", "level", log_t.get("level", "info")).lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise _fail("log", "level", f"expected debug, info, warning or error, got {level!r}")
+
+    return LoaderConfig(dataset=dataset, memory=memory, hierarchy=_hierarchy(_table(data, "hierarchy")),
+                        sampler=_sampler(_table(data, "sampler")), io=io, publisher=publisher,
+                        server=_server(_table(data, "server"), base), metrics=metrics, log=LogConfig(level))
+
+
+def load_config(path: Path | str) -> LoaderConfig:
+    """Read and validate a TOML config file."""
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{file}: config file not found") from None
+    except OSError as err:
+        raise UserError(f"{file}: cannot read config ({err.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{file}: invalid TOML ({err})") from None
+    try:
+        return config_from_mapping(data, base=file.parent.resolve())
+    except UserError as err:
+        raise UserError(f"{file}: {err}") from None

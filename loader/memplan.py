@@ -1,0 +1,134 @@
+"""Split one ``memory_budget`` between the static cache, two mega-batch buffers and the slots.
+
+HierBatching (Appendix B) keeps two copies of (static + dynamic) data so loading mega-batch
+i+1 overlaps training on i: 2 (r_s + r_d)(A + B) <= C. We hold the static *features* once (both
+buffers gather from the same static region) and only the per-mega-batch parts twice, so the
+bound we enforce is
+
+    node arrays + static features + 2 x buffer(N_d) + clients x slots x slot_bytes <= budget
+
+where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest of each kind),
+so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.errors import UserError
+from loader.sizes import format_size
+
+__all__ = ["PAGE", "BufferSizes", "MemoryPlan", "plan_memory", "buffer_sizes", "round_up"]
+
+PAGE = 4096
+
+NODE_ARRAY_BYTES = 8 + 4 + 1
+"""Per dataset node, held for the daemon's life: label (int64), local-id map (int32), train mask."""
+
+PER_LOCAL_NODE_BYTES = 8 * 5
+"""Per mega-batch node: global id, row offset, raw indptr, induced indptr, label/seed scratch."""
+
+
+def round_up(value: int, multiple: int = PAGE) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class BufferSizes:
+    """Capacity of one mega-batch buffer (an upper bound over every choice of N_d partitions)."""
+
+    partitions: int
+    """N_d: partitions per mega-batch."""
+    max_nodes: int
+    """Mega-batch nodes plus every static node (static nodes outside the mega-batch join it)."""
+    max_raw_edges: int
+    """In-edges of those nodes before filtering to the induced subgraph."""
+    feature_bytes: int
+    """Page-padded feature bytes of the N_d largest partitions."""
+    index_bytes: int
+    """Raw edge lists + induced edge lists + per-node arrays."""
+
+    @property
+    def total(self) -> int:
+        return self.feature_bytes + self.index_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The resolved split of the budget; ``describe()`` is what ``serve`` logs at startup."""
+
+    budget: int
+    node_array_bytes: int
+    static_nodes: int
+    static_bytes: int
+    buffer: BufferSizes
+    slots: int
+    slot_bytes: int
+    max_clients: int
+
+    @property
+    def slots_bytes(self) -> int:
+        return self.slots * self.slot_bytes * self.max_clients
+
+    @property
+    def total(self) -> int:
+        return self.node_array_bytes + self.static_bytes + 2 * self.buffer.total + self.slots_bytes
+
+    def describe(self) -> str:
+        return (f"memory plan: budget {format_size(self.budget)} = node arrays {format_size(self.node_array_bytes)}"
+                f" + static cache {self.static_nodes:,} nodes {format_size(self.static_bytes)}"
+                f" + 2 x mega-batch buffer ({self.buffer.partitions} partitions, "
+                f"{format_size(self.buffer.total)} each)"
+                f" + {self.max_clients} clients x {self.slots} slots x {format_size(self.slot_bytes)}"
+                f" = {format_size(self.total)} used")
+
+
+def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edges: int,
+                 index_itemsize: int) -> BufferSizes:
+    """Upper bound of one buffer for ``n_d`` partitions (``partitions`` is the (P, 6) table)."""
+    nodes = partitions[:, 1] - partitions[:, 0]
+    edges = partitions[:, 3] - partitions[:, 2]
+    feat = (partitions[:, 5] + PAGE - 1) // PAGE * PAGE
+    top_nodes = int(np.sort(nodes)[::-1][:n_d].sum())
+    top_edges = int(np.sort(edges)[::-1][:n_d].sum())
+    top_feat = int(np.sort(feat)[::-1][:n_d].sum())
+    max_nodes = top_nodes + static_nodes
+    max_raw = top_edges + static_edges
+    # raw lists arrive in the file's index width; the induced lists are int32 local ids.
+    index_bytes = max_raw * (index_itemsize + 4) + (max_nodes + 1) * PER_LOCAL_NODE_BYTES + 2 * PAGE
+    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes))
+
+
+def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction: float | None,
+                static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
+                slots: int, slot_bytes: int, max_clients: int) -> MemoryPlan:
+    """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``."""
+    num_partitions = len(partitions)
+    node_bytes = num_nodes * NODE_ARRAY_BYTES
+    static_bytes = round_up(static_nodes * static_row_bytes)
+
+    def make(n_d: int) -> MemoryPlan:
+        return MemoryPlan(budget, node_bytes, static_nodes, static_bytes,
+                          buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize),
+                          slots, slot_bytes, max_clients)
+
+    if fraction is not None:
+        n_d = min(num_partitions, max(1, round(fraction * num_partitions)))
+        plan = make(n_d)
+        if plan.total > budget:
+            raise UserError(
+                f"memory budget {format_size(budget)} is too small: {plan.describe()}; raise [memory] budget, "
+                f"lower [hierarchy] megabatch_fraction, [publisher] slots or [server] max_clients, "
+                f"or set static_cache = false")
+        return plan
+    lo, hi = 1, max(1, num_partitions // 2)
+    if make(lo).total > budget:
+        raise UserError(f"memory budget {format_size(budget)} cannot hold even one partition per mega-batch: "
+                        f"{make(lo).describe()}")
+    while lo < hi:  # the total grows with n_d, so the largest fitting n_d is a binary search away
+        mid = (lo + hi + 1) // 2
+        if make(mid).total <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return make(lo)

@@ -1,0 +1,75 @@
+"""Config validation: every bad value is a one-line UserError naming the table and key."""
+
+import pytest
+
+from loader.config import config_from_mapping, load_config
+from loader.errors import UserError
+
+
+def base(**tables):
+    data = {"dataset": {"path": "/data/x"}}
+    data.update(tables)
+    return data
+
+
+def test_defaults_and_relative_paths(tmp_path):
+    cfg = config_from_mapping(base(), base=tmp_path)
+    assert cfg.sampler.fanouts == (10, 5) and cfg.sampler.eval_fanouts == (10, 5)
+    assert cfg.memory.budget == 2 << 30 and cfg.hierarchy.passes == 1
+    rel = config_from_mapping({"dataset": {"path": "d"}, "server": {"socket": "s.sock"}}, base=tmp_path)
+    assert rel.dataset.path == tmp_path / "d" and rel.server.socket == tmp_path / "s.sock"
+
+
+def test_auto_values():
+    cfg = config_from_mapping(base(hierarchy={"passes": "auto", "megabatch_fraction": "auto"},
+                                   publisher={"slot_bytes": "auto"}))
+    assert cfg.hierarchy.passes is None and cfg.hierarchy.megabatch_fraction is None
+    assert cfg.publisher.slot_bytes is None
+    assert config_from_mapping(base(publisher={"slot_bytes": "64M"})).publisher.slot_bytes == 64 << 20
+
+
+@pytest.mark.parametrize("tables, needle", [
+    ({"dataset": {}}, "[dataset] path: required"),
+    ({"sampler": {"fanouts": [10, 0]}}, "[sampler] fanouts"),
+    ({"sampler": {"fanouts": "10,5"}}, "[sampler] fanouts"),
+    ({"sampler": {"eval_fanouts": [5]}}, "[sampler] eval_fanouts: needs one entry per hop"),
+    ({"sampler": {"batch_size": 0}}, "[sampler] batch_size: must be >= 1"),
+    ({"sampler": {"batch_size": True}}, "[sampler] batch_size: expected an integer"),
+    ({"sampler": {"batchsize": 3}}, "[sampler] batchsize: unknown option"),
+    ({"hierarchy": {"megabatch_fraction": 1.5}}, "[hierarchy] megabatch_fraction"),
+    ({"hierarchy": {"passes": 0}}, "[hierarchy] passes"),
+    ({"hierarchy": {"passes": 9}}, "exceeds max_passes"),
+    ({"memory": {"budget": "lots"}}, "[memory] budget"),
+    ({"io": {"read_block": 5000}}, "[io] read_block: must be a multiple of 4096"),
+    ({"server": {"socket_mode": "rw"}}, "[server] socket_mode"),
+    ({"metrics": {"port": 70000}}, "[metrics] port"),
+    ({"log": {"level": "loud"}}, "[log] level"),
+    ({"extra": {}}, "[extra]: unknown table"),
+])
+def test_bad_values_name_the_key(tables, needle):
+    data = {"dataset": {"path": "/x"}}
+    data.update(tables)
+    with pytest.raises(UserError) as err:
+        config_from_mapping(data)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_load_config_file_errors(tmp_path):
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[dataset\npath=1")
+    with pytest.raises(UserError, match="invalid TOML"):
+        load_config(bad)
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[dataset]\npath = "data"\n[sampler]\nfanouts = [15, 10, 5]\neval_fanouts = [-1, -1, -1]\n')
+    cfg = load_config(ok)
+    assert cfg.dataset.path == tmp_path / "data" and cfg.sampler.eval_fanouts == (-1, -1, -1)
+
+
+def test_shipped_configs_parse():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "deploy" / "config"
+    for name in ("demo.toml", "loader.toml"):
+        assert load_config(root / name).sampler.batch_size > 0

@@ -1,0 +1,57 @@
+"""The memory plan: buffers bound any choice of N_d partitions; budgets that cannot fit are refused."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from loader.errors import UserError
+from loader.memplan import PAGE, buffer_sizes, plan_memory
+
+
+def table(nodes, edges, row_bytes=64):
+    nodes = np.asarray(nodes)
+    edges = np.asarray(edges)
+    node_end = np.cumsum(nodes)
+    edge_end = np.cumsum(edges)
+    feat_nbytes = nodes * row_bytes
+    feat_offset = np.concatenate([[0], np.cumsum(-(-feat_nbytes // PAGE) * PAGE)[:-1]])
+    return np.stack([node_end - nodes, node_end, edge_end - edges, edge_end, feat_offset, feat_nbytes], 1)
+
+
+def test_buffer_bounds_every_choice():
+    parts = table([10, 500, 30, 200, 7], [100, 10, 3000, 40, 70])
+    sizes = buffer_sizes(parts, 2, static_nodes=5, static_edges=50, index_itemsize=4)
+    for combo in itertools.combinations(range(5), 2):
+        rows = parts[list(combo)]
+        assert (rows[:, 1] - rows[:, 0]).sum() + 5 <= sizes.max_nodes
+        assert (rows[:, 3] - rows[:, 2]).sum() + 50 <= sizes.max_raw_edges
+        assert (-(-rows[:, 5] // PAGE) * PAGE).sum() <= sizes.feature_bytes
+
+
+def kwargs(**over):
+    args = dict(budget=64 << 20, num_nodes=747, partitions=table([10, 500, 30, 200, 7], [100, 10, 3000, 40, 70]),
+                fraction=0.4, static_nodes=5, static_row_bytes=64, static_edges=50, index_itemsize=4, slots=2,
+                slot_bytes=1 << 20, max_clients=2)
+    args.update(over)
+    return args
+
+
+def test_fits_and_describes():
+    plan = plan_memory(**kwargs())
+    assert plan.buffer.partitions == 2 and plan.total <= plan.budget
+    assert "2 x mega-batch buffer" in plan.describe()
+
+
+def test_refuses_a_budget_that_cannot_fit():
+    with pytest.raises(UserError, match="memory budget .* is too small"):
+        plan_memory(**kwargs(budget=4 << 20))
+
+
+def test_auto_fraction_picks_the_largest_fitting():
+    plan = plan_memory(**kwargs(fraction=None, budget=(4 << 20) + 200_000))
+    assert 1 <= plan.buffer.partitions <= 2 and plan.total <= plan.budget
+    bigger = plan_memory(**kwargs(fraction=None, budget=1 << 30))
+    assert bigger.buffer.partitions == 2  # capped at half the partitions
+    with pytest.raises(UserError, match="cannot hold even one partition"):
+        plan_memory(**kwargs(fraction=None, budget=1 << 20))
