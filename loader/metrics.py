@@ -1,0 +1,116 @@
+"""The daemon's Prometheus metrics (names in docs/DEPLOY.md; base units; counters end in _total).
+
+Metrics live on a registry of their own (tests create many daemons in one process). Queue
+depths and slot occupancy are read at scrape time by a collector, so the hot path never
+updates a gauge it would only overwrite.
+"""
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loader import __version__
+
+__all__ = ["DaemonMetrics", "QueueProbe", "READ_LATENCY_BUCKETS", "STAGES"]
+
+READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3,
+                        500e-3, 1.0, 2.5, 5.0)
+"""Disk reads here take 0.1-10 ms; the client's default buckets start at 5 ms."""
+
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+STAGES = ("scheduler", "reader", "assembler", "sampler", "publisher", "eval")
+
+
+@dataclass
+class QueueProbe:
+    """A named bounded queue whose depth is reported at scrape time."""
+
+    name: str
+    queue: "asyncio.Queue[object]"
+
+
+@dataclass
+class _Probes:
+    queues: dict[str, QueueProbe] = field(default_factory=dict)
+    slots: Callable[[], tuple[int, int]] | None = None
+
+
+class _ScrapeCollector(Collector):
+    def __init__(self, probes: _Probes) -> None:
+        self._probes = probes
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily("megabatch_queue_depth", "Items waiting in a stage queue", labels=["queue"])
+        capacity = GaugeMetricFamily("megabatch_queue_capacity", "Bound of a stage queue", labels=["queue"])
+        for name, probe in sorted(self._probes.queues.items()):
+            depth.add_metric([name], probe.queue.qsize())
+            capacity.add_metric([name], probe.queue.maxsize)
+        yield depth
+        yield capacity
+        in_use, total = self._probes.slots() if self._probes.slots else (0, 0)
+        yield GaugeMetricFamily("megabatch_slots_in_use", "Shared-memory slots holding unreleased batches",
+                                value=in_use)
+        yield GaugeMetricFamily("megabatch_slots_capacity", "Shared-memory slots of all connected clients",
+                                value=total)
+
+
+class DaemonMetrics:
+    """Every metric the daemon exports; one instance per daemon."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._probes = _Probes()
+        self.build_info = Info("megabatch_build", "Version, dataset and mode of this daemon", registry=r)
+        self.memory_budget = Gauge("megabatch_memory_budget_bytes", "Configured memory budget", registry=r)
+        self.disk_bytes = Counter("megabatch_disk_read_bytes", "Bytes read from the dataset", ["file"], registry=r)
+        self.disk_reads = Counter("megabatch_disk_reads", "preadv calls on the dataset", ["file"], registry=r)
+        self.disk_seconds = Histogram("megabatch_disk_read_seconds", "Latency of one preadv", ["file"],
+                                      buckets=READ_LATENCY_BUCKETS, registry=r)
+        self.stage_busy = Counter("megabatch_stage_busy_seconds", "Seconds a stage spent working (not waiting)",
+                                  ["stage"], registry=r)
+        self.static_nodes = Gauge("megabatch_static_cache_nodes", "Nodes in the static cache", registry=r)
+        self.static_bytes = Gauge("megabatch_static_cache_bytes", "Bytes of the static cache", registry=r)
+        self.mb_nodes = Gauge("megabatch_megabatch_nodes", "Nodes of the current mega-batch (static included)",
+                              registry=r)
+        self.mb_edges = Gauge("megabatch_megabatch_edges", "Edges of the current mega-batch subgraph", registry=r)
+        self.mb_bytes = Gauge("megabatch_megabatch_bytes", "Bytes read for the current mega-batch", registry=r)
+        self.mb_loaded = Counter("megabatch_megabatches_loaded", "Mega-batches read and assembled", registry=r)
+        self.mb_load_seconds = Histogram("megabatch_megabatch_load_seconds", "Read + assemble time per mega-batch",
+                                         buckets=LOAD_BUCKETS, registry=r)
+        self.passes = Gauge("megabatch_passes_per_megabatch", "Passes run over the last mega-batch", registry=r)
+        self.published = Counter("megabatch_batches_published", "Batches written to slots", ["kind"], registry=r)
+        self.published_bytes = Counter("megabatch_published_bytes", "Payload bytes written to slots", registry=r)
+        self.epoch = Gauge("megabatch_epoch", "Epoch being produced", registry=r)
+        self.pass_index = Gauge("megabatch_pass", "Pass over the current mega-batch", registry=r)
+        self.clients = Gauge("megabatch_clients", "Connected clients", registry=r)
+        self.protocol_errors = Counter("megabatch_protocol_errors", "Clients disconnected for protocol errors",
+                                       ["code"], registry=r)
+        for stage in STAGES:
+            self.stage_busy.labels(stage)
+        for kind in ("train", "val", "test"):
+            self.published.labels(kind)
+        r.register(_ScrapeCollector(self._probes))
+        ProcessCollector(registry=r)  # process_resident_memory_bytes etc. (not on a private registry by default)
+
+    def watch_queue(self, name: str, queue: "asyncio.Queue[object]") -> None:
+        self._probes.queues[name] = QueueProbe(name, queue)
+
+    def unwatch_queue(self, name: str) -> None:
+        self._probes.queues.pop(name, None)
+
+    def watch_slots(self, probe: Callable[[], tuple[int, int]]) -> None:
+        self._probes.slots = probe
+
+    def set_build(self, dataset: str, mode: str) -> None:
+        self.build_info.info({"version": __version__, "dataset": dataset, "mode": mode})
+
+    def serve(self, address: str, port: int) -> None:
+        """Start the HTTP endpoint (a daemon thread of prometheus-client); port 0 disables it."""
+        if port:
+            start_http_server(port, addr=address, registry=self.registry)
