@@ -1,1 +1,9 @@
-"""proto package."""
+"""Wire protocol and shared-memory layout shared by the loader daemon and the trainer (spec: PROTOCOL.md).
+
+Modules: ``messages`` (every wire message), ``codec`` (sans-IO msgpack framing), ``slots`` (the slot
+ring's binary layout), ``shm`` (memfd segments and descriptor passing), ``client`` (the trainer's
+blocking control client), ``errors`` (the exceptions). This package imports neither ``loader`` nor
+``trainer``; it needs only numpy, msgpack and the standard library.
+"""
+
+__all__: list[str] = []
