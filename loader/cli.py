@@ -7,6 +7,7 @@ an unexpected exception prints one line (``--debug`` shows the traceback) and ex
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -104,6 +105,27 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from loader.config import load_config
+    from loader.server import Daemon
+
+    config = load_config(args.config)
+    if not args.quiet:
+        logging.getLogger().setLevel(config.log.level.upper())
+    Daemon(config).run()
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    # The trainer imports torch; the loader never does, so it runs in its own interpreter.
+    flags = [f for f, on in (("--debug", args.debug), ("-q", args.quiet), ("--no-progress", not args.progress)) if on]
+    argv = [sys.executable, "-m", "trainer", *flags, *args.train_args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+    return 70  # not reached
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="megabatch", description="Out-of-core data loading for GNN training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for unexpected errors")
@@ -157,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("dataset")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.set_defaults(handler=_cmd_inspect)
+
+    srv = sub.add_parser("serve", help="run the loader daemon (see docs/CONFIG.md)")
+    srv.add_argument("--config", required=True, help="TOML configuration file")
+    srv.set_defaults(handler=_cmd_serve)
+
+    trn = sub.add_parser("train", help="train a GNN on batches from the daemon or in memory (python -m trainer)",
+                         add_help=False, prefix_chars="\0")
+    trn.add_argument("train_args", nargs=argparse.REMAINDER, help="arguments of 'python -m trainer' (--help there)")
+    trn.set_defaults(handler=_cmd_train)
     return parser
 
 

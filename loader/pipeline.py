@@ -1,0 +1,237 @@
+"""The training pipeline: scheduler -> disk reader -> assembler -> superbatch sampler -> (publisher).
+
+``start_train_pipeline`` wires every stage, queue and bound in one place; nothing rewires it
+later. Bounded queues give backpressure; the two mega-batch buffers circulate through
+``free_buffers`` (double buffering: the reader fills one while the other is sampled and
+published) and come back only when the publisher has gathered the last batch of their last pass.
+The publisher lives with the client session (``loader.publisher``) and reads ``output``.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+
+from loader.arena import FeatureArena, MegaBatchBuffer
+from loader.assemble import MegaBatch, assemble
+from loader.config import LoaderConfig
+from loader.inmemory import STREAM_TRAIN
+from loader.metrics import DaemonMetrics
+from loader.reader import LoadedMegaBatch, PartitionReader
+from loader.resident import ResidentData
+from loader.sampling import SampledPass, batch_keys, sample_pass, shuffle
+from loader.schedule import MegaBatchPlan, schedule_epoch
+
+__all__ = ["SampledWork", "EpochDone", "PipelineContext", "TrainPipeline", "start_train_pipeline",
+           "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
+
+log = logging.getLogger("megabatch.pipeline")
+
+STREAM_MEGABATCH_SHUFFLE = 16
+"""batch_keys stream of the per-pass seed shuffle inside a mega-batch (train/val/test use 0-2)."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SampledWork:
+    """Superbatch sampler -> publisher: every batch of one pass over one mega-batch."""
+
+    megabatch: MegaBatch
+    pass_index: int
+    sampled: SampledPass
+    seeds: np.ndarray
+    """Local seed ids in batch order (``batch_size`` per batch)."""
+    first_batch: int
+    """Index within the epoch of this pass's first batch."""
+    epoch_batches: int
+    """Batches in the whole epoch, or -1 when unknown (``passes = "auto"``)."""
+    last_pass: bool
+    """The publisher hands the buffer back after this one."""
+
+
+@dataclass(frozen=True)
+class EpochDone:
+    """Sampler -> publisher: the epoch's last batch has been handed over."""
+
+    epoch: int
+    batches: int
+    passes: int
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """What the stages share: resolved once at startup, read-only afterwards."""
+
+    config: LoaderConfig
+    resident: ResidentData
+    arena: FeatureArena
+    reader: PartitionReader
+    metrics: DaemonMetrics
+    cpu_pool: ThreadPoolExecutor
+    partitions_per_megabatch: int
+
+
+@dataclass
+class TrainPipeline:
+    """The running stages of one training stream; ``output`` feeds a session's publisher."""
+
+    start_epoch: int
+    output: "asyncio.Queue[SampledWork | EpochDone]"
+    free_buffers: "asyncio.Queue[MegaBatchBuffer]"
+    tasks: list["asyncio.Task[None]"] = field(default_factory=list)
+    failure: BaseException | None = None
+
+    def release_buffer(self, buffer: MegaBatchBuffer) -> None:
+        self.free_buffers.put_nowait(buffer)
+
+    async def stop(self) -> None:
+        """Cancel every stage and wait for them (reads in flight land first)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_size: int, passes: int) -> int:
+    """Batches of an epoch with a fixed number of passes (each mega-batch's seeds in ceil(n/B) batches)."""
+    parts = resident.partitions
+    total = 0
+    train_sorted = resident.split_ids["train"]
+    for plan in plans:
+        begin, end = parts[plan.partitions, 0], parts[plan.partitions, 1]
+        per_part = np.searchsorted(train_sorted, end) - np.searchsorted(train_sorted, begin)
+        total += -(-int(per_part.sum()) // batch_size)
+    return total * passes
+
+
+async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args: object) -> T:
+    """Run CPU work on the pool (numba kernels drop the GIL) and charge it to ``stage``."""
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    try:
+        return await loop.run_in_executor(ctx.cpu_pool, func, *args)
+    finally:
+        ctx.metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
+
+
+async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Queue[MegaBatchPlan]") -> None:
+    cfg = ctx.config
+    for epoch in itertools.count(start_epoch):
+        t0 = time.perf_counter()
+        schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch)
+        ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
+        for plan in schedule:
+            await plans.put(plan)
+
+
+async def _reader(ctx: PipelineContext, plans: "asyncio.Queue[MegaBatchPlan]",
+                  free: "asyncio.Queue[MegaBatchBuffer]", loaded: "asyncio.Queue[LoadedMegaBatch]") -> None:
+    while True:
+        plan = await plans.get()
+        buffer = await free.get()
+        t0 = time.perf_counter()
+        result = await ctx.reader.load(plan, buffer)
+        ctx.metrics.stage_busy.labels("reader").inc(time.perf_counter() - t0)
+        await loaded.put(result)
+
+
+async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatch]",
+                     ready: "asyncio.Queue[MegaBatch]") -> None:
+    while True:
+        item = await loaded.get()
+        mb = await _timed(ctx, "assembler", assemble, item, ctx.resident, ctx.arena)
+        m = ctx.metrics
+        m.mb_loaded.inc()
+        m.mb_load_seconds.observe(mb.load_seconds)
+        m.mb_bytes.set(mb.bytes_read)
+        log.debug("mega-batch %d/%d of epoch %d: %d partitions, %d nodes (%d static joined), %d edges, %d seeds, "
+                  "%.3f s", mb.plan.index + 1, mb.plan.count, mb.plan.epoch, len(mb.plan.partitions), mb.num_nodes,
+                  mb.static_extra, mb.num_edges, len(mb.train_seeds), mb.load_seconds)
+        await ready.put(mb)
+
+
+async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",
+                   output: "asyncio.Queue[SampledWork | EpochDone]") -> None:
+    cfg = ctx.config
+    fixed_passes = cfg.hierarchy.passes
+    batch_size = cfg.sampler.batch_size
+    epoch, batch_in_epoch, passes_in_epoch = start_epoch, 0, 0
+    epoch_batches = -1
+    while True:
+        mb = await ready.get()
+        if mb.plan.epoch != epoch:
+            raise RuntimeError(f"pipeline out of order: mega-batch of epoch {mb.plan.epoch} while in {epoch}")
+        if mb.plan.index == 0 and fixed_passes is not None:
+            plans = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch)
+            epoch_batches = epoch_batch_count(ctx.resident, plans, batch_size, fixed_passes)
+        ctx.metrics.mb_nodes.set(mb.num_nodes)
+        ctx.metrics.mb_edges.set(mb.num_edges)
+        for pass_index in itertools.count():
+            key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.plan.index, 1)[0])
+            seeds = shuffle(mb.train_seeds, key)
+            n_batches = -(-len(seeds) // batch_size)
+            keys = batch_keys(cfg.sampler.seed, STREAM_TRAIN, epoch, 0, batch_in_epoch, n_batches)
+            sampled = await _timed(ctx, "sampler", sample_pass, mb.graph, seeds, batch_size,
+                                   cfg.sampler.fanouts, keys)
+            if fixed_passes is not None:
+                last = pass_index + 1 >= fixed_passes
+            else:
+                # Appendix B: reuse while the next mega-batch is still loading (p <= T_load / T_comp), capped
+                last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.plan.is_last
+                        or n_batches == 0)
+            ctx.metrics.pass_index.set(pass_index)
+            await output.put(SampledWork(mb, pass_index, sampled, seeds, batch_in_epoch, epoch_batches, last))
+            batch_in_epoch += n_batches
+            passes_in_epoch += 1
+            if last:
+                ctx.metrics.passes.set(pass_index + 1)
+                break
+        if mb.plan.is_last:
+            await output.put(EpochDone(epoch, batch_in_epoch, passes_in_epoch))
+            epoch, batch_in_epoch, passes_in_epoch = epoch + 1, 0, 0
+
+
+def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipeline:
+    """Create the queues and stage tasks of a training stream starting at ``start_epoch``."""
+    plans: asyncio.Queue[MegaBatchPlan] = asyncio.Queue(maxsize=2)
+    loaded: asyncio.Queue[LoadedMegaBatch] = asyncio.Queue(maxsize=1)
+    ready: asyncio.Queue[MegaBatch] = asyncio.Queue(maxsize=1)
+    output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
+    free: asyncio.Queue[MegaBatchBuffer] = asyncio.Queue(maxsize=len(ctx.arena.buffers))
+    for buffer in ctx.arena.buffers:
+        free.put_nowait(buffer)
+    for name, queue in (("plans", plans), ("loaded", loaded), ("ready", ready), ("sampled", output),
+                        ("free_buffers", free)):
+        ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
+    pipeline = TrainPipeline(start_epoch, output, free)
+
+    def stage(name: str, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"megabatch-{name}")
+        task.add_done_callback(lambda t: _record_failure(pipeline, name, t))
+        pipeline.tasks.append(task)
+
+    stage("scheduler", _scheduler(ctx, start_epoch, plans))
+    stage("reader", _reader(ctx, plans, free, loaded))
+    stage("assembler", _assembler(ctx, loaded, ready))
+    stage("sampler", _sampler(ctx, start_epoch, ready, output))
+    return pipeline
+
+
+def _record_failure(pipeline: TrainPipeline, name: str, task: "asyncio.Task[None]") -> None:
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is not None and pipeline.failure is None:
+        pipeline.failure = err
+        log.error("stage %s failed: %s", name, err)
+        # wake the publisher: it waits on ``output`` and must see the failure, not hang
+        with contextlib.suppress(asyncio.QueueFull):
+            pipeline.output.put_nowait(EpochDone(-1, 0, 0))

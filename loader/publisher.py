@@ -1,0 +1,130 @@
+"""Stage 5, the publisher: gather each batch into a free shared-memory slot and announce it.
+
+A slot holds one batch: ``n_id`` (dataset ids), ``x`` (feature rows, gathered straight from the
+arena or the memory-mapped file into the slot: no intermediate copy), ``y`` (seed labels),
+``edge_index`` and the per-hop counts. ``SlotFlow`` is the credit/slot bookkeeping of one client:
+a batch goes out only when the client has credit and a slot is free, so in-flight batches are
+capped by the slots and a slow trainer stalls the whole pipeline through the bounded queues.
+"""
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.gather_kernels import gather_rows
+from loader.sampling import SampledPass
+from proto.errors import SlotOverflow
+from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
+
+__all__ = ["SlotFlow", "BatchSource", "batch_specs", "fill_slot", "overflow_message"]
+
+
+class SlotFlow:
+    """Credits and free slots of one session (all methods run on the event loop; one waiter)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._free = list(range(count - 1, -1, -1))
+        self._in_use: dict[int, int] = {}
+        self._credit = 0
+        self._changed = asyncio.Event()
+        self.closed = False
+
+    @property
+    def in_use(self) -> int:
+        return len(self._in_use)
+
+    async def acquire(self, seq: int) -> int:
+        """Wait for a credit and a free slot; the slot is then owned by batch ``seq``."""
+        while not (self.closed or (self._credit > 0 and self._free)):
+            self._changed.clear()
+            await self._changed.wait()
+        if self.closed:
+            raise ConnectionError("client gone")
+        self._credit -= 1
+        slot = self._free.pop()
+        self._in_use[slot] = seq
+        return slot
+
+    def abandon(self, slot: int) -> None:
+        """Give back a slot acquired for a batch that was never announced (and its credit)."""
+        self._in_use.pop(slot, None)
+        self._free.append(slot)
+        self._credit += 1
+        self._changed.set()
+
+    def grant(self, count: int) -> None:
+        self._credit += count
+        self._changed.set()
+
+    def release(self, slot: int, seq: int) -> str | None:
+        """Free ``slot``; returns an error text when the client releases what it does not hold."""
+        if self._in_use.get(slot) != seq:
+            return f"release of slot {slot} seq {seq}, which the client does not hold"
+        del self._in_use[slot]
+        self._free.append(slot)
+        self._credit += 1
+        self._changed.set()
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+        self._changed.set()
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """Where one sampled pass reads its rows: the arena (training) or a memory map (evaluation)."""
+
+    features: np.ndarray
+    """uint8 1-D: the bytes every ``row_offsets`` entry points into."""
+    row_offsets: Callable[[np.ndarray], np.ndarray]
+    """Local node ids -> int64 byte offsets of their rows in ``features``."""
+    global_ids: Callable[[np.ndarray], np.ndarray]
+    """Local node ids -> int64 dataset ids."""
+    labels: Callable[[np.ndarray], np.ndarray]
+    """Local node ids -> int64 labels."""
+    row_bytes: int
+    feat_dim: int
+    feat_dtype: np.dtype
+
+
+def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, feat_dim: int,
+                feat_dtype: np.dtype) -> list[ArraySpec]:
+    """The arrays of one batch slot (see proto/PROTOCOL.md, "Batch arrays")."""
+    return [ArraySpec("x", feat_dtype, (num_nodes, feat_dim)), ArraySpec("n_id", np.dtype(np.int64), (num_nodes,)),
+            ArraySpec("y", np.dtype(np.int64), (num_seeds,)),
+            ArraySpec("edge_index", np.dtype(np.int64), (2, num_edges)),
+            ArraySpec("nodes_per_hop", np.dtype(np.int64), (num_hops + 1,)),
+            ArraySpec("edges_per_hop", np.dtype(np.int64), (num_hops,))]
+
+
+def fill_slot(ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPass, b: int,
+              source: BatchSource) -> int:
+    """Write batch ``b`` of ``sampled`` into ``slot`` and commit it; returns payload bytes.
+
+    Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
+    """
+    batch = sampled.batch(b)
+    nodes = batch.nodes
+    specs = batch_specs(len(nodes), int(batch.num_sampled_nodes[0]), batch.edge_index.shape[1], sampled.num_hops,
+                        source.feat_dim, source.feat_dtype)
+    plan = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
+    arrays = ring.arrays_for(slot, plan)
+    x = arrays["x"]
+    gather_rows(source.features, source.row_offsets(nodes), source.row_bytes, np.arange(len(nodes), dtype=np.int64),
+                x.reshape(-1).view(np.uint8))
+    arrays["n_id"][:] = source.global_ids(nodes)
+    arrays["y"][:] = source.labels(nodes[:int(batch.num_sampled_nodes[0])])
+    arrays["edge_index"][:] = batch.edge_index
+    arrays["nodes_per_hop"][:] = batch.num_sampled_nodes
+    arrays["edges_per_hop"][:] = batch.num_sampled_edges
+    ring.commit(slot, header, plan)
+    return sum(spec.nbytes for spec in specs)
+
+
+def overflow_message(err: SlotOverflow) -> str:
+    return (f"a batch needs {err.needed:,} bytes but slots hold {err.available:,}; set [publisher] slot_bytes "
+            f"to at least {err.needed:,} (or lower batch_size / fanouts)")

@@ -1,0 +1,393 @@
+"""``megabatch serve``: the daemon's lifecycle, in the uvicorn shape.
+
+run -> serve -> startup -> main_loop -> shutdown. Signals: the first SIGINT/SIGTERM drains
+(stop accepting, say Bye to clients, stop the stages, unmap the slots, remove the socket), a
+second one skips the waiting. Shared runtime state (sessions, the training pipeline) lives in
+``DaemonState``; the read-only resources in ``PipelineContext``.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import uvloop
+
+from loader import __version__
+from loader.arena import FeatureArena
+from loader.config import LoaderConfig
+from loader.dataset import Dataset, open_dataset
+from loader.errors import UserError
+from loader.eval_stream import EvalData, open_eval_data
+from loader.memplan import MemoryPlan, plan_memory
+from loader.metrics import DaemonMetrics
+from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
+from loader.reader import PartitionReader
+from loader.resident import ResidentData, load_resident
+from loader.sdnotify import notify, watchdog_interval
+from loader.session import ControlProtocol, Session
+from loader.sizes import format_size
+from loader.slot_sizing import estimate_slot_bytes
+from proto.codec import FrameDecoder, encode
+from proto.errors import ProtocolError, ShmError
+from proto.messages import PROTOCOL_VERSION, Bye, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
+from proto.shm import create_segment
+from proto.slots import HEADER_BYTES, SlotRing
+
+__all__ = ["Daemon", "DaemonState", "HANDSHAKE_TIMEOUT"]
+
+log = logging.getLogger("megabatch.server")
+
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a new connection has to send its Hello."""
+
+SOCKET_PATH_MAX = 107
+
+
+@dataclass
+class DaemonState:
+    """Mutable runtime state: who is connected and who owns the training pipeline."""
+
+    sessions: dict[int, Session] = field(default_factory=dict)
+    next_session: int = 1
+    pipeline: TrainPipeline | None = None
+    pipeline_owner: Session | None = None
+    pipeline_next_epoch: int | None = None
+    tasks: set["asyncio.Task[None]"] = field(default_factory=set)
+
+
+class Daemon:
+    """One loader daemon serving one prepared dataset."""
+
+    def __init__(self, config: LoaderConfig) -> None:
+        self.config = config
+        self.state = DaemonState()
+        self.metrics = DaemonMetrics()
+        self.should_exit = asyncio.Event()
+        self.force_exit = False
+        self._listener: socket.socket | None = None
+        self._ctx: PipelineContext | None = None
+        self._dataset: Dataset | None = None
+        self._welcome_info: DatasetInfo | None = None
+        self._slot_bytes = 0
+        self.memory_plan: MemoryPlan | None = None
+        self.ready = asyncio.Event()
+        """Set once the socket accepts connections (tests and embedders wait on it)."""
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        uvloop.run(self.serve())
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        # signals reach only the main thread; an embedded daemon (tests) stops through should_exit
+        signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self.handle_exit, sig)
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def handle_exit(self, sig: int) -> None:
+        if self.should_exit.is_set():
+            log.warning("second %s: shutting down without waiting", signal.Signals(sig).name)
+            self.force_exit = True
+        else:
+            log.info("%s: draining (send it again to stop at once)", signal.Signals(sig).name)
+        self.should_exit.set()
+
+    async def startup(self) -> None:
+        cfg = self.config
+        notify("STATUS=loading dataset")
+        dataset = open_dataset(cfg.dataset.path)
+        m = dataset.manifest
+        resident = load_resident(dataset, with_static=cfg.hierarchy.static_cache)
+        if cfg.publisher.slot_bytes is not None:
+            slot_bytes = cfg.publisher.slot_bytes
+        else:
+            slot_bytes = estimate_slot_bytes(dataset, resident, cfg.sampler)
+        index_itemsize = np.dtype(m.index_dtype.value).itemsize
+        plan = plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
+                           fraction=cfg.hierarchy.megabatch_fraction, static_nodes=resident.static.num_nodes,
+                           static_row_bytes=m.row_bytes, static_edges=len(resident.static.indices),
+                           index_itemsize=index_itemsize, slots=cfg.publisher.slots, slot_bytes=slot_bytes,
+                           max_clients=cfg.server.max_clients)
+        log.info("%s", plan.describe())
+        arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
+        # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
+        resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
+        reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
+                                 threads=cfg.io.read_threads, read_block=cfg.io.read_block)
+        self._ctx = PipelineContext(cfg, resident, arena, reader, self.metrics,
+                                    ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu"), plan.buffer.partitions)
+        self._dataset, self._slot_bytes, self.memory_plan = dataset, slot_bytes, plan
+        self._welcome_info = self._dataset_info(dataset, resident)
+        self.metrics.set_build(dataset.path.name, "megabatch")
+        self.metrics.memory_budget.set(cfg.memory.budget)
+        self.metrics.static_nodes.set(resident.static.num_nodes)
+        self.metrics.static_bytes.set(arena.static_bytes)
+        self.metrics.watch_slots(self._slot_usage)
+        self.metrics.serve(cfg.metrics.address, cfg.metrics.port)
+        self._listener = self._listen(cfg.server.socket, cfg.server.socket_mode)
+        self._spawn(self._accept_loop(), "accept")
+        log.info("serving %s (%s nodes, %d partitions, %d per mega-batch) on %s", dataset.path, f"{m.num_nodes:,}",
+                 m.num_partitions, plan.buffer.partitions, cfg.server.socket)
+        notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
+        self.ready.set()
+
+    async def main_loop(self) -> None:
+        interval = watchdog_interval()
+        while not self.should_exit.is_set():
+            # the ping comes from the loop itself, so it proves the loop is alive, not just the process
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.should_exit.wait(), timeout=interval or 3600)
+            if interval:
+                notify("WATCHDOG=1")
+
+    async def shutdown(self) -> None:
+        notify("STOPPING=1\nSTATUS=shutting down")
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for session in list(self.state.sessions.values()):
+            with contextlib.suppress(Exception):
+                session.handle(Bye("daemon shutting down"))
+        if self.state.pipeline is not None:
+            await self._stop_pipeline()
+        for task in list(self.state.tasks):
+            task.cancel()
+        timeout = 0.0 if self.force_exit else self.config.server.drain_timeout
+        pending = [s.dispose() for s in self.state.sessions.values()] + list(self.state.tasks)
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout or None)
+        self.state.sessions.clear()
+        if self._ctx is not None:
+            self._ctx.reader.close()
+            self._ctx.cpu_pool.shutdown(wait=True, cancel_futures=True)
+            self._ctx.arena.close()
+            self._ctx = None
+        with contextlib.suppress(FileNotFoundError):
+            if self.ready.is_set():
+                os.unlink(self.config.server.socket)
+        log.info("stopped")
+
+    # -- connections ---------------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"megabatch-{name}")
+        self.state.tasks.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+
+    def _listen(self, path: Path, mode: int) -> socket.socket:
+        if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+            raise UserError(f"[server] socket: path {path} is longer than {SOCKET_PATH_MAX} bytes "
+                            f"(a Unix socket limit)")
+        if not path.parent.is_dir():
+            raise UserError(f"[server] socket: directory {path.parent} does not exist")
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise UserError(f"[server] socket: {path} exists and is not a socket; refusing to replace it")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(path))
+                except OSError:
+                    path.unlink()  # stale: left by a daemon that died
+                else:
+                    raise UserError(f"[server] socket: another daemon is serving on {path}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            old = os.umask(0o777 & ~mode)
+            try:
+                sock.bind(str(path))
+            finally:
+                os.umask(old)
+            os.chmod(path, mode)
+            sock.listen(64)
+            sock.setblocking(False)
+        except OSError as err:
+            sock.close()
+            raise UserError(f"[server] socket: cannot listen on {path} ({err.strerror})") from None
+        return sock
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._listener is not None
+        while not self.should_exit.is_set():
+            try:
+                conn, _ = await loop.sock_accept(self._listener)
+            except OSError as err:
+                if self._listener is None:
+                    return
+                log.warning("accept failed: %s", err)
+                continue
+            conn.setblocking(False)
+            self._spawn(self._handshake(conn), "handshake")
+
+    async def _handshake(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        peer = _peer_description(conn)
+        decoder = FrameDecoder(self.config.server.max_frame_bytes)
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                messages: list[object] = []
+                while not messages:
+                    data = await loop.sock_recv(conn, 65536)
+                    if not data:
+                        conn.close()
+                        return
+                    messages = list(decoder.feed(data))
+        except TimeoutError:
+            await self._refuse(conn, ErrorCode.BAD_MESSAGE, f"no hello within {HANDSHAKE_TIMEOUT:.0f} s")
+            return
+        except ProtocolError as err:
+            self.metrics.protocol_errors.labels(err.code).inc()
+            await self._refuse(conn, err.code, err.message)
+            return
+        except OSError:
+            conn.close()
+            return
+        hello, rest = messages[0], messages[1:]
+        if not isinstance(hello, Hello):
+            self.metrics.protocol_errors.labels(ErrorCode.BAD_MESSAGE).inc()
+            await self._refuse(conn, ErrorCode.BAD_MESSAGE, "the first message must be hello")
+            return
+        if hello.protocol_version != PROTOCOL_VERSION:
+            await self._refuse(conn, ErrorCode.UNSUPPORTED_VERSION,
+                               f"daemon speaks protocol {PROTOCOL_VERSION}, client {hello.protocol_version}")
+            return
+        if self.should_exit.is_set() or len(self.state.sessions) >= self.config.server.max_clients:
+            await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
+                                                     f"(max_clients = {self.config.server.max_clients})")
+            return
+        session = self._new_session(peer, hello)
+        if session is None:
+            await self._refuse(conn, ErrorCode.INTERNAL, "cannot allocate shared memory for the slots")
+            return
+        assert self._welcome_info is not None
+        welcome = Welcome(protocol_version=PROTOCOL_VERSION, daemon_version=__version__, session=session.id,
+                          dataset=self._welcome_info,
+                          slots=SlotLayout(count=session.ring.count, slot_bytes=session.ring.slot_bytes,
+                                           header_bytes=session.ring.header_bytes,
+                                           segment_bytes=session.segment.nbytes))
+        try:
+            # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole
+            socket.send_fds(conn, [encode(welcome)], [session.segment.fd])
+            _, protocol = await loop.connect_accepted_socket(
+                lambda: ControlProtocol(session, decoder, self._session_lost), conn)
+        except OSError as err:
+            log.warning("session %d: handshake failed: %s", session.id, err)
+            conn.close()
+            self._session_lost(session)
+            return
+        log.info("session %d: %s connected (%s)", session.id, hello.client, peer)
+        for msg in rest:
+            session.handle(msg)  # type: ignore[arg-type]
+
+    async def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
+        log.warning("refusing a connection: %s: %s", code, message)
+        with contextlib.suppress(OSError):
+            await asyncio.get_running_loop().sock_sendall(conn, encode(Error(str(code), message)))
+        conn.close()
+
+    def _new_session(self, peer: str, hello: Hello) -> Session | None:
+        assert self._ctx is not None
+        count, slot_bytes = self.config.publisher.slots, self._slot_bytes
+        try:
+            segment = create_segment(count * slot_bytes, name=f"megabatch-session{self.state.next_session}")
+        except ShmError as err:
+            log.error("cannot create the slot segment: %s", err)
+            return None
+        ring = SlotRing(segment.mapping, count, slot_bytes, HEADER_BYTES)
+        session = Session(self.state.next_session, peer, self._ctx, self, segment, ring, self._open_eval)
+        self.state.sessions[session.id] = session
+        self.state.next_session += 1
+        self.metrics.clients.set(len(self.state.sessions))
+        return session
+
+    def _session_lost(self, session: Session) -> None:
+        if self.state.sessions.pop(session.id, None) is None:
+            return
+        self.metrics.clients.set(len(self.state.sessions))
+        log.info("session %d: disconnected", session.id)
+        if self.state.pipeline_owner is session:
+            self._spawn(self._stop_pipeline(), "stop-pipeline")
+        self._spawn(session.dispose(), "dispose")
+
+    def _slot_usage(self) -> tuple[int, int]:
+        sessions = list(self.state.sessions.values())
+        return sum(s.flow.in_use for s in sessions), sum(s.flow.count for s in sessions)
+
+    def _open_eval(self) -> EvalData:
+        assert self._dataset is not None and self._ctx is not None
+        return open_eval_data(self._dataset, self._ctx.resident.partitions)
+
+    # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
+    def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
+        st = self.state
+        if st.pipeline_owner is not None and st.pipeline_owner is not session:
+            return f"session {st.pipeline_owner.id} is training; one training stream at a time"
+        assert self._ctx is not None
+        if st.pipeline is not None and st.pipeline_next_epoch != epoch:
+            pipeline = st.pipeline
+            st.pipeline = None
+            self._spawn(pipeline.stop(), "stop-pipeline")
+        if st.pipeline is None:
+            st.pipeline = start_train_pipeline(self._ctx, epoch)
+        st.pipeline_owner = session
+        st.pipeline_next_epoch = None
+        return st.pipeline
+
+    def finish_pipeline(self, session: Session, pipeline: TrainPipeline, next_epoch: int | None) -> None:
+        """A stream ended: keep the pipeline running ahead into ``next_epoch``, or drop it."""
+        st = self.state
+        if st.pipeline is not pipeline:
+            return
+        if next_epoch is None or session.closed:
+            st.pipeline = None
+            st.pipeline_owner = None
+            self._spawn(pipeline.stop(), "stop-pipeline")
+        else:
+            st.pipeline_next_epoch = next_epoch
+
+    async def _stop_pipeline(self) -> None:
+        st = self.state
+        pipeline, st.pipeline, st.pipeline_owner = st.pipeline, None, None
+        if pipeline is not None:
+            await pipeline.stop()
+
+    def _dataset_info(self, dataset: Dataset, resident: ResidentData) -> DatasetInfo:
+        m, s = dataset.manifest, self.config.sampler
+        return DatasetInfo(name=dataset.path.name, num_nodes=m.num_nodes, num_features=m.feat_dim,
+                           feature_dtype=m.feat_dtype.value, num_classes=m.num_classes, num_hops=len(s.fanouts),
+                           fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
+                           train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
+                           test_nodes=len(resident.split_ids["test"]), mode="megabatch")
+
+
+def _peer_description(conn: socket.socket) -> str:
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", raw)
+    except OSError:
+        return "unknown peer"
+    return f"pid {pid} uid {uid}"
+
+
+def describe_budget(plan: MemoryPlan) -> str:
+    return f"{format_size(plan.total)} of {format_size(plan.budget)}"

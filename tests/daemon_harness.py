@@ -1,0 +1,88 @@
+"""Run a loader daemon inside the test process (its own thread and uvloop loop) and build datasets for it.
+
+In-process keeps numba's compiled kernels across tests; readiness and shutdown are events, never sleeps.
+"""
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from loader.config import LoaderConfig, config_from_mapping
+from loader.generate import generate_graph
+from loader.prepare import PrepareOptions, prepare_dataset
+from loader.server import Daemon
+
+__all__ = ["small_dataset", "daemon_config", "running_daemon"]
+
+
+def small_dataset(root: Path, *, nodes: int = 3000, partitions: int = 16, feat_dim: int = 16, classes: int = 4,
+                  avg_degree: float = 10, seed: int = 0, partitioner: str = "metis") -> Path:
+    raw = generate_graph(root / "raw", num_nodes=nodes, avg_degree=avg_degree, feat_dim=feat_dim,
+                         num_classes=classes, seed=seed, progress=False)
+    out = root / "dataset"
+    prepare_dataset(raw.path, out, PrepareOptions(num_partitions=partitions, partitioner=partitioner,
+                                                  memory_budget=256 << 20, progress=False))
+    return out
+
+
+def daemon_config(dataset: Path, socket: Path, **tables: dict[str, Any]) -> LoaderConfig:
+    """A config for tests: metrics off, small budget; ``tables`` override whole TOML tables' keys."""
+    data: dict[str, Any] = {
+        "dataset": {"path": str(dataset)}, "memory": {"budget": "256M"},
+        "hierarchy": {"megabatch_fraction": 0.25, "passes": 1},
+        "sampler": {"batch_size": 64, "fanouts": [5, 3], "eval_batch_size": 128, "seed": 0},
+        "publisher": {"slots": 3}, "server": {"socket": str(socket), "max_clients": 4},
+        "metrics": {"port": 0},
+    }
+    for name, values in tables.items():
+        data.setdefault(name, {}).update(values)
+    return config_from_mapping(data)
+
+
+@contextmanager
+def running_daemon(config: LoaderConfig) -> Iterator[Daemon]:
+    """Start a daemon on a thread, yield it once it accepts connections, stop it on exit."""
+    daemon = Daemon(config)
+    ready = threading.Event()
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    failure: list[BaseException] = []
+
+    async def main() -> None:
+        loop_box.append(asyncio.get_running_loop())
+
+        async def signal_ready() -> None:
+            await daemon.ready.wait()
+            ready.set()
+
+        waiter = asyncio.ensure_future(signal_ready())
+        try:
+            await daemon.serve()
+        finally:
+            waiter.cancel()
+
+    def thread_main() -> None:
+        try:
+            uvloop.run(main())
+        except BaseException as err:  # surfaced to the test below
+            failure.append(err)
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=thread_main, name="test-daemon", daemon=True)
+    thread.start()
+    ready.wait()
+    if failure:
+        thread.join()
+        raise failure[0]
+    try:
+        yield daemon
+    finally:
+        loop_box[0].call_soon_threadsafe(daemon.should_exit.set)
+        thread.join(timeout=60)
+        if failure:
+            raise failure[0]
