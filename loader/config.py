@@ -5,6 +5,7 @@ docstring. Errors name the table and key (``[sampler] fanouts: ...``) and the of
 Unknown tables or keys are errors too: a typo must not silently fall back to a default.
 """
 
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -163,6 +164,11 @@ def _fanouts(table: str, key: str, value: Any) -> tuple[int, ...]:
     return out
 
 
+def _path(base: Path, text: str) -> Path:
+    # normpath, not resolve(): keep the user's symlinks, drop the "dir/../" a relative path leaves
+    return Path(os.path.normpath(base / text))
+
+
 def _check_keys(table: str, data: Mapping[str, Any], cls: type) -> None:
     allowed = {f.name for f in fields(cls)}
     for key in data:
@@ -229,7 +235,7 @@ def _server(t: Mapping[str, Any], base: Path) -> ServerConfig:
     if isinstance(drain, bool) or not isinstance(drain, int | float) or drain <= 0:
         raise _fail("server", "drain_timeout", f"expected a positive number of seconds, got {drain!r}")
     return ServerConfig(
-        socket=base / _str("server", "socket", t.get("socket", str(d.socket))), socket_mode=mode,
+        socket=_path(base, _str("server", "socket", t.get("socket", str(d.socket)))), socket_mode=mode,
         max_clients=_int("server", "max_clients", t.get("max_clients", d.max_clients), minimum=1),
         max_frame_bytes=_size("server", "max_frame_bytes", t.get("max_frame_bytes", d.max_frame_bytes)),
         drain_timeout=float(drain))
@@ -245,7 +251,7 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     _check_keys("dataset", ds, DatasetConfig)
     if "path" not in ds:
         raise UserError("[dataset] path: required (the directory written by 'megabatch prepare')")
-    dataset = DatasetConfig(path=base / _str("dataset", "path", ds["path"]))
+    dataset = DatasetConfig(path=_path(base, _str("dataset", "path", ds["path"])))
 
     mem = _table(data, "memory")
     _check_keys("memory", mem, MemoryConfig)

@@ -1,4 +1,9 @@
-"""numba kernel of the publisher: copy feature rows, addressed by byte offset, into a slot."""
+"""Feature gather into a shared-memory slot: numba row copy plus the byte-offset lookup it reads.
+
+Feature rows live in ``features.bin`` partition by partition, each partition starting at its
+own aligned ``feat_offset``; ``row_offsets_for`` turns global ids into byte offsets once per
+mega-batch, and ``gather_rows`` copies the rows of each batch's nodes into its slot.
+"""
 
 import numba
 import numpy as np
@@ -8,33 +13,63 @@ __all__ = ["gather_rows", "row_offsets_for"]
 
 @numba.njit(nogil=True, cache=False)
 def _gather(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.ndarray, out: np.ndarray) -> None:
+    """The copy of ``gather_rows``; checks every row before copying any, since numba does not bounds-check."""
+    num_local = row_offsets.shape[0]
     for k in range(nodes.shape[0]):
-        start = row_offsets[nodes[k]]
-        dst = k * row_bytes
-        out[dst:dst + row_bytes] = src[start:start + row_bytes]
+        node = nodes[k]
+        if node < 0 or node >= num_local:
+            raise ValueError("nodes: a local id is outside [0, len(row_offsets))")
+        offset = row_offsets[node]
+        if offset < 0 or offset + row_bytes > src.shape[0]:
+            raise ValueError("row_offsets: a row lies outside src")
+    for k in range(nodes.shape[0]):
+        offset = row_offsets[nodes[k]]
+        out[k * row_bytes:(k + 1) * row_bytes] = src[offset:offset + row_bytes]
 
 
-def gather_rows(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.ndarray,
-                out: np.ndarray) -> None:
-    """``out[k*row_bytes:(k+1)*row_bytes] = src[row_offsets[nodes[k]]:][:row_bytes]`` for every k.
+def gather_rows(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.ndarray, out: np.ndarray
+                ) -> None:
+    """``out[k*row_bytes:(k+1)*row_bytes] = src[row_offsets[nodes[k]]:+row_bytes]`` for every k.
 
-    ``src`` and ``out`` are uint8 1-D (``src`` may be a memory map); bounds are checked up front so
-    a bad offset is an error, not a read outside the buffer.
+    src: uint8 1-D (an np.memmap or a view of an mmap is fine, never copied); row_offsets:
+    int64 [M]; nodes: [K] local ids (any integer dtype); out: uint8 1-D with at least
+    K*row_bytes bytes. Raises ValueError naming the field for a wrong dtype or shape, a local
+    id outside [0, M) or a row outside ``src``; nothing is written then. Releases the GIL.
     """
-    if src.dtype != np.uint8 or out.dtype != np.uint8 or src.ndim != 1 or out.ndim != 1:
-        raise ValueError("gather_rows: src and out must be 1-D uint8 arrays")
-    if out.shape[0] < nodes.shape[0] * row_bytes:
-        raise ValueError(f"gather_rows: out has {out.shape[0]} bytes, {nodes.shape[0]} rows need "
-                         f"{nodes.shape[0] * row_bytes}")
-    if nodes.shape[0]:
-        offs = row_offsets[nodes]
-        if offs.min() < 0 or offs.max() + row_bytes > src.shape[0]:
-            raise ValueError("gather_rows: a row offset points outside src")
-    _gather(src, row_offsets, row_bytes, np.ascontiguousarray(nodes, dtype=np.int64), out)
+    for name, array in (("src", src), ("out", out)):
+        if not isinstance(array, np.ndarray) or array.dtype != np.uint8 or array.ndim != 1:
+            raise ValueError(f"{name}: expected a 1-D uint8 array, got {getattr(array, 'dtype', type(array))} "
+                             f"{getattr(array, 'shape', '')}")
+    if not isinstance(row_offsets, np.ndarray) or row_offsets.dtype != np.int64 or row_offsets.ndim != 1:
+        raise ValueError(f"row_offsets: expected a 1-D int64 array, got {getattr(row_offsets, 'dtype', None)}")
+    if row_bytes < 0:
+        raise ValueError(f"row_bytes: {row_bytes} is negative")
+    node_array = np.asarray(nodes)
+    if node_array.ndim != 1 or (node_array.size and node_array.dtype.kind not in "iu"):
+        raise ValueError(f"nodes: expected a 1-D integer array, got {node_array.dtype} {node_array.shape}")
+    if out.shape[0] < len(node_array) * row_bytes:
+        raise ValueError(f"out: {out.shape[0]} bytes, {len(node_array)} rows of {row_bytes} need "
+                         f"{len(node_array) * row_bytes}")
+    _gather(src, row_offsets, row_bytes, np.ascontiguousarray(node_array, dtype=np.int64), out)
 
 
 def row_offsets_for(global_ids: np.ndarray, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
                     row_bytes: int) -> np.ndarray:
-    """Byte offset in ``features.bin`` of each node's row (partitions sorted by ``node_begin``)."""
-    part = np.searchsorted(part_node_begin, global_ids, side="right") - 1
-    return part_feat_offset[part] + (global_ids - part_node_begin[part]) * row_bytes
+    """Byte offset in ``features.bin`` of each node's row (int64, one per global id).
+
+    part_node_begin: int64 [P], each partition's first global id, ascending; part_feat_offset:
+    int64 [P], each partition's first byte. A node belongs to the last partition whose first
+    id is <= its id. Raises ValueError for an id below the first partition or mismatched tables.
+    """
+    ids = np.asarray(global_ids, dtype=np.int64)
+    begin = np.asarray(part_node_begin, dtype=np.int64)
+    feat_offset = np.asarray(part_feat_offset, dtype=np.int64)
+    if begin.ndim != 1 or begin.shape != feat_offset.shape or len(begin) == 0:
+        raise ValueError(f"part_node_begin/part_feat_offset: shapes {begin.shape} and {feat_offset.shape}, "
+                         f"expected equal non-empty 1-D")
+    if row_bytes < 0:
+        raise ValueError(f"row_bytes: {row_bytes} is negative")
+    part = np.searchsorted(begin, ids, side="right") - 1
+    if ids.size and part.min() < 0:
+        raise ValueError(f"global_ids: id {ids[part < 0][0]} precedes the first partition ({begin[0]})")
+    return feat_offset[part] + (ids - begin[part]) * row_bytes

@@ -33,6 +33,10 @@ So the same target with the same neighbour list picks the same neighbours in any
 ordering that keeps its global id. ``batch_keys`` derives the batch keys:
 ``base = mix64(seed)``, then ``base = mix64(base ^ mix64(x + GAMMA))`` for x in
 (stream, epoch, pass_index), and ``key_i = mix64(base + (first_batch + i + 1) * GAMMA)``.
+
+Cost: one ``sample_pass`` call allocates a mark array of M int32 (int64 past 2^31 nodes),
+resets only the entries each batch used, and grows its output buffers geometrically from the
+fanout bound, so time and memory follow the output, not B * prod(fanouts) nor B * M.
 """
 
 import operator
@@ -51,7 +55,7 @@ _INITIAL_CAPACITY_CAP = 1 << 24
 """Largest first guess (items) for an output buffer; beyond it the kernel grows the buffer."""
 
 
-def _int_array(field: str, value: object, wanted: tuple[type[np.signedinteger], ...]) -> np.ndarray:
+def _int_array(field: str, value: object, wanted: tuple[type[np.integer], ...]) -> np.ndarray:
     """``value`` as a C-contiguous 1-D array of the first of ``wanted`` it converts to losslessly.
 
     An array already of a wanted dtype and contiguous is returned as is (a memmap stays a

@@ -70,7 +70,7 @@ def _floyd_positions(degree: int, fanout: int, target_key: np.uint64, table: np.
         while table[slot] >= 0 and table[slot] != t:
             slot = (slot + 1) & mask
         if table[slot] == t:
-            t = top  # every earlier pick is below ``top``, so it is new
+            t = np.int64(top)  # every earlier pick is below ``top``, so it is new
             slot = t & mask
             while table[slot] >= 0:
                 slot = (slot + 1) & mask
@@ -80,16 +80,20 @@ def _floyd_positions(degree: int, fanout: int, target_key: np.uint64, table: np.
 
 @numba.njit(nogil=True, cache=False)
 def _plan_hop(indptr: np.ndarray, global_ids: np.ndarray, frontier: np.ndarray, fanout: int, hop_key: np.uint64,
-              target_keys: np.ndarray) -> int:
-    """Return the hop's exact edge count and fill ``target_keys[:len(frontier)]`` (unused for fanout -1).
+              starts: np.ndarray, degrees: np.ndarray, target_keys: np.ndarray) -> int:
+    """Return the hop's exact edge count; fill each frontier target's list start, degree and RNG key.
 
     A tight loop with no unpredictable branch, so the CPU overlaps the random reads of
-    ``indptr`` and ``global_ids`` that ``_pick_positions`` would otherwise wait on one by one.
+    ``indptr`` and ``global_ids`` that ``_pick_positions``, behind Floyd's branches, would
+    wait on one by one. Keys are left unset for fanout -1, which draws nothing.
     """
     hop_edges = 0
     for i in range(frontier.shape[0]):
         v = frontier[i]
-        degree = indptr[v + 1] - indptr[v]
+        start = indptr[v]
+        degree = indptr[v + 1] - start
+        starts[i] = start
+        degrees[i] = degree
         hop_edges += degree if fanout < 0 or degree <= fanout else fanout
         if fanout >= 0:
             target_keys[i] = mix64(hop_key ^ mix64(np.uint64(global_ids[v])))
@@ -97,19 +101,19 @@ def _plan_hop(indptr: np.ndarray, global_ids: np.ndarray, frontier: np.ndarray, 
 
 
 @numba.njit(nogil=True, cache=False)
-def _pick_positions(indptr: np.ndarray, target_keys: np.ndarray, frontier: np.ndarray, first_position: int,
+def _pick_positions(starts: np.ndarray, degrees: np.ndarray, target_keys: np.ndarray, first_position: int,
                     fanout: int, table: np.ndarray, chosen: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
-    """Write the ``indices`` position of every taken in-neighbour of the frontier to ``src``, its target's to ``dst``.
+    """Write the ``indices`` position of every taken in-neighbour of the frontier to ``src``, its target's
+    batch position to ``dst``.
 
     Positions, not neighbour ids: reading the neighbour lists here would stall on a cache miss
     per target behind Floyd's unpredictable branches; ``_relabel`` reads them in a tight loop
     whose misses the CPU overlaps.
     """
     edge = 0
-    for i in range(frontier.shape[0]):
-        v = frontier[i]
-        start = indptr[v]
-        degree = indptr[v + 1] - start
+    for i in range(starts.shape[0]):
+        start = starts[i]
+        degree = degrees[i]
         if fanout < 0 or degree <= fanout:
             for k in range(degree):
                 src[edge + k] = start + k
@@ -133,7 +137,9 @@ def _relabel(src: np.ndarray, indices: np.ndarray, mark: np.ndarray, batch_nodes
     """
     num_local = mark.shape[0]
     for e in range(src.shape[0]):
-        u = indices[src[e]]
+        src[e] = indices[src[e]]
+    for e in range(src.shape[0]):
+        u = src[e]
         if u < 0 or u >= num_local:
             return count, e
         position = mark[u]
@@ -181,6 +187,8 @@ def sample_pass_kernel(indptr: np.ndarray, indices: np.ndarray, global_ids: np.n
         table_size *= 2
     table = np.empty(table_size, dtype=np.int64)
     chosen = np.empty(max_fanout, dtype=np.int64)
+    starts = np.empty(1, dtype=np.int64)
+    degrees = np.empty(1, dtype=np.int64)
     target_keys = np.empty(1, dtype=np.uint64)
     status = 0
     detail0 = 0
@@ -209,22 +217,23 @@ def sample_pass_kernel(indptr: np.ndarray, indices: np.ndarray, global_ids: np.n
             fanout = fanouts[h]
             hop_key = mix64(keys[b] + np.uint64(h + 1) * GAMMA)
             frontier = nodes[base + hop_begin:base + hop_end]
-            target_keys = _grown(target_keys, 0, frontier.shape[0], 0)
+            width = frontier.shape[0]
+            starts = _grown(starts, 0, width, 0)
+            degrees = _grown(degrees, 0, width, 0)
+            target_keys = _grown(target_keys, 0, width, 0)
             # The hop's exact edge count sizes both buffers up front; the loops below need no checks.
-            hop_edges = _plan_hop(indptr, global_ids, frontier, fanout, hop_key, target_keys)
+            hop_edges = _plan_hop(indptr, global_ids, frontier, fanout, hop_key, starts, degrees, target_keys)
             new_bound = min(hop_edges, num_local - count)
-            batches_left = (num_batches - b) / (b + 1)
-            nodes = _grown(nodes, base + count, base + count + new_bound,
-                           int((base + count + new_bound) * (1.0 + batches_left)))
-            edge_src = _grown(edge_src, edge_count, edge_count + hop_edges,
-                              int((edge_count + hop_edges) * (1.0 + batches_left)))
+            scale = num_batches / (b + 1)  # extrapolates the pass total from the batches so far
+            nodes = _grown(nodes, base + count, base + count + new_bound, int((base + count + new_bound) * scale))
+            edge_src = _grown(edge_src, edge_count, edge_count + hop_edges, int((edge_count + hop_edges) * scale))
             edge_dst = _grown(edge_dst, edge_count, edge_count + hop_edges, edge_src.shape[0])
             hop_src = edge_src[edge_count:edge_count + hop_edges]
-            _pick_positions(indptr, target_keys, nodes[base + hop_begin:base + hop_end], hop_begin, fanout, table,
-                            chosen, hop_src, edge_dst[edge_count:edge_count + hop_edges])
+            _pick_positions(starts[:width], degrees, target_keys, hop_begin, fanout, table, chosen, hop_src,
+                            edge_dst[edge_count:edge_count + hop_edges])
             count, bad = _relabel(hop_src, indices, mark, nodes[base:], count)
             if bad >= 0:
-                status, detail0, detail1 = 2, nodes[base + edge_dst[edge_count + bad]], indices[hop_src[bad]]
+                status, detail0, detail1 = 2, nodes[base + edge_dst[edge_count + bad]], hop_src[bad]
             edge_count += hop_edges
             num_nodes[b, h + 1] = count - hop_end
             num_edges[b, h] = hop_edges

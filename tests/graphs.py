@@ -38,3 +38,16 @@ def random_graph(rng: np.random.Generator, n: int, e: int, d: int, classes: int 
     features = rng.standard_normal((n, d)).astype(np.float32)
     labels = rng.integers(0, classes, n)
     return src, dst, features, labels
+
+
+def generated_dataset(root: Path, *, nodes: int = 3000, avg_degree: float = 10, feat_dim: int = 32, classes: int = 5,
+                      partitions: int = 4, seed: int = 1) -> Path:
+    """A small learnable prepared dataset (``megabatch generate`` + ``prepare``) at ``root / "ds"``."""
+    from loader.generate import generate_graph
+    from loader.prepare import PrepareOptions, prepare_dataset
+
+    generate_graph(root / "raw", num_nodes=nodes, avg_degree=avg_degree, feat_dim=feat_dim, num_classes=classes,
+                   seed=seed, progress=False)
+    prepare_dataset(root / "raw", root / "ds", PrepareOptions(num_partitions=partitions, memory_budget=256 << 20,
+                                                              progress=False))
+    return root / "ds"
