@@ -23,12 +23,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check loader proto trainer tests bench
 	$(BIN)/mypy
 
+# Generates and prepares a graph once, then runs the daemon and a GraphSAGE trainer against it
+# (config: deploy/config/demo.toml) and stops the daemon with SIGTERM, as systemd would.
 demo: $(STAMP)
 	mkdir -p $(DEMO_DIR)
 	test -d $(DEMO_DIR)/raw || $(BIN)/megabatch generate $(DEMO_DIR)/raw $(DEMO_ARGS)
-	rm -rf $(DEMO_DIR)/dataset
-	$(BIN)/megabatch prepare $(DEMO_DIR)/raw $(DEMO_DIR)/dataset --partitions 64 --memory-budget 512M
+	test -f $(DEMO_DIR)/dataset/manifest.json || \
+		$(BIN)/megabatch prepare $(DEMO_DIR)/raw $(DEMO_DIR)/dataset --partitions 64 --memory-budget 512M
 	$(BIN)/megabatch verify $(DEMO_DIR)/dataset
+	$(BIN)/megabatch serve --config deploy/config/demo.toml & daemon=$$!; \
+	$(BIN)/megabatch train --socket $(DEMO_DIR)/loader.sock --connect-timeout 120 --model sage --hidden 128 \
+		--epochs 3; status=$$?; \
+	kill -TERM $$daemon; wait $$daemon; exit $$status
 
 bench-prepare: $(STAMP)
 	$(BIN)/python bench/prepare_bench.py

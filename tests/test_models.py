@@ -1,0 +1,89 @@
+"""The models on real sampled batches: shapes, trimming equals the full computation, gradients flow."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loader.sampling import CSCGraph, batch_keys, sample_pass
+from trainer.models import MODELS, build_model, mean_weights
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """A 2-hop batch of 32 seeds from a random graph, as PyG-layout tensors."""
+    rng = np.random.default_rng(0)
+    n, e = 400, 4000
+    dst = np.sort(rng.integers(0, n, e))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
+    graph = CSCGraph(indptr=indptr, indices=rng.integers(0, n, e), global_ids=np.arange(n, dtype=np.int64))
+    seeds = rng.permutation(n)[:32]
+    batch = sample_pass(graph, seeds, 32, [4, 3], batch_keys(0, 0, 0, 0, 0, 1)).batch(0)
+    nodes = batch.num_sampled_nodes.tolist()
+    edges = batch.num_sampled_edges.tolist()
+    assert nodes[0] == 32 and nodes[2] > 0 and edges[1] > 0  # a real second hop to trim
+    x = torch.from_numpy(rng.standard_normal((len(batch.nodes), 12)).astype(np.float32))
+    return x, torch.from_numpy(batch.edge_index), nodes, edges
+
+
+def _untrimmed(model, x, edge_index):
+    """Every layer over the whole sampled subgraph, no trimming."""
+    for i in range(model.num_layers):
+        x = model.layer(i, x, edge_index)
+        if i < model.num_layers - 1:
+            x = F.relu(x)
+    return x
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_output_is_one_row_of_logits_per_seed(sampled, name):
+    x, edge_index, nodes, edges = sampled
+    torch.manual_seed(0)
+    model = build_model(name, 12, 16, 5, 2, 0.5)
+    assert model(x, edge_index, nodes, edges).shape == (32, 5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_trimmed_equals_untrimmed_on_the_seeds(sampled, name):
+    x, edge_index, nodes, edges = sampled
+    torch.manual_seed(0)
+    model = build_model(name, 12, 16, 5, 2, 0.5).eval()
+    with torch.no_grad():
+        trimmed = model(x, edge_index, nodes, edges)
+        full = _untrimmed(model, x, edge_index)[: nodes[0]]
+    torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_gradients_reach_every_parameter(sampled, name):
+    x, edge_index, nodes, edges = sampled
+    torch.manual_seed(0)
+    model = build_model(name, 12, 16, 5, 2, 0.0)
+    labels = torch.arange(32) % 5
+    F.cross_entropy(model(x, edge_index, nodes, edges), labels).backward()
+    for pname, param in model.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, pname
+
+
+def test_hop_count_must_match_the_layers(sampled):
+    x, edge_index, nodes, edges = sampled
+    model = build_model("sage", 12, 16, 5, 3, 0.5)
+    with pytest.raises(ValueError, match="2 sampled hops, the model 3 layers"):
+        model(x, edge_index, nodes, edges)
+
+
+def test_gat_hidden_width_is_split_across_heads():
+    model = build_model("gat", 12, 16, 5, 2, 0.5, heads=4)
+    assert model.convs[0].heads == 4 and model.convs[0].out_channels == 4 and model.convs[1].heads == 1
+    edge_index = torch.tensor([[1, 2, 3], [0, 0, 1]])  # hop 1: 1->0, 2->0; hop 2: 3->1
+    assert model(torch.zeros(4, 12), edge_index, [1, 2, 1], [2, 1]).shape == (1, 5)
+    with pytest.raises(ValueError, match="multiple of heads"):
+        build_model("gat", 12, 18, 5, 2, 0.5, heads=4)
+
+
+def test_mean_weights_average_each_target_over_its_neighbours_and_itself():
+    edges, weights = mean_weights(torch.tensor([[1, 2, 3], [0, 0, 1]]), 4)
+    assert edges.shape == (2, 7)
+    totals = torch.zeros(4).index_add_(0, edges[1], weights)
+    torch.testing.assert_close(totals, torch.ones(4))
+    torch.testing.assert_close(weights[:3], torch.tensor([1 / 3, 1 / 3, 1 / 2]))

@@ -1,0 +1,105 @@
+"""``python -m trainer`` (megabatch train) end to end: epoch lines, JSON result, one-line errors."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from loader.dataset import open_dataset
+from tests.graphs import generated_dataset
+from trainer.cli import build_parser, main, resolve_sampler
+
+EPOCH_LINE = re.compile(r"^epoch (\d+)/2  loss \d+\.\d{3}  train \d\.\d{3}  val \d\.\d{3}  test \d\.\d{3}  "
+                        r"\d+ samples/s  data-wait \d+\.\d%$")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return generated_dataset(tmp_path_factory.mktemp("cli"), nodes=1500, feat_dim=16, classes=4)
+
+
+def trainer(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "trainer", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def in_process(capsys, *args):
+    """``main`` in this process (torch already imported): (exit code, stderr lines that report an error)."""
+    code = main(["-q", "--no-progress", *map(str, args)])
+    return code, [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+
+
+def one_line_error(run, code, fragment):
+    assert run.returncode == code, run.stdout + run.stderr
+    lines = [line for line in run.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and fragment in lines[0], run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
+    out, ckpt = tmp_path / "result.json", tmp_path / "ck.pt"
+    run = trainer("--mode", "inmemory", "--dataset", dataset, "--epochs", 2, "--hidden", 16, "--batch-size", 300,
+                  "--fanouts", "5,5", "--eval-batch-size", 1000, "--json-out", out, "--checkpoint", ckpt,
+                  "--no-progress")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert [EPOCH_LINE.match(line) is not None for line in lines[:2]] == [True, True], lines
+    assert re.fullmatch(r"best val \d\.\d{4} at epoch [12]: test \d\.\d{4}", lines[2]), lines
+    assert len(lines) == 3 and "Traceback" not in run.stderr
+    result = json.loads(out.read_text())
+    assert [r["epoch"] for r in result["epochs"]] == [1, 2] and result["best_epoch"] in (1, 2)
+    assert result["config"]["hidden"] == 16 and result["device"] == "cpu"
+    train_nodes = open_dataset(dataset).manifest.splits["train"]
+    assert [r["samples"] for r in result["epochs"]] == [train_nodes] * 2 and 0 <= result["test_acc_at_best"] <= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt", "result.json"]
+
+    # the same checkpoint with another width: one line, exit 1, before any training
+    bad = trainer("--mode", "inmemory", "--dataset", dataset, "--hidden", 32, "--checkpoint", ckpt, "--resume")
+    one_line_error(bad, 1, "hidden 16 in the checkpoint, 32 now")
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--hidden", 16, "--checkpoint", ckpt,
+                           "--resume")
+    assert code == 1 and len(err) == 1 and "corrupt or unreadable checkpoint" in err[0], err
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (["--epochs", "0", "--mode", "inmemory", "--dataset", "x"], 2, "--epochs: must be positive, got 0"),
+    (["--mode", "inmemory"], 2, "--mode inmemory needs --dataset"),
+    ([], 2, "give --socket PATH"),
+    (["--socket", "s", "--mode", "inmemory", "--dataset", "x"], 2, "exclude each other"),
+    (["--socket", "s", "--fanouts", "5,5"], 2, "inmemory-mode options"),
+    (["--mode", "inmemory", "--dataset", "x", "--fanouts", "5,0"], 2, "each fanout must be positive or -1"),
+    (["--mode", "inmemory", "--dataset", "x", "--resume"], 2, "--resume needs --checkpoint"),
+    (["--mode", "inmemory", "--dataset", "no-such-dir"], 1, "no-such-dir: not a directory"),
+    (["--mode", "inmemory", "--config", "missing.toml"], 1, "missing.toml: config file not found"),
+])
+def test_bad_arguments_are_one_line_without_traceback(tmp_path, args, code, fragment):
+    one_line_error(trainer(*args, cwd=tmp_path), code, fragment)
+
+
+def test_bad_values_for_the_dataset_are_one_line(dataset, capsys):
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--model", "gat", "--hidden", 30)
+    assert code == 1 and err == ["megabatch train: error: hidden (30) must be a multiple of heads (4) for gat"]
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--fanouts", "5,5",
+                           "--eval-fanouts", "5")
+    assert code == 1 and len(err) == 1 and "eval_fanouts [5] needs one entry per hop" in err[0], err
+
+
+def test_sampler_settings_come_from_flags_then_config_then_defaults(tmp_path):
+    config = tmp_path / "loader.toml"
+    config.write_text('[dataset]\npath = "ds"\n\n[sampler]\nbatch_size = 512\nfanouts = [15, 10]\n'
+                      'eval_fanouts = [-1, -1]\nseed = 9\n')
+    parser = build_parser()
+    settings, dataset = resolve_sampler(parser.parse_args(["--config", str(config)]))
+    assert (settings.batch_size, settings.fanouts, settings.eval_fanouts, settings.seed) == (512, (15, 10),
+                                                                                              (-1, -1), 9)
+    assert dataset == tmp_path.resolve() / "ds" and settings.eval_batch_size == 1024  # the loader's default
+    settings, dataset = resolve_sampler(parser.parse_args(["--config", str(config), "--batch-size", "64",
+                                                           "--dataset", "other", "--fanouts", "3"]))
+    assert (settings.batch_size, settings.fanouts, settings.eval_fanouts, settings.seed) == (64, (3,), None, 9)
+    assert str(dataset) == "other"
+    settings, dataset = resolve_sampler(parser.parse_args([]))
+    assert (settings.batch_size, settings.fanouts, settings.eval_fanouts, settings.eval_batch_size,
+            settings.seed, dataset) == (1024, (10, 5), None, 4096, 0, None)

@@ -1,0 +1,69 @@
+"""The unit the training loop consumes: one sampled mini-batch as PyG-native torch tensors."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Batch"]
+
+
+def _no_release() -> None:
+    return None
+
+
+@dataclass
+class Batch:
+    """One mini-batch in PyG's sampled-subgraph layout.
+
+    ``x`` rows follow ``n_id``: seeds first (``num_sampled_nodes[0]`` of them), then the nodes first
+    reached at hop 1, hop 2, ... ``edge_index`` is local (row = sampled neighbour / source, col =
+    target) with hop-1 edges first, so ``torch_geometric.utils.trim_to_layer`` applies as is.
+    ``y`` holds the seeds' labels only.
+
+    Tensors may be zero-copy views of a shared-memory slot owned by the loader daemon: call
+    ``release()`` once nothing reads them any more (after the step on CPU, after the device copy
+    on CUDA). ``release`` is idempotent.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    edge_index: torch.Tensor
+    n_id: torch.Tensor
+    num_sampled_nodes: list[int]
+    num_sampled_edges: list[int]
+    seq: int = 0
+    """Sequence number given by the producer (checked for gaps and duplicates)."""
+    _release: Callable[[], None] = field(default=_no_release, repr=False)
+    _released: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.num_sampled_nodes) != len(self.num_sampled_edges) + 1:
+            raise ValueError(f"num_sampled_nodes has {len(self.num_sampled_nodes)} entries, "
+                             f"expected num_sampled_edges + 1 = {len(self.num_sampled_edges) + 1}")
+        if self.x.shape[0] != sum(self.num_sampled_nodes):
+            raise ValueError(f"x has {self.x.shape[0]} rows, num_sampled_nodes sums to {sum(self.num_sampled_nodes)}")
+        if self.edge_index.shape != (2, sum(self.num_sampled_edges)):
+            raise ValueError(f"edge_index has shape {tuple(self.edge_index.shape)}, "
+                             f"expected (2, {sum(self.num_sampled_edges)})")
+        if self.y.shape[0] != self.num_sampled_nodes[0]:
+            raise ValueError(f"y has {self.y.shape[0]} entries, expected {self.num_sampled_nodes[0]} seeds")
+
+    @property
+    def batch_size(self) -> int:
+        """Number of seed nodes (the nodes the loss is computed on)."""
+        return self.num_sampled_nodes[0]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+        """A copy on ``device`` sharing this batch's release hook (no copy when already there)."""
+        if self.x.device == device:
+            return self
+        return Batch(self.x.to(device, non_blocking=non_blocking), self.y.to(device, non_blocking=non_blocking),
+                     self.edge_index.to(device, non_blocking=non_blocking), self.n_id,
+                     self.num_sampled_nodes, self.num_sampled_edges, self.seq, self.release)
+
+    def release(self) -> None:
+        """Hand the underlying shared-memory slot back to its producer (idempotent)."""
+        if not self._released:
+            self._released = True
+            self._release()

@@ -1,0 +1,138 @@
+"""Training checkpoints: everything a resumed run needs to continue bit for bit, written atomically.
+
+A checkpoint is one ``torch.save`` file of plain containers and tensors (loaded back with
+``weights_only=True``: no pickled code runs on load). It holds the model and optimizer states,
+the last completed epoch, the early-stopping state, the per-epoch history, the torch, numpy and
+Python RNG states, the training configuration and the model's shape ("signature"). It is
+written to a temporary file in the same directory, fsynced and renamed over the old one, so a
+crash leaves either the previous checkpoint or the new one, never a torn file.
+"""
+
+import os
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from loader.atomic import fsync_directory, io_error
+from loader.errors import UserError
+
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "save_checkpoint", "load_checkpoint",
+           "check_compatible", "capture_rng", "restore_rng"]
+
+CHECKPOINT_FORMAT = "megabatch-trainer-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    """The state of a run after epoch ``epoch`` (1-based, the last completed one).
+
+    ``signature`` is the model's shape (kind, in_dim, hidden, out_dim, num_layers, heads): a
+    resume must match it exactly. ``config`` is the training configuration as plain values
+    (informational: hyperparameters such as lr may change on resume). ``progress`` holds the
+    early-stopping state (best_val, best_epoch, best_test, bad_evals, stopped_early) and
+    ``history`` one dict per completed epoch.
+    """
+
+    epoch: int
+    model_state: dict[str, Any]
+    optimizer_state: dict[str, Any]
+    signature: dict[str, Any]
+    config: dict[str, Any]
+    progress: dict[str, Any]
+    history: list[dict[str, Any]]
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, Any]:
+        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": self.epoch,
+                "model_state": self.model_state, "optimizer_state": self.optimizer_state,
+                "signature": self.signature, "config": self.config, "progress": self.progress,
+                "history": self.history, "rng": self.rng}
+
+
+def capture_rng() -> dict[str, Any]:
+    """The torch (CPU and every CUDA device), numpy-global and Python RNG states, as plain values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Undo ``capture_rng``: every RNG continues where the captured run left off."""
+    torch.set_rng_state(state["torch"])
+    npstate = state["numpy"]
+    np.random.set_state((npstate["kind"], npstate["keys"].numpy().astype(np.uint32), npstate["pos"],
+                         npstate["has_gauss"], npstate["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path | str, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path`` atomically (temp file, fsync, rename, fsync of the directory)."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"checkpoint directory {parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=parent)
+    except OSError as err:
+        raise io_error(err, f"creating a checkpoint in {parent}") from err
+    try:
+        with os.fdopen(fd, "wb") as out:
+            torch.save(checkpoint.payload(), out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        fsync_directory(parent)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise io_error(err, f"writing checkpoint {path}") from err
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+_KEYS = ("epoch", "model_state", "optimizer_state", "signature", "config", "progress", "history", "rng")
+
+
+def load_checkpoint(path: Path | str) -> Checkpoint:
+    """Read a checkpoint; a missing, truncated, foreign or newer-version file is a UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no checkpoint to resume from (run without --resume to start afresh)")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises a zoo of types for a damaged zip or pickle
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path}: corrupt or unreadable checkpoint ({first[:200]})") from None
+    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"{path}: not a megabatch trainer checkpoint")
+    if data.get("version") != CHECKPOINT_VERSION:
+        raise UserError(f"{path}: checkpoint version {data.get('version')!r} is not supported "
+                        f"(this trainer reads version {CHECKPOINT_VERSION})")
+    missing = [key for key in _KEYS if key not in data]
+    if missing:
+        raise UserError(f"{path}: corrupt checkpoint (missing {', '.join(missing)})")
+    return Checkpoint(**{key: data[key] for key in _KEYS})
+
+
+def check_compatible(path: Path | str, checkpoint: Checkpoint, signature: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint whose model shape differs from ``signature``; names each field."""
+    diffs = [f"{key} {checkpoint.signature.get(key)!r} in the checkpoint, {value!r} now"
+             for key, value in signature.items() if checkpoint.signature.get(key) != value]
+    if diffs:
+        raise UserError(f"{path}: checkpoint is incompatible with this run: {'; '.join(diffs)}")

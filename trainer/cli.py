@@ -1,0 +1,298 @@
+"""``megabatch train`` (``python -m trainer``): train a GNN from the loader daemon or in memory.
+
+User errors (missing dataset, bad values, incompatible checkpoint) print one line and exit 1;
+usage errors exit 2; Ctrl-C (or SIGTERM) exits 130; an unexpected exception prints one line
+(``--debug`` shows the traceback) and exits 70.
+"""
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from loader.atomic import fsync_directory, io_error
+from loader.errors import UserError
+
+__all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler"]
+
+PROG = "megabatch train"
+log = logging.getLogger("megabatch")
+
+_SAMPLER_DEFAULTS: dict[str, Any] = {"batch_size": 1024, "fanouts": (10, 5), "eval_fanouts": None,
+                                     "eval_batch_size": 4096, "seed": 0}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (``--help`` still prints the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
+
+
+def parse_fanouts(text: str) -> tuple[int, ...]:
+    """"10,5" -> (10, 5); each entry a positive integer or -1 (all neighbours)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,5, got {text!r}") from None
+    if any(v == 0 or v < -1 for v in values):
+        raise argparse.ArgumentTypeError(f"each fanout must be positive or -1 (all neighbours), got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Train a GNN on batches from the loader daemon (--socket) or from a "
+                                            "dataset held in memory (--mode inmemory --dataset).")
+    src = parser.add_argument_group("batch source")
+    src.add_argument("--socket", help="loader daemon's control socket (daemon mode)")
+    src.add_argument("--connect-timeout", type=float, default=0.0,
+                     help="seconds to wait for the daemon's socket to appear (default 0: fail at once)")
+    src.add_argument("--mode", choices=("daemon", "inmemory"), default=None,
+                     help="daemon (default with --socket) or inmemory (the in-memory reference)")
+    src.add_argument("--dataset", help="prepared dataset directory (inmemory mode; default: [dataset] of --config)")
+    src.add_argument("--config", help="loader TOML config: its [sampler] (and [dataset]) apply in inmemory mode")
+    src.add_argument("--batch-size", type=_positive_int, help="training seeds per batch (default 1024)")
+    src.add_argument("--fanouts", type=parse_fanouts, help="neighbours per hop, -1 = all (default 10,5)")
+    src.add_argument("--eval-fanouts", type=parse_fanouts, help="fanouts of val/test batches (default: --fanouts)")
+    src.add_argument("--eval-batch-size", type=_positive_int, help="seeds per evaluation batch (default 4096)")
+    src.add_argument("--sampler-seed", type=_non_negative_int, help="sampling and shuffle seed (default 0)")
+
+    mod = parser.add_argument_group("model and training")
+    mod.add_argument("--model", choices=("sage", "gcn", "gat"), default="sage", help="(default sage)")
+    mod.add_argument("--hidden", type=_positive_int, default=256, help="hidden width (default 256)")
+    mod.add_argument("--heads", type=_positive_int, default=4, help="gat attention heads (default 4)")
+    mod.add_argument("--dropout", type=float, default=0.5, help="(default 0.5)")
+    mod.add_argument("--lr", type=float, default=0.003, help="Adam learning rate (default 0.003)")
+    mod.add_argument("--weight-decay", type=float, default=0.0, help="(default 0)")
+    mod.add_argument("--epochs", type=_positive_int, default=10, help="(default 10)")
+    mod.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N epochs (default 1)")
+    mod.add_argument("--patience", type=_positive_int, default=None,
+                     help="stop after N evaluations without a better val accuracy (default: never)")
+    mod.add_argument("--seed", type=_non_negative_int, default=0, help="model and dropout seed (default 0)")
+    mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
+    mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
+    mod.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--metrics-port", type=_non_negative_int, default=0,
+                     help="serve Prometheus metrics on this port (default 0: off)")
+    out.add_argument("--metrics-address", default="127.0.0.1", help="(default 127.0.0.1)")
+    out.add_argument("--json-out", help="write the result (per-epoch records, best epoch) as JSON here")
+    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    out.add_argument("-q", "--quiet", action="store_true", help="only the final line, warnings and errors")
+    out.add_argument("--debug", action="store_true", help="show tracebacks for unexpected errors")
+    return parser
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Resolved in-memory sampler options: a flag beats the config's [sampler], which beats the default.
+
+    batch_size (default 1024), fanouts (default (10, 5)), eval_fanouts (default None: ``fanouts``),
+    eval_batch_size (default 4096), seed (default 0).
+    """
+
+    batch_size: int
+    fanouts: tuple[int, ...]
+    eval_fanouts: tuple[int, ...] | None
+    eval_batch_size: int
+    seed: int
+
+
+def resolve_sampler(args: argparse.Namespace) -> tuple[SamplerSettings, Path | None]:
+    """The sampler settings and the dataset path for inmemory mode (from flags, then --config)."""
+    values = dict(_SAMPLER_DEFAULTS)
+    dataset = Path(args.dataset) if args.dataset else None
+    if args.config:
+        from loader.config import load_config
+
+        config = load_config(args.config)
+        values.update(batch_size=config.sampler.batch_size, fanouts=config.sampler.fanouts,
+                      eval_fanouts=config.sampler.eval_fanouts, eval_batch_size=config.sampler.eval_batch_size,
+                      seed=config.sampler.seed)
+        dataset = dataset or config.dataset.path
+    flags = {"batch_size": args.batch_size, "fanouts": args.fanouts, "eval_fanouts": args.eval_fanouts,
+             "eval_batch_size": args.eval_batch_size, "seed": args.sampler_seed}
+    values.update({key: value for key, value in flags.items() if value is not None})
+    if args.fanouts is not None and args.eval_fanouts is None:
+        values["eval_fanouts"] = None  # --fanouts alone: evaluate with the same fanouts
+    return SamplerSettings(**values), dataset
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"--json-out: directory {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        fsync_directory(parent)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise io_error(err, f"writing {path}") from err
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
+    # the dataset and config are checked before torch is imported: their errors come in a blink
+    opened = None
+    if args.mode == "inmemory":
+        from loader.dataset import open_dataset
+
+        sampler, dataset = resolve_sampler(args)
+        if dataset is None:
+            raise UserError("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
+        opened = open_dataset(dataset)
+
+    from trainer.loop import TrainConfig, train
+    from trainer.metrics import TrainerMetrics
+    from trainer.source import BatchSource
+
+    cfg = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
+                      weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
+                      patience=args.patience, seed=args.seed, device=args.device,
+                      checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
+                      heads=args.heads)
+    source: BatchSource
+    if opened is None:
+        try:
+            from trainer.daemon_source import DaemonSource
+        except ImportError as err:
+            raise UserError(f"daemon mode is not available in this installation ({err})") from None
+        source = DaemonSource(args.socket, connect_timeout=args.connect_timeout)
+    else:
+        from trainer.inmemory_source import InMemorySource
+
+        source = InMemorySource(opened, batch_size=sampler.batch_size, fanouts=sampler.fanouts,
+                                eval_fanouts=sampler.eval_fanouts, eval_batch_size=sampler.eval_batch_size,
+                                seed=sampler.seed)
+    metrics = TrainerMetrics()
+    try:
+        try:
+            metrics.serve(args.metrics_port, args.metrics_address)
+        except OSError as err:
+            raise UserError(f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_address} "
+                            f"({err.strerror or err})") from None
+        info = source.info
+        log.info("source: %s (%d features, %d classes, %d hops, %d training nodes)", info.description,
+                 info.num_features, info.num_classes, info.num_hops, info.train_nodes)
+        result = train(source, cfg, progress=args.progress, metrics=metrics,
+                       log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+    finally:
+        metrics.close()
+        source.close()
+    if args.json_out:
+        _write_json(Path(args.json_out), result.to_json())
+    print(result.summary(), flush=True)
+    return 0
+
+
+def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.mode is None:
+        if args.socket is None:
+            parser.error("give --socket PATH (daemon mode) or --mode inmemory --dataset PATH")
+        args.mode = "daemon"
+    if args.mode == "daemon":
+        if args.socket is None:
+            parser.error("--mode daemon needs --socket PATH")
+        given = [flag for flag, value in (("--dataset", args.dataset), ("--config", args.config),
+                                          ("--batch-size", args.batch_size), ("--fanouts", args.fanouts),
+                                          ("--eval-fanouts", args.eval_fanouts),
+                                          ("--eval-batch-size", args.eval_batch_size),
+                                          ("--sampler-seed", args.sampler_seed)) if value is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: inmemory-mode options (the daemon's config sets its sampler)")
+    elif args.socket is not None:
+        parser.error("--socket and --mode inmemory exclude each other")
+    elif args.dataset is None and args.config is None:
+        parser.error("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
+    if args.resume and not args.checkpoint:
+        parser.error("--resume needs --checkpoint PATH")
+
+
+def _data_path_errors() -> tuple[type[Exception], ...]:
+    """Failures of the batch stream (daemon gone, batches lost): reported in one line, not as a bug."""
+    from trainer.loop import SequenceError
+
+    errors: list[type[Exception]] = [SequenceError]
+    try:
+        from trainer.daemon_source import DaemonError
+    except ImportError:
+        pass
+    else:
+        errors.append(DaemonError)
+    return tuple(errors)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_mode(parser, args)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="megabatch: %(message)s", stream=sys.stderr, force=True)
+    if args.quiet:
+        args.progress = False
+    # SIGTERM behaves like Ctrl-C: the loop stops between steps, the last checkpoint stays intact
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run(args)
+    except UserError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        where = f"; the last checkpoint is {args.checkpoint}" if args.checkpoint else ""
+        print(f"{PROG}: interrupted{where}", file=sys.stderr)
+        return 130
+    except OSError as err:
+        print(f"{PROG}: error: {io_error(err, 'training')}", file=sys.stderr)
+        return 1
+    except Exception as err:  # the user interface is never a traceback
+        if isinstance(err, _data_path_errors()):
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 1
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: internal error: {type(err).__name__}: {err} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 70
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""The training loop: any ``BatchSource`` in, a trained model and per-epoch records out.
+
+One batch is always a step ahead: while batch ``i`` trains, batch ``i+1`` has been taken from the
+source and its copy to the device started (on a side CUDA stream). A batch's shared-memory slot
+goes back to the producer as soon as nothing reads it: right after its device copy has landed on
+CUDA, after its optimizer step on CPU (where the "copy" is the slot itself). So a CPU run holds
+two batches at a time (the one training and the one fetched); a CUDA run releases each batch
+before it blocks on the next.
+
+Determinism: the source fixes the batches of each epoch; ``cfg.seed`` fixes the initial weights
+and dropout; a checkpoint carries every RNG state, so a resumed run ends with the same model as
+an uninterrupted one (bitwise on CPU).
+"""
+
+import contextlib
+import logging
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from loader.errors import UserError
+from loader.progress import Progress
+from trainer.batch import Batch
+from trainer.checkpoint import Checkpoint, capture_rng, check_compatible, load_checkpoint, restore_rng, save_checkpoint
+from trainer.metrics import TrainerMetrics
+from trainer.models import MODELS, build_model
+from trainer.source import BatchSource
+
+__all__ = ["TrainConfig", "EpochRecord", "TrainResult", "SequenceError", "SequenceCheck", "train", "resolve_device",
+           "seed_everything", "format_epoch"]
+
+log_ = logging.getLogger("megabatch.trainer")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters and run options of ``train``.
+
+    model: "sage" (default), "gcn" or "gat". hidden: width of hidden layers (default 256).
+    dropout: between layers (default 0.5). lr: Adam learning rate (default 0.003). weight_decay:
+    (default 0). epochs: total epochs, counting those of a resumed run (default 10). eval_every:
+    evaluate val and test every this many epochs and after the last (default 1). patience: stop
+    after this many evaluations without a better val accuracy (default None: never). seed: torch,
+    numpy and Python RNGs (default 0). device: "auto" (CUDA when available, the default), "cpu" or
+    "cuda". checkpoint: file written after every epoch (default None: none). resume: continue from
+    ``checkpoint`` (default False). heads: attention heads of gat's hidden layers (default 4).
+    """
+
+    model: str = "sage"
+    hidden: int = 256
+    dropout: float = 0.5
+    lr: float = 0.003
+    weight_decay: float = 0.0
+    epochs: int = 10
+    eval_every: int = 1
+    patience: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    checkpoint: Path | None = None
+    resume: bool = False
+    heads: int = 4
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise UserError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        for name in ("hidden", "epochs", "eval_every", "heads"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.patience is not None and self.patience <= 0:
+            raise UserError(f"patience must be positive, got {self.patience}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UserError(f"lr must be positive, got {self.lr}")
+        if self.weight_decay < 0:
+            raise UserError(f"weight_decay must be non-negative, got {self.weight_decay}")
+        if self.seed < 0:
+            raise UserError(f"seed must be non-negative, got {self.seed}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.model == "gat" and self.hidden % self.heads:
+            raise UserError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}) for gat")
+        if self.resume and self.checkpoint is None:
+            raise UserError("resume needs a checkpoint path")
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
+        return data
+
+
+@dataclass
+class EpochRecord:
+    """What one epoch did. ``val_acc``/``test_acc`` are None for epochs without evaluation.
+
+    wait_s: time blocked on the source (and on device copies); step_s: forward, backward and
+    optimizer steps; data_wait = wait_s / (wait_s + step_s); samples: seed nodes trained on;
+    train_s: the training part of the epoch, eval_s the evaluation part.
+    """
+
+    epoch: int
+    loss: float
+    train_acc: float
+    val_acc: float | None
+    test_acc: float | None
+    batches: int
+    samples: int
+    samples_per_s: float
+    wait_s: float
+    step_s: float
+    data_wait: float
+    train_s: float
+    eval_s: float
+
+
+@dataclass
+class TrainResult:
+    """Every epoch's record and the best validation epoch (its test accuracy is the headline number)."""
+
+    config: TrainConfig
+    device: str
+    source: str
+    epochs: list[EpochRecord] = field(default_factory=list)
+    best_epoch: int | None = None
+    best_val_acc: float | None = None
+    test_acc_at_best: float | None = None
+    stopped_early: bool = False
+    resumed_from_epoch: int | None = None
+    model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-serializable values (``json.dumps`` works as is)."""
+        return {"config": self.config.to_json(), "device": self.device, "source": self.source,
+                "epochs": [asdict(r) for r in self.epochs], "best_epoch": self.best_epoch,
+                "best_val_acc": self.best_val_acc, "test_acc_at_best": self.test_acc_at_best,
+                "stopped_early": self.stopped_early, "resumed_from_epoch": self.resumed_from_epoch}
+
+    def summary(self) -> str:
+        """The final line: best validation epoch and its test accuracy."""
+        if self.best_epoch is None:
+            return "no evaluation ran"
+        stop = f" (stopped early after epoch {self.epochs[-1].epoch})" if self.stopped_early and self.epochs else ""
+        return (f"best val {self.best_val_acc:.4f} at epoch {self.best_epoch}: "
+                f"test {self.test_acc_at_best:.4f}{stop}")
+
+
+class SequenceError(RuntimeError):
+    """A batch arrived out of sequence: lost, duplicated or reordered on the way."""
+
+
+class SequenceCheck:
+    """Checks that ``seq`` numbers of one stream are consecutive (no gap, duplicate or reordering)."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.last: int | None = None
+
+    def __call__(self, seq: int) -> None:
+        if self.last is not None and seq != self.last + 1:
+            what = "a duplicate or reordered batch" if seq <= self.last else f"{seq - self.last - 1} batch(es) lost"
+            raise SequenceError(f"batch sequence broken in the {self.stream} stream: expected seq {self.last + 1} "
+                                f"after {self.last}, got {seq} ({what})")
+        self.last = seq
+
+
+def format_epoch(record: EpochRecord, total: int) -> str:
+    """``epoch 3/10  loss 0.412  train 0.873  val 0.861  test 0.858  1234 samples/s  data-wait 4.1%``."""
+    val = "-" if record.val_acc is None else f"{record.val_acc:.3f}"
+    test = "-" if record.test_acc is None else f"{record.test_acc:.3f}"
+    return (f"epoch {record.epoch}/{total}  loss {record.loss:.3f}  train {record.train_acc:.3f}  val {val}  "
+            f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%")
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda when available, else cpu; "cuda" without a GPU is a UserError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("device cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's global and torch's (CPU and CUDA) RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class _Staged:
+    host: Batch
+    device: Batch
+    copied: "torch.cuda.Event | None"
+
+
+class _Stager:
+    """Starts device copies on a side stream and hands batches over once their copy has landed."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def start(self, batch: Batch) -> _Staged:
+        if self.stream is None:
+            return _Staged(batch, batch.to(self.device), None)
+        with torch.cuda.stream(self.stream):
+            moved = batch.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return _Staged(batch, moved, event)
+
+    def finish(self, staged: _Staged) -> Batch:
+        if staged.copied is not None:
+            # the slot is shared memory the producer overwrites once released: the copy must be complete
+            staged.copied.synchronize()
+            staged.host.release()
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(staged.copied)
+            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index):
+                tensor.record_stream(compute)  # memory allocated on the copy stream is used on this one
+        return staged.device
+
+    def abandon(self, staged: _Staged) -> None:
+        if staged.copied is not None:
+            staged.copied.synchronize()
+        staged.host.release()
+
+
+def _prefetched(batches: Iterator[Batch], stager: _Stager, check: SequenceCheck
+                ) -> Generator[tuple[Batch, float], None, None]:
+    """(batch ready on the device, seconds waited for it), fetching and copying one batch ahead.
+
+    On the way out (end, error, or the consumer closing it) every batch taken from ``batches``
+    has been released, the one being consumed included: release is idempotent.
+    """
+    fetched: Batch | None = None
+    staged: _Staged | None = None
+    current: _Staged | None = None
+    try:
+        waited = 0.0
+        while True:
+            started = time.perf_counter()
+            # finish first: on CUDA that hands the current slot back before blocking on the next one
+            ready = stager.finish(current) if current is not None else None
+            fetched = next(batches, None)
+            if fetched is not None:
+                check(fetched.seq)
+                staged, fetched = stager.start(fetched), None
+            waited += time.perf_counter() - started
+            if ready is not None:
+                yield ready, waited
+                waited = 0.0
+            if staged is None:
+                return
+            current, staged = staged, None
+    finally:
+        for pending in (current, staged):
+            if pending is not None:
+                stager.abandon(pending)
+        if fetched is not None:
+            fetched.release()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _model_signature(cfg: TrainConfig, in_dim: int, out_dim: int, num_layers: int) -> dict[str, Any]:
+    signature: dict[str, Any] = {"model": cfg.model, "in_dim": in_dim, "hidden": cfg.hidden, "out_dim": out_dim,
+                                 "num_layers": num_layers}
+    if cfg.model == "gat":
+        signature["heads"] = cfg.heads
+    return signature
+
+
+class _Run:
+    """The state of one ``train`` call; methods in the order they run."""
+
+    def __init__(self, source: BatchSource, cfg: TrainConfig, progress: bool, metrics: TrainerMetrics | None,
+                 log: Callable[[str], None]) -> None:
+        self.source, self.cfg, self.metrics, self.log = source, cfg, metrics, log
+        self.progress = progress and sys.stderr.isatty()
+        self.device = resolve_device(cfg.device)
+        info = source.info
+        self.info = info
+        seed_everything(cfg.seed)
+        self.model = build_model(cfg.model, info.num_features, cfg.hidden, info.num_classes, info.num_hops,
+                                 cfg.dropout, cfg.heads).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.signature = _model_signature(cfg, info.num_features, info.num_classes, info.num_hops)
+        self.stager = _Stager(self.device)
+        self.result = TrainResult(cfg, str(self.device), info.description)
+        self.bad_evals = 0
+        self.next_epoch = 1
+        if metrics is not None:
+            metrics.set_build_info(cfg.model, str(self.device))
+
+    def resume(self) -> None:
+        path = self.cfg.checkpoint
+        assert path is not None  # TrainConfig refuses resume without a checkpoint
+        ckpt = load_checkpoint(path)
+        check_compatible(path, ckpt, self.signature)
+        try:
+            self.model.load_state_dict(ckpt.model_state)
+            self.optimizer.load_state_dict(ckpt.optimizer_state)
+            history = [EpochRecord(**record) for record in ckpt.history]
+            progress = ckpt.progress
+            self.result.best_epoch = progress["best_epoch"]
+            self.result.best_val_acc = progress["best_val"]
+            self.result.test_acc_at_best = progress["best_test"]
+            self.result.stopped_early = bool(progress["stopped_early"])
+            self.bad_evals = int(progress["bad_evals"])
+            restore_rng(ckpt.rng)
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(f"{path}: checkpoint does not fit this model ({first[:200]})") from None
+        for group in self.optimizer.param_groups:  # this run's hyperparameters, not the checkpoint's
+            group["lr"], group["weight_decay"] = self.cfg.lr, self.cfg.weight_decay
+        self.result.epochs = history
+        self.result.resumed_from_epoch = ckpt.epoch
+        self.next_epoch = ckpt.epoch + 1
+        self.log(f"resumed from {path} after epoch {ckpt.epoch}")
+
+    def train_epoch(self, epoch: int) -> EpochRecord:
+        self.model.train()
+        total_loss, correct, labelled, samples, batches = 0.0, 0, 0, 0, 0
+        wait_s = step_s = 0.0
+        expected = -(-self.info.train_nodes // self.info.batch_size)
+        started = time.perf_counter()
+        check = SequenceCheck(f"train (epoch {epoch})")
+        with (Progress(f"epoch {epoch}/{self.cfg.epochs}", expected, "batches", enabled=self.progress) as bar,
+              contextlib.closing(_prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
+            for batch, waited in stream:
+                step_started = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+                loss = F.cross_entropy(logits, batch.y, ignore_index=-1)
+                loss.backward()
+                self.optimizer.step()
+                mask = batch.y >= 0
+                batch_correct = int((logits.argmax(1)[mask] == batch.y[mask]).sum())  # also waits for the GPU
+                batch_labelled = int(mask.sum())
+                total_loss += loss.item() * batch_labelled
+                batch.release()
+                step = time.perf_counter() - step_started
+                correct, labelled = correct + batch_correct, labelled + batch_labelled
+                samples, batches = samples + batch.batch_size, batches + 1
+                wait_s, step_s = wait_s + waited, step_s + step
+                if self.metrics is not None:
+                    self.metrics.observe_batch(waited, step, batch.batch_size)
+                bar.update()
+        train_s = time.perf_counter() - started
+        busy = wait_s + step_s
+        return EpochRecord(epoch=epoch, loss=total_loss / max(1, labelled), train_acc=correct / max(1, labelled),
+                           val_acc=None, test_acc=None, batches=batches, samples=samples,
+                           samples_per_s=samples / train_s if train_s > 0 else 0.0, wait_s=wait_s, step_s=step_s,
+                           data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s, eval_s=0.0)
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> float:
+        self.model.eval()
+        correct = labelled = 0
+        check = SequenceCheck(f"{split} evaluation")
+        with contextlib.closing(_prefetched(iter(self.source.eval_batches(split)), self.stager, check)) as stream:
+            for batch, _ in stream:
+                logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+                mask = batch.y >= 0
+                correct += int((logits.argmax(1)[mask] == batch.y[mask]).sum())
+                labelled += int(mask.sum())
+                batch.release()
+        return correct / labelled if labelled else 0.0
+
+    def run_epoch(self, epoch: int) -> bool:
+        """Train, maybe evaluate, record, checkpoint; True when early stopping says stop."""
+        cfg = self.cfg
+        record = self.train_epoch(epoch)
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            started = time.perf_counter()
+            record.val_acc, record.test_acc = self.evaluate("val"), self.evaluate("test")
+            record.eval_s = time.perf_counter() - started
+            best = self.result.best_val_acc
+            if best is None or record.val_acc > best:
+                self.result.best_epoch, self.result.best_val_acc = epoch, record.val_acc
+                self.result.test_acc_at_best = record.test_acc
+                self.bad_evals = 0
+            else:
+                self.bad_evals += 1
+        self.result.epochs.append(record)
+        stop = cfg.patience is not None and self.bad_evals >= cfg.patience and epoch < cfg.epochs
+        self.result.stopped_early = stop
+        if self.metrics is not None:
+            self.metrics.observe_epoch(epoch, record.loss, record.train_acc, record.samples_per_s, record.data_wait)
+            if record.val_acc is not None and record.test_acc is not None:
+                self.metrics.observe_eval("val", record.val_acc)
+                self.metrics.observe_eval("test", record.test_acc)
+        self.log(format_epoch(record, cfg.epochs))
+        if cfg.checkpoint is not None:
+            self.save(epoch)
+        return stop
+
+    def save(self, epoch: int) -> None:
+        assert self.cfg.checkpoint is not None
+        progress = {"best_epoch": self.result.best_epoch, "best_val": self.result.best_val_acc,
+                    "best_test": self.result.test_acc_at_best, "bad_evals": self.bad_evals,
+                    "stopped_early": self.result.stopped_early}
+        save_checkpoint(self.cfg.checkpoint, Checkpoint(
+            epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
+            signature=self.signature, config=self.cfg.to_json(), progress=progress,
+            history=[asdict(r) for r in self.result.epochs], rng=capture_rng()))
+
+
+def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metrics: TrainerMetrics | None = None,
+          log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train a ``cfg.model`` on ``source`` for ``cfg.epochs`` epochs (fewer when early stopping fires).
+
+    ``progress`` draws a bar per epoch when stderr is a terminal (default False); ``metrics``
+    receives per-batch and per-epoch values (default None); ``log`` gets one line per epoch
+    (default: the "megabatch.trainer" logger at INFO). ``result.model`` is the trained model.
+    """
+    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info)
+    if cfg.resume:
+        run.resume()
+        if run.result.stopped_early:
+            run.log(f"the checkpointed run had stopped early after epoch {run.next_epoch - 1}; nothing to do")
+            run.result.model = run.model
+            return run.result
+    for epoch in range(run.next_epoch, cfg.epochs + 1):
+        if run.run_epoch(epoch):
+            break
+    run.result.model = run.model
+    return run.result
