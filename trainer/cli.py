@@ -27,7 +27,7 @@ PROG = "megabatch train"
 log = logging.getLogger("megabatch")
 
 _SAMPLER_DEFAULTS: dict[str, Any] = {"batch_size": 1024, "fanouts": (10, 5), "eval_fanouts": None,
-                                     "eval_batch_size": 4096, "seed": 0}
+                                     "eval_batch_size": 1024, "seed": 0}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--batch-size", type=_positive_int, help="training seeds per batch (default 1024)")
     src.add_argument("--fanouts", type=parse_fanouts, help="neighbours per hop, -1 = all (default 10,5)")
     src.add_argument("--eval-fanouts", type=parse_fanouts, help="fanouts of val/test batches (default: --fanouts)")
-    src.add_argument("--eval-batch-size", type=_positive_int, help="seeds per evaluation batch (default 4096)")
+    src.add_argument("--eval-batch-size", type=_positive_int, help="seeds per evaluation batch (default 1024, as the daemon)")
     src.add_argument("--sampler-seed", type=_non_negative_int, help="sampling and shuffle seed (default 0)")
 
     mod = parser.add_argument_group("model and training")
@@ -117,7 +117,7 @@ class SamplerSettings:
     """Resolved in-memory sampler options: a flag beats the config's [sampler], which beats the default.
 
     batch_size (default 1024), fanouts (default (10, 5)), eval_fanouts (default None: ``fanouts``),
-    eval_batch_size (default 4096), seed (default 0).
+    eval_batch_size (default 1024), seed (default 0).
     """
 
     batch_size: int

@@ -46,13 +46,13 @@ class InMemorySource(BatchSource):
     dataset: directory from ``megabatch prepare``, or the opened ``Dataset``. batch_size: training
     seeds per batch (default 1024). fanouts: neighbours per hop, -1 = all (default (10, 5)).
     eval_fanouts: for val/test batches, one per hop (default: ``fanouts``). eval_batch_size:
-    (default 4096). seed: sampler and shuffle seed (default 0). chunk_batches: batches per
+    (default 1024). seed: sampler and shuffle seed (default 0). chunk_batches: batches per
     sampler call (default 256).
     Features stored as float16 are widened to float32 per batch.
     """
 
     def __init__(self, dataset: Path | str | Dataset, *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 5),
-                 eval_fanouts: Sequence[int] | None = None, eval_batch_size: int = 4096, seed: int = 0,
+                 eval_fanouts: Sequence[int] | None = None, eval_batch_size: int = 1024, seed: int = 0,
                  chunk_batches: int = DEFAULT_CHUNK_BATCHES) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("chunk_batches", chunk_batches)):
