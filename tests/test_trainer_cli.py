@@ -102,4 +102,4 @@ def test_sampler_settings_come_from_flags_then_config_then_defaults(tmp_path):
     assert str(dataset) == "other"
     settings, dataset = resolve_sampler(parser.parse_args([]))
     assert (settings.batch_size, settings.fanouts, settings.eval_fanouts, settings.eval_batch_size,
-            settings.seed, dataset) == (1024, (10, 5), None, 4096, 0, None)
+            settings.seed, dataset) == (1024, (10, 5), None, 1024, 0, None)

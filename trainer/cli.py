@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--batch-size", type=_positive_int, help="training seeds per batch (default 1024)")
     src.add_argument("--fanouts", type=parse_fanouts, help="neighbours per hop, -1 = all (default 10,5)")
     src.add_argument("--eval-fanouts", type=parse_fanouts, help="fanouts of val/test batches (default: --fanouts)")
-    src.add_argument("--eval-batch-size", type=_positive_int, help="seeds per evaluation batch (default 1024, as the daemon)")
+    src.add_argument("--eval-batch-size", type=_positive_int, help="seeds per evaluation batch (default 1024)")
     src.add_argument("--sampler-seed", type=_non_negative_int, help="sampling and shuffle seed (default 0)")
 
     mod = parser.add_argument_group("model and training")
