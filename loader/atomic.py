@@ -12,10 +12,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 from loader.errors import UserError
 
-__all__ = ["atomic_directory", "fsync_directory", "io_error"]
+__all__ = ["atomic_directory", "atomic_file", "fsync_directory", "io_error"]
 
 
 def fsync_directory(path: Path) -> None:
@@ -32,6 +33,24 @@ def io_error(err: OSError, what: str) -> UserError:
     if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return UserError(f"no space left on device while {what} ({os.strerror(err.errno or 0)})")
     return UserError(f"I/O error while {what}: {err.strerror or err}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Yield a temporary file beside ``path``; on success flush, fsync, rename it to ``path`` and fsync
+    the directory, on any failure remove it. OSErrors propagate (callers name what they were writing)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=parent)
+    try:
+        with os.fdopen(fd, mode) as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        fsync_directory(parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager

@@ -37,7 +37,6 @@ from loader.reader import PartitionReader
 from loader.resident import ResidentData, load_resident
 from loader.sdnotify import notify, watchdog_interval
 from loader.session import ControlProtocol, Session
-from loader.sizes import format_size
 from loader.slot_sizing import estimate_slot_bytes
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError
@@ -388,6 +387,3 @@ def _peer_description(conn: socket.socket) -> str:
         return "unknown peer"
     return f"pid {pid} uid {uid}"
 
-
-def describe_budget(plan: MemoryPlan) -> str:
-    return f"{format_size(plan.total)} of {format_size(plan.budget)}"

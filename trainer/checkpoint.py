@@ -8,9 +8,7 @@ written to a temporary file in the same directory, fsynced and renamed over the 
 crash leaves either the previous checkpoint or the new one, never a torn file.
 """
 
-import os
 import random
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loader.atomic import fsync_directory, io_error
+from loader.atomic import atomic_file, io_error
 from loader.errors import UserError
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "save_checkpoint", "load_checkpoint",
@@ -88,22 +86,10 @@ def save_checkpoint(path: Path | str, checkpoint: Checkpoint) -> None:
     if not parent.is_dir():
         raise UserError(f"checkpoint directory {parent} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=parent)
-    except OSError as err:
-        raise io_error(err, f"creating a checkpoint in {parent}") from err
-    try:
-        with os.fdopen(fd, "wb") as out:
+        with atomic_file(path) as out:
             torch.save(checkpoint.payload(), out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-        fsync_directory(parent)
     except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
         raise io_error(err, f"writing checkpoint {path}") from err
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 _KEYS = ("epoch", "model_state", "optimizer_state", "signature", "config", "progress", "history", "rng")

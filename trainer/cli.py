@@ -8,17 +8,15 @@ usage errors exit 2; Ctrl-C (or SIGTERM) exits 130; an unexpected exception prin
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
-import tempfile
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from loader.atomic import fsync_directory, io_error
+from loader.atomic import atomic_file, io_error
 from loader.errors import UserError
 
 __all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler"]
@@ -151,21 +149,12 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"--json-out: directory {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=parent)
     try:
-        with os.fdopen(fd, "w") as out:
+        with atomic_file(path, "w") as out:
             json.dump(data, out, indent=2)
             out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-        fsync_directory(parent)
     except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
         raise io_error(err, f"writing {path}") from err
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -247,15 +236,10 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _data_path_errors() -> tuple[type[Exception], ...]:
     """Failures of the batch stream (daemon gone, batches lost): reported in one line, not as a bug."""
+    from trainer.daemon_source import DaemonError
     from trainer.loop import SequenceError
 
-    errors: list[type[Exception]] = [SequenceError]
-    try:
-        from trainer.daemon_source import DaemonError
-    except ImportError:
-        pass
-    else:
-        errors.append(DaemonError)
+    errors: list[type[Exception]] = [SequenceError, DaemonError]
     return tuple(errors)
 
 

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from loader.errors import UserError
 from proto.client import ControlClient
 from proto.errors import ConnectFailed, ConnectionClosed, RemoteError
 from proto.messages import BatchReady, Bye, Credit, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
@@ -29,7 +28,7 @@ CONNECT_RETRY_SECONDS = 0.2
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-class DaemonError(UserError):
+class DaemonError(RuntimeError):
     """The daemon refused a request, broke the protocol, or went away; the message says which (one line)."""
 
 
