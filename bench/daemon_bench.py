@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import CGROUP_ROOT, cgroup_available, drop_caches, machine_description, warn  # noqa: E402
+from bench.harness import drop_caches, join_before_exec, machine_description, memory_cgroup, warn  # noqa: E402
 from loader.dataset import open_dataset  # noqa: E402
 from loader.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
 from loader.sampling import sample_pass  # noqa: E402
@@ -117,15 +116,9 @@ def inmemory_epoch(dataset: Path, batch_size: int, fanouts: list[int]) -> tuple[
 
 
 def start_daemon(config: Path, limit: int) -> tuple[subprocess.Popen[bytes], Path | None]:
-    group = None
-    if cgroup_available():
-        group = CGROUP_ROOT / f"megabatch-daemon-{uuid.uuid4().hex[:8]}"
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(limit))
-    else:
-        warn("cgroup v1 memory controller unavailable; the daemon runs without a memory limit")
-    preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None  # type: ignore[operator]
-    proc = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)], preexec_fn=preexec)
+    group = memory_cgroup(limit, "megabatch-daemon")
+    proc = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)],
+                            preexec_fn=join_before_exec(group))
     return proc, group
 
 

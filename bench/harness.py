@@ -12,10 +12,12 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "machine_description"]
+__all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
+           "machine_description"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
@@ -51,25 +53,37 @@ def cgroup_available() -> bool:
     return (CGROUP_ROOT / "cgroup.procs").exists() and os.access(CGROUP_ROOT, os.W_OK)
 
 
+def memory_cgroup(limit: int, prefix: str) -> Path | None:
+    """A fresh cgroup v1 limited to ``limit`` bytes, or None (with a warning) where unavailable."""
+    if not cgroup_available():
+        warn("cgroup v1 memory controller unavailable; running without a memory limit")
+        return None
+    group = CGROUP_ROOT / f"{prefix}-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    return group
+
+
+def join_before_exec(group: Path | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that moves the child into ``group`` before exec, so every byte it maps is charged."""
+    if group is None:
+        return None
+
+    def join() -> None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    return join
+
+
 def run_measured(cmd: list[str], *, memory_limit: int | None = None, drop: bool = True,
                  env: dict[str, str] | None = None) -> RunResult:
     """Run ``cmd`` under /usr/bin/time -v (and a fresh cgroup limited to ``memory_limit``)."""
     if drop:
         drop_caches()
-    group: Path | None = None
-    if memory_limit is not None:
-        if cgroup_available():
-            group = CGROUP_ROOT / f"megabatch-bench-{uuid.uuid4().hex[:8]}"
-            group.mkdir()
-            (group / "memory.limit_in_bytes").write_text(str(memory_limit))
-        else:
-            warn("cgroup v1 memory controller unavailable; running without a memory limit")
+    group = memory_cgroup(memory_limit, "megabatch-bench") if memory_limit is not None else None
     with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
         wrapped = ["/usr/bin/time", "-v", "-o", timing.name, *cmd]
         start = time.monotonic()
-        # the child joins the cgroup before exec, so every byte it maps is charged
-        preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None  # type: ignore[operator]
-        proc = subprocess.run(wrapped, capture_output=True, text=True, env=env, preexec_fn=preexec)
+        proc = subprocess.run(wrapped, capture_output=True, text=True, env=env, preexec_fn=join_before_exec(group))
         wall = time.monotonic() - start
         report = Path(timing.name).read_text()
     match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", report)
