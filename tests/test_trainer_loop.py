@@ -120,6 +120,15 @@ def test_early_stopping_stops_after_patience_evaluations_without_progress(tmp_pa
     assert len(again.epochs) == 3 and again.stopped_early  # a finished run stays finished
 
 
+def test_max_steps_cuts_the_run_mid_epoch_without_evaluating_and_releases_everything():
+    toy = ToySource(batches=4)
+    result = train(toy, TrainConfig(hidden=8, epochs=5, max_steps=6))
+    assert [(r.epoch, r.batches) for r in result.epochs] == [(1, 4), (2, 2)]
+    assert result.epochs[0].val_acc is not None and result.epochs[1].val_acc is None
+    assert result.stopped_at_max_steps and not result.stopped_early and result.to_json()["stopped_at_max_steps"]
+    assert len(toy.released) == toy.handed_out  # the prefetched batch of the cut epoch went back too
+
+
 def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch():
     result = train(ToySource(), TrainConfig(hidden=8, epochs=5, eval_every=2))
     assert [r.val_acc is not None for r in result.epochs] == [False, True, False, True, True]
@@ -164,6 +173,8 @@ def test_metrics_count_samples_and_serve_over_http():
 def test_config_errors_name_the_field():
     with pytest.raises(UserError, match="hidden must be positive"):
         TrainConfig(hidden=0)
+    with pytest.raises(UserError, match="max_steps must be positive"):
+        TrainConfig(max_steps=0)
     with pytest.raises(UserError, match="resume needs a checkpoint"):
         TrainConfig(resume=True)
     with pytest.raises(UserError, match="multiple of heads"):

@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N epochs (default 1)")
     mod.add_argument("--patience", type=_positive_int, default=None,
                      help="stop after N evaluations without a better val accuracy (default: never)")
+    mod.add_argument("--max-steps", type=_positive_int, default=None,
+                     help="stop after N optimizer steps in all, mid-epoch if need be, without evaluating "
+                          "the cut epoch (benchmarks; default: no limit)")
     mod.add_argument("--seed", type=_non_negative_int, default=0, help="model and dropout seed (default 0)")
     mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
     mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
@@ -176,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
                       weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                       patience=args.patience, seed=args.seed, device=args.device,
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
-                      heads=args.heads)
+                      heads=args.heads, max_steps=args.max_steps)
     source: BatchSource
     if opened is None:
         try:

@@ -53,6 +53,9 @@ class TrainConfig:
     numpy and Python RNGs (default 0). device: "auto" (CUDA when available, the default), "cpu" or
     "cuda". checkpoint: file written after every epoch (default None: none). resume: continue from
     ``checkpoint`` (default False). heads: attention heads of gat's hidden layers (default 4).
+    max_steps: stop the whole run after this many optimizer steps, mid-epoch if need be, without
+    evaluating the cut epoch (default None: no limit). Benchmarks use it to time a fixed amount of
+    training; the cut epoch is recorded with the batches it trained.
     """
 
     model: str = "sage"
@@ -68,6 +71,7 @@ class TrainConfig:
     checkpoint: Path | None = None
     resume: bool = False
     heads: int = 4
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -75,6 +79,8 @@ class TrainConfig:
         for name in ("hidden", "epochs", "eval_every", "heads"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise UserError(f"max_steps must be positive, got {self.max_steps}")
         if self.patience is not None and self.patience <= 0:
             raise UserError(f"patience must be positive, got {self.patience}")
         if not 0.0 <= self.dropout < 1.0:
@@ -134,6 +140,7 @@ class TrainResult:
     best_val_acc: float | None = None
     test_acc_at_best: float | None = None
     stopped_early: bool = False
+    stopped_at_max_steps: bool = False
     resumed_from_epoch: int | None = None
     model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
@@ -143,12 +150,14 @@ class TrainResult:
         return {"config": self.config.to_json(), "device": self.device, "source": self.source,
                 "epochs": [asdict(r) for r in self.epochs], "best_epoch": self.best_epoch,
                 "best_val_acc": self.best_val_acc, "test_acc_at_best": self.test_acc_at_best,
-                "stopped_early": self.stopped_early, "resumed_from_epoch": self.resumed_from_epoch}
+                "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
+                "resumed_from_epoch": self.resumed_from_epoch}
 
     def summary(self) -> str:
         """The final line: best validation epoch and its test accuracy."""
         if self.best_epoch is None:
-            return "no evaluation ran"
+            steps = f" (stopped at --max-steps {self.config.max_steps})" if self.stopped_at_max_steps else ""
+            return f"no evaluation ran{steps}"
         stop = f" (stopped early after epoch {self.epochs[-1].epoch})" if self.stopped_early and self.epochs else ""
         return (f"best val {self.best_val_acc:.4f} at epoch {self.best_epoch}: "
                 f"test {self.test_acc_at_best:.4f}{stop}")
@@ -302,6 +311,7 @@ class _Run:
         self.result = TrainResult(cfg, str(self.device), info.description)
         self.bad_evals = 0
         self.next_epoch = 1
+        self.steps = 0
         if metrics is not None:
             metrics.set_build_info(cfg.model, str(self.device))
 
@@ -359,6 +369,11 @@ class _Run:
                 if self.metrics is not None:
                     self.metrics.observe_batch(waited, step, batch.batch_size)
                 bar.update()
+                self.steps += 1
+                if self.cfg.max_steps is not None and self.steps >= self.cfg.max_steps:
+                    # closing the stream releases the prefetched batch and ends the source's epoch early
+                    self.result.stopped_at_max_steps = True
+                    break
         train_s = time.perf_counter() - started
         busy = wait_s + step_s
         return EpochRecord(epoch=epoch, loss=total_loss / max(1, labelled), train_acc=correct / max(1, labelled),
@@ -384,7 +399,8 @@ class _Run:
         """Train, maybe evaluate, record, checkpoint; True when early stopping says stop."""
         cfg = self.cfg
         record = self.train_epoch(epoch)
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+        cut = self.result.stopped_at_max_steps
+        if not cut and (epoch % cfg.eval_every == 0 or epoch == cfg.epochs):
             started = time.perf_counter()
             record.val_acc, record.test_acc = self.evaluate("val"), self.evaluate("test")
             record.eval_s = time.perf_counter() - started
@@ -398,6 +414,7 @@ class _Run:
         self.result.epochs.append(record)
         stop = cfg.patience is not None and self.bad_evals >= cfg.patience and epoch < cfg.epochs
         self.result.stopped_early = stop
+        stop = stop or cut
         if self.metrics is not None:
             self.metrics.observe_epoch(epoch, record.loss, record.train_acc, record.samples_per_s, record.data_wait)
             if record.val_acc is not None and record.test_acc is not None:
