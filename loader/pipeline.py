@@ -9,6 +9,7 @@ The publisher lives with the client session (``loader.publisher``) and reads ``o
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -24,6 +25,7 @@ from loader.assemble import MegaBatch, assemble
 from loader.config import LoaderConfig
 from loader.inmemory import STREAM_TRAIN
 from loader.metrics import DaemonMetrics
+from loader.publisher import BatchSource, gather_from
 from loader.reader import LoadedMegaBatch, PartitionReader
 from loader.resident import ResidentData
 from loader.sampling import SampledPass, batch_keys, sample_pass, shuffle
@@ -42,9 +44,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SampledWork:
-    """Superbatch sampler -> publisher: every batch of one pass over one mega-batch."""
+    """Superbatch sampler -> publisher: every batch of one pass (over one mega-batch, or a superbatch
+    of the full graph in the other modes)."""
 
-    megabatch: MegaBatch
+    source: BatchSource
+    """Where the pass's rows, ids and labels come from."""
+    release: Callable[[], None] | None
+    """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
     pass_index: int
     sampled: SampledPass
     seeds: np.ndarray
@@ -157,8 +163,18 @@ async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatc
         await ready.put(mb)
 
 
+def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> BatchSource:
+    """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region)."""
+    arena = ctx.arena
+    static = ctx.resident.static.features
+    return BatchSource(gather_from(arena.data, lambda nodes: mb.row_offsets[nodes], arena.row_bytes),
+                       lambda nodes: mb.graph.global_ids[nodes], lambda nodes: mb.labels[nodes],
+                       int(static.shape[1]), static.dtype)
+
+
 async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",
-                   output: "asyncio.Queue[SampledWork | EpochDone]") -> None:
+                   output: "asyncio.Queue[SampledWork | EpochDone]",
+                   release: Callable[[MegaBatchBuffer], None]) -> None:
     cfg = ctx.config
     fixed_passes = cfg.hierarchy.passes
     batch_size = cfg.sampler.batch_size
@@ -173,6 +189,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
             epoch_batches = epoch_batch_count(ctx.resident, plans, batch_size, fixed_passes)
         ctx.metrics.mb_nodes.set(mb.num_nodes)
         ctx.metrics.mb_edges.set(mb.num_edges)
+        source = megabatch_source(ctx, mb)
         for pass_index in itertools.count():
             key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.plan.index, 1)[0])
             seeds = shuffle(mb.train_seeds, key)
@@ -187,7 +204,8 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
                 last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.plan.is_last
                         or n_batches == 0)
             ctx.metrics.pass_index.set(pass_index)
-            await output.put(SampledWork(mb, pass_index, sampled, seeds, batch_in_epoch, epoch_batches, last))
+            await output.put(SampledWork(source, functools.partial(release, mb.buffer), pass_index, sampled, seeds,
+                                         batch_in_epoch, epoch_batches, last))
             batch_in_epoch += n_batches
             passes_in_epoch += 1
             if last:
@@ -221,7 +239,7 @@ def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipelin
     stage("scheduler", _scheduler(ctx, start_epoch, plans))
     stage("reader", _reader(ctx, plans, free, loaded))
     stage("assembler", _assembler(ctx, loaded, ready))
-    stage("sampler", _sampler(ctx, start_epoch, ready, output))
+    stage("sampler", _sampler(ctx, start_epoch, ready, output, pipeline.release_buffer))
     return pipeline
 
 

@@ -18,7 +18,7 @@ from loader.sampling import SampledPass
 from proto.errors import SlotOverflow
 from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
 
-__all__ = ["SlotFlow", "BatchSource", "batch_specs", "fill_slot", "overflow_message"]
+__all__ = ["SlotFlow", "BatchSource", "FillFeatures", "gather_from", "batch_specs", "fill_slot", "overflow_message"]
 
 
 class SlotFlow:
@@ -74,21 +74,37 @@ class SlotFlow:
         self._changed.set()
 
 
+FillFeatures = Callable[[int, np.ndarray, np.ndarray], None]
+"""(batch index within its pass, the batch's local node ids, ``x`` to fill: (nodes, D) in the feature dtype)."""
+
+
 @dataclass(frozen=True)
 class BatchSource:
-    """Where one sampled pass reads its rows: the arena (training) or a memory map (evaluation)."""
+    """Where the batches of one sampled pass get their rows, ids and labels.
 
-    features: np.ndarray
-    """uint8 1-D: the bytes every ``row_offsets`` entry points into."""
-    row_offsets: Callable[[np.ndarray], np.ndarray]
-    """Local node ids -> int64 byte offsets of their rows in ``features``."""
+    ``fill_features`` writes every row of ``x`` (a view of the slot): a gather from the arena or a
+    memory map, or, in the exact mode, cache hits plus disk reads driven by a cache plan, which is
+    why it is told the batch index and why batches of a pass are filled strictly in order.
+    """
+
+    fill_features: FillFeatures
     global_ids: Callable[[np.ndarray], np.ndarray]
     """Local node ids -> int64 dataset ids."""
     labels: Callable[[np.ndarray], np.ndarray]
     """Local node ids -> int64 labels."""
-    row_bytes: int
     feat_dim: int
     feat_dtype: np.dtype
+
+
+def gather_from(features: np.ndarray, row_offsets: Callable[[np.ndarray], np.ndarray], row_bytes: int
+                ) -> FillFeatures:
+    """A ``fill_features`` copying rows out of ``features`` (uint8 1-D, in RAM or memory-mapped) at
+    ``row_offsets(nodes)`` byte offsets."""
+
+    def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        gather_rows(features, row_offsets(nodes), row_bytes, np.arange(len(nodes), dtype=np.int64),
+                    x.reshape(-1).view(np.uint8))
+    return fill
 
 
 def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, feat_dim: int,
@@ -113,9 +129,7 @@ def fill_slot(ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPas
                         source.feat_dim, source.feat_dtype)
     plan = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
     arrays = ring.arrays_for(slot, plan)
-    x = arrays["x"]
-    gather_rows(source.features, source.row_offsets(nodes), source.row_bytes, np.arange(len(nodes), dtype=np.int64),
-                x.reshape(-1).view(np.uint8))
+    source.fill_features(b, nodes, arrays["x"])
     arrays["n_id"][:] = source.global_ids(nodes)
     arrays["y"][:] = source.labels(nodes[:int(batch.num_sampled_nodes[0])])
     arrays["edge_index"][:] = batch.edge_index

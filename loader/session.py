@@ -17,8 +17,8 @@ import numpy as np
 from loader.eval_stream import EvalData
 from loader.gather_kernels import row_offsets_for
 from loader.inmemory import eval_batches_plan, split_stream
-from loader.pipeline import EpochDone, PipelineContext, SampledWork, TrainPipeline
-from loader.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
+from loader.pipeline import EpochDone, PipelineContext, TrainPipeline
+from loader.publisher import BatchSource, SlotFlow, fill_slot, gather_from, overflow_message
 from loader.sampling import SampledPass, sample_pass
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow
@@ -158,12 +158,6 @@ class Session:
                               num_batches=num_batches))
         return True
 
-    def _train_source(self, work: SampledWork) -> BatchSource:
-        mb = work.megabatch
-        arena = self._ctx.arena
-        return BatchSource(arena.data, lambda nodes: mb.row_offsets[nodes], lambda nodes: mb.graph.global_ids[nodes],
-                           lambda nodes: mb.labels[nodes], arena.row_bytes, self._feat_dim, self._feat_dtype)
-
     @property
     def _feat_dim(self) -> int:
         return int(self._ctx.resident.static.features.shape[1])
@@ -192,10 +186,10 @@ class Session:
                     return
                 for b in range(item.sampled.num_batches):
                     if not await self._publish("train", epoch, item.pass_index, item.first_batch + b,
-                                               item.epoch_batches, item.sampled, b, self._train_source(item)):
+                                               item.epoch_batches, item.sampled, b, item.source):
                         return
-                if item.last_pass:
-                    pipeline.release_buffer(item.megabatch.buffer)
+                if item.last_pass and item.release is not None:
+                    item.release()
         finally:
             self._coordinator.finish_pipeline(self, pipeline, epoch + 1 if finished else None)
 
@@ -206,10 +200,11 @@ class Session:
             plan = eval_batches_plan(self._ctx.resident.split_ids[split], cfg.eval_batch_size, cfg.seed,
                                      split_stream(split))
             total = len(plan.keys)
-            source = BatchSource(data.features, lambda nodes: row_offsets_for(nodes, data.node_begin,
-                                                                              data.feat_offset, data.row_bytes),
-                                 lambda nodes: nodes, lambda nodes: self._ctx.resident.labels[nodes],
-                                 data.row_bytes, self._feat_dim, self._feat_dtype)
+            def offsets(nodes: np.ndarray) -> np.ndarray:
+                return row_offsets_for(nodes, data.node_begin, data.feat_offset, data.row_bytes)
+
+            source = BatchSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
+                                 lambda nodes: self._ctx.resident.labels[nodes], self._feat_dim, self._feat_dtype)
             loop = asyncio.get_running_loop()
             for first in range(0, total, EVAL_CHUNK_BATCHES):
                 last = min(total, first + EVAL_CHUNK_BATCHES)
