@@ -16,7 +16,8 @@ from loader.errors import UserError
 from loader.sizes import parse_size
 
 __all__ = [
-    "DatasetConfig", "MemoryConfig", "HierarchyConfig", "SamplerConfig", "IOConfig", "PublisherConfig",
+    "MODES", "DatasetConfig", "ModeConfig", "ExactConfig",
+    "MemoryConfig", "HierarchyConfig", "SamplerConfig", "IOConfig", "PublisherConfig",
     "ServerConfig", "MetricsConfig", "LogConfig", "LoaderConfig", "load_config", "config_from_mapping",
 ]
 
@@ -25,6 +26,30 @@ __all__ = [
 class DatasetConfig:
     path: Path
     """Directory written by ``megabatch prepare`` (required)."""
+
+
+MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    mode: str = "hierarchical"
+    """How training batches are made (default "hierarchical"): "hierarchical" (HierBatching mega-batches),
+    "exact" (Ginex: full-graph sampling, neighbour cache, Belady feature cache from changesets),
+    "static" (Ali+PG: full-graph sampling, static neighbour and degree-ranked feature caches),
+    "mmap" (PyG+: full-graph sampling over memory maps, readahead off), "inmemory" (all in RAM)."""
+
+
+@dataclass(frozen=True)
+class ExactConfig:
+    superbatch: int = 64
+    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes (default 64)."""
+    sample_group: int = 16
+    """Batches whose frontiers share one neighbour-list fetch per hop (default 16)."""
+    neighbor_cache: int | None = None
+    """Bytes of the neighbour cache, or None ("auto": derived from the budget; default auto)."""
+    feature_cache: int | None = None
+    """Bytes of the feature cache, or None ("auto": the rest of the budget; default auto)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +135,8 @@ class LogConfig:
 @dataclass(frozen=True)
 class LoaderConfig:
     dataset: DatasetConfig
+    loader: ModeConfig = ModeConfig()
+    exact: ExactConfig = ExactConfig()
     memory: MemoryConfig = MemoryConfig()
     hierarchy: HierarchyConfig = HierarchyConfig()
     sampler: SamplerConfig = SamplerConfig()
@@ -207,6 +234,32 @@ def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
                            passes=passes, max_passes=max_passes)
 
 
+def _mode(t: Mapping[str, Any]) -> ModeConfig:
+    _check_keys("loader", t, ModeConfig)
+    mode = t.get("mode", ModeConfig().mode)
+    if mode not in MODES:
+        raise _fail("loader", "mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+    return ModeConfig(mode=mode)
+
+
+def _exact(t: Mapping[str, Any]) -> ExactConfig:
+    _check_keys("exact", t, ExactConfig)
+    d = ExactConfig()
+
+    def cache(key: str) -> int | None:
+        value = t.get(key, "auto")
+        if value == "auto":
+            return None
+        # zero is a valid cache size (everything misses); parse_size insists on positive
+        return 0 if value in (0, "0") else _size("exact", key, value)
+
+    return ExactConfig(superbatch=_int("exact", "superbatch", t.get("superbatch", d.superbatch), minimum=1,
+                                       maximum=1 << 20),
+                       sample_group=_int("exact", "sample_group", t.get("sample_group", d.sample_group), minimum=1,
+                                         maximum=1 << 16),
+                       neighbor_cache=cache("neighbor_cache"), feature_cache=cache("feature_cache"))
+
+
 def _sampler(t: Mapping[str, Any]) -> SamplerConfig:
     _check_keys("sampler", t, SamplerConfig)
     d = SamplerConfig()
@@ -285,7 +338,8 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     if level not in ("debug", "info", "warning", "error"):
         raise _fail("log", "level", f"expected debug, info, warning or error, got {level!r}")
 
-    return LoaderConfig(dataset=dataset, memory=memory, hierarchy=_hierarchy(_table(data, "hierarchy")),
+    return LoaderConfig(dataset=dataset, loader=_mode(_table(data, "loader")), exact=_exact(_table(data, "exact")),
+                        memory=memory, hierarchy=_hierarchy(_table(data, "hierarchy")),
                         sampler=_sampler(_table(data, "sampler")), io=io, publisher=publisher,
                         server=_server(_table(data, "server"), base), metrics=metrics, log=LogConfig(level))
 

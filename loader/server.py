@@ -112,6 +112,9 @@ class Daemon:
 
     async def startup(self) -> None:
         cfg = self.config
+        if cfg.loader.mode != "hierarchical":
+            raise UserError(f"[loader] mode = {cfg.loader.mode!r} is not served yet by this version; "
+                            f"use \"hierarchical\"")
         notify("STATUS=loading dataset")
         dataset = open_dataset(cfg.dataset.path)
         m = dataset.manifest

@@ -20,6 +20,15 @@ def test_defaults_and_relative_paths(tmp_path):
     assert rel.dataset.path == tmp_path / "d" and rel.server.socket == tmp_path / "s.sock"
 
 
+def test_mode_and_exact_tables():
+    cfg = config_from_mapping(base())
+    assert cfg.loader.mode == "hierarchical" and cfg.exact.neighbor_cache is None and cfg.exact.feature_cache is None
+    cfg = config_from_mapping(base(loader={"mode": "exact"}, exact={"superbatch": 8, "sample_group": 2,
+                                                                     "neighbor_cache": "16M", "feature_cache": 0}))
+    assert (cfg.loader.mode, cfg.exact.superbatch, cfg.exact.sample_group) == ("exact", 8, 2)
+    assert cfg.exact.neighbor_cache == 16 << 20 and cfg.exact.feature_cache == 0
+
+
 def test_auto_values():
     cfg = config_from_mapping(base(hierarchy={"passes": "auto", "megabatch_fraction": "auto"},
                                    publisher={"slot_bytes": "auto"}))
@@ -45,6 +54,9 @@ def test_auto_values():
     ({"metrics": {"port": 70000}}, "[metrics] port"),
     ({"log": {"level": "loud"}}, "[log] level"),
     ({"extra": {}}, "[extra]: unknown table"),
+    ({"loader": {"mode": "fast"}}, "[loader] mode: expected one of hierarchical, exact"),
+    ({"exact": {"superbatch": 0}}, "[exact] superbatch: must be >= 1"),
+    ({"exact": {"feature_cache": "big"}}, "[exact] feature_cache"),
 ])
 def test_bad_values_name_the_key(tables, needle):
     data = {"dataset": {"path": "/x"}}
