@@ -36,6 +36,7 @@ from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
 from loader.reader import PartitionReader
 from loader.resident import ResidentData, load_resident
 from loader.sdnotify import notify, watchdog_interval
+from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
 from loader.slot_sizing import estimate_slot_bytes
 from proto.codec import FrameDecoder, encode
@@ -77,6 +78,7 @@ class Daemon:
         self.force_exit = False
         self._listener: socket.socket | None = None
         self._ctx: PipelineContext | None = None
+        self._serving: ServingContext | None = None
         self._dataset: Dataset | None = None
         self._welcome_info: DatasetInfo | None = None
         self._slot_bytes = 0
@@ -135,8 +137,10 @@ class Daemon:
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
         reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
                                  threads=cfg.io.read_threads, read_block=cfg.io.read_block)
-        self._ctx = PipelineContext(cfg, resident, arena, reader, self.metrics,
-                                    ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu"), plan.buffer.partitions)
+        cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
+        self._ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions)
+        self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
+                                       np.dtype(m.feat_dtype.value))
         self._dataset, self._slot_bytes, self.memory_plan = dataset, slot_bytes, plan
         self._welcome_info = self._dataset_info(dataset, resident)
         self.metrics.set_build(dataset.path.name, "megabatch")
@@ -308,7 +312,7 @@ class Daemon:
         conn.close()
 
     def _new_session(self, peer: str, hello: Hello) -> Session | None:
-        assert self._ctx is not None
+        assert self._serving is not None
         count, slot_bytes = self.config.publisher.slots, self._slot_bytes
         try:
             segment = create_segment(count * slot_bytes, name=f"megabatch-session{self.state.next_session}")
@@ -316,7 +320,7 @@ class Daemon:
             log.error("cannot create the slot segment: %s", err)
             return None
         ring = SlotRing(segment.mapping, count, slot_bytes, HEADER_BYTES)
-        session = Session(self.state.next_session, peer, self._ctx, self, segment, ring, self._open_eval)
+        session = Session(self.state.next_session, peer, self._serving, self, segment, ring, self._open_eval)
         self.state.sessions[session.id] = session
         self.state.next_session += 1
         self.metrics.clients.set(len(self.state.sessions))

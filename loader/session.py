@@ -17,9 +17,10 @@ import numpy as np
 from loader.eval_stream import EvalData
 from loader.gather_kernels import row_offsets_for
 from loader.inmemory import eval_batches_plan, split_stream
-from loader.pipeline import EpochDone, PipelineContext, TrainPipeline
+from loader.pipeline import EpochDone, TrainPipeline
 from loader.publisher import BatchSource, SlotFlow, fill_slot, gather_from, overflow_message
 from loader.sampling import SampledPass, sample_pass
+from loader.serving import ServingContext
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow
 from proto.messages import (
@@ -59,7 +60,7 @@ class TrainCoordinator(Protocol):
 class Session:
     """State of one connected client (lives on the event loop)."""
 
-    def __init__(self, session_id: int, peer: str, ctx: PipelineContext, coordinator: TrainCoordinator,
+    def __init__(self, session_id: int, peer: str, ctx: ServingContext, coordinator: TrainCoordinator,
                  segment: Segment, ring: SlotRing, eval_data: Callable[[], EvalData]) -> None:
         self.id = session_id
         self.peer = peer
@@ -158,14 +159,6 @@ class Session:
                               num_batches=num_batches))
         return True
 
-    @property
-    def _feat_dim(self) -> int:
-        return int(self._ctx.resident.static.features.shape[1])
-
-    @property
-    def _feat_dtype(self) -> np.dtype:
-        return self._ctx.resident.static.features.dtype
-
     async def _train_stream(self, epoch: int) -> None:
         acquired = self._coordinator.acquire_pipeline(self, epoch)
         if isinstance(acquired, str):
@@ -197,14 +190,14 @@ class Session:
         cfg = self._ctx.config.sampler
         data = self._eval_data()
         try:
-            plan = eval_batches_plan(self._ctx.resident.split_ids[split], cfg.eval_batch_size, cfg.seed,
+            plan = eval_batches_plan(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
                                      split_stream(split))
             total = len(plan.keys)
             def offsets(nodes: np.ndarray) -> np.ndarray:
                 return row_offsets_for(nodes, data.node_begin, data.feat_offset, data.row_bytes)
 
             source = BatchSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
-                                 lambda nodes: self._ctx.resident.labels[nodes], self._feat_dim, self._feat_dtype)
+                                 lambda nodes: self._ctx.labels[nodes], self._ctx.feat_dim, self._ctx.feat_dtype)
             loop = asyncio.get_running_loop()
             for first in range(0, total, EVAL_CHUNK_BATCHES):
                 last = min(total, first + EVAL_CHUNK_BATCHES)
