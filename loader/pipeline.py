@@ -31,7 +31,7 @@ from loader.resident import ResidentData
 from loader.sampling import SampledPass, batch_keys, sample_pass, shuffle
 from loader.schedule import MegaBatchPlan, schedule_epoch
 
-__all__ = ["SampledWork", "EpochDone", "PipelineContext", "TrainPipeline", "start_train_pipeline",
+__all__ = ["SampledWork", "EpochDone", "run_timed", "PipelineContext", "TrainPipeline", "start_train_pipeline",
            "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
 
 log = logging.getLogger("megabatch.pipeline")
@@ -91,12 +91,21 @@ class TrainPipeline:
 
     start_epoch: int
     output: "asyncio.Queue[SampledWork | EpochDone]"
-    free_buffers: "asyncio.Queue[MegaBatchBuffer]"
+    free_buffers: "asyncio.Queue[MegaBatchBuffer] | None" = None
+    """The hierarchical mode's circulating buffers (None in the full-graph modes)."""
     tasks: list["asyncio.Task[None]"] = field(default_factory=list)
     failure: BaseException | None = None
 
     def release_buffer(self, buffer: MegaBatchBuffer) -> None:
+        assert self.free_buffers is not None
         self.free_buffers.put_nowait(buffer)
+
+    def add_stage(self, name: str, coro: Awaitable[None]) -> None:
+        """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"megabatch-{name}")
+        task.add_done_callback(lambda t: _record_failure(self, name, t))
+        self.tasks.append(task)
 
     async def stop(self) -> None:
         """Cancel every stage and wait for them (reads in flight land first)."""
@@ -117,14 +126,19 @@ def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_
     return total * passes
 
 
-async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args: object) -> T:
-    """Run CPU work on the pool (numba kernels drop the GIL) and charge it to ``stage``."""
+async def run_timed(pool: ThreadPoolExecutor, metrics: DaemonMetrics, stage: str, func: Callable[..., T],
+                    *args: object) -> T:
+    """Run CPU work on ``pool`` (numba kernels drop the GIL) and charge its seconds to ``stage``."""
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
-        return await loop.run_in_executor(ctx.cpu_pool, func, *args)
+        return await loop.run_in_executor(pool, func, *args)
     finally:
-        ctx.metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
+        metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
+
+
+async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args: object) -> T:
+    return await run_timed(ctx.cpu_pool, ctx.metrics, stage, func, *args)
 
 
 async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Queue[MegaBatchPlan]") -> None:
@@ -229,17 +243,10 @@ def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipelin
                         ("free_buffers", free)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output, free)
-
-    def stage(name: str, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"megabatch-{name}")
-        task.add_done_callback(lambda t: _record_failure(pipeline, name, t))
-        pipeline.tasks.append(task)
-
-    stage("scheduler", _scheduler(ctx, start_epoch, plans))
-    stage("reader", _reader(ctx, plans, free, loaded))
-    stage("assembler", _assembler(ctx, loaded, ready))
-    stage("sampler", _sampler(ctx, start_epoch, ready, output, pipeline.release_buffer))
+    pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, plans))
+    pipeline.add_stage("reader", _reader(ctx, plans, free, loaded))
+    pipeline.add_stage("assembler", _assembler(ctx, loaded, ready))
+    pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, pipeline.release_buffer))
     return pipeline
 
 

@@ -8,6 +8,7 @@ second one skips the waiting. Shared runtime state (sessions, the training pipel
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -15,7 +16,7 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,8 +31,10 @@ from loader.config import LoaderConfig
 from loader.dataset import Dataset, open_dataset
 from loader.errors import UserError
 from loader.eval_stream import EvalData, open_eval_data
+from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.memplan import MemoryPlan, plan_memory
 from loader.metrics import DaemonMetrics
+from loader.modes import open_mode
 from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
 from loader.reader import PartitionReader
 from loader.resident import ResidentData, load_resident
@@ -79,6 +82,8 @@ class Daemon:
         self._listener: socket.socket | None = None
         self._ctx: PipelineContext | None = None
         self._serving: ServingContext | None = None
+        self._mode: FullGraphMode | None = None
+        self._start_pipeline: Callable[[int], TrainPipeline] | None = None
         self._dataset: Dataset | None = None
         self._welcome_info: DatasetInfo | None = None
         self._slot_bytes = 0
@@ -114,17 +119,37 @@ class Daemon:
 
     async def startup(self) -> None:
         cfg = self.config
-        if cfg.loader.mode != "hierarchical":
-            raise UserError(f"[loader] mode = {cfg.loader.mode!r} is not served yet by this version; "
-                            f"use \"hierarchical\"")
         notify("STATUS=loading dataset")
         dataset = open_dataset(cfg.dataset.path)
         m = dataset.manifest
-        resident = load_resident(dataset, with_static=cfg.hierarchy.static_cache)
+        hierarchical = cfg.loader.mode == "hierarchical"
+        resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache)
         if cfg.publisher.slot_bytes is not None:
             slot_bytes = cfg.publisher.slot_bytes
         else:
             slot_bytes = estimate_slot_bytes(dataset, resident, cfg.sampler)
+        cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
+        self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
+                                       np.dtype(m.feat_dtype.value))
+        self._dataset, self._slot_bytes = dataset, slot_bytes
+        if hierarchical:
+            where = self._setup_hierarchical(dataset, resident, slot_bytes, cpu_pool)
+        else:
+            where = self._setup_fullgraph(dataset, resident, slot_bytes)
+        self._welcome_info = self._dataset_info(dataset, resident)
+        self.metrics.set_build(dataset.path.name, cfg.loader.mode)
+        self.metrics.memory_budget.set(cfg.memory.budget)
+        self.metrics.watch_slots(self._slot_usage)
+        self.metrics.serve(cfg.metrics.address, cfg.metrics.port)
+        self._listener = self._listen(cfg.server.socket, cfg.server.socket_mode)
+        self._spawn(self._accept_loop(), "accept")
+        log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", where, cfg.server.socket)
+        notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
+        self.ready.set()
+
+    def _setup_hierarchical(self, dataset: Dataset, resident: ResidentData, slot_bytes: int,
+                            cpu_pool: ThreadPoolExecutor) -> str:
+        cfg, m = self.config, dataset.manifest
         index_itemsize = np.dtype(m.index_dtype.value).itemsize
         plan = plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=resident.static.num_nodes,
@@ -137,24 +162,22 @@ class Daemon:
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
         reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
                                  threads=cfg.io.read_threads, read_block=cfg.io.read_block)
-        cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
-        self._ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions)
-        self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
-                                       np.dtype(m.feat_dtype.value))
-        self._dataset, self._slot_bytes, self.memory_plan = dataset, slot_bytes, plan
-        self._welcome_info = self._dataset_info(dataset, resident)
-        self.metrics.set_build(dataset.path.name, "megabatch")
-        self.metrics.memory_budget.set(cfg.memory.budget)
+        ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions)
+        self._ctx, self.memory_plan = ctx, plan
+        self._start_pipeline = functools.partial(start_train_pipeline, ctx)
         self.metrics.static_nodes.set(resident.static.num_nodes)
         self.metrics.static_bytes.set(arena.static_bytes)
-        self.metrics.watch_slots(self._slot_usage)
-        self.metrics.serve(cfg.metrics.address, cfg.metrics.port)
-        self._listener = self._listen(cfg.server.socket, cfg.server.socket_mode)
-        self._spawn(self._accept_loop(), "accept")
-        log.info("serving %s (%s nodes, %d partitions, %d per mega-batch) on %s", dataset.path, f"{m.num_nodes:,}",
-                 m.num_partitions, plan.buffer.partitions, cfg.server.socket)
-        notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
-        self.ready.set()
+        return f"{m.num_partitions} partitions, {plan.buffer.partitions} per mega-batch"
+
+    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, slot_bytes: int) -> str:
+        cfg = self.config
+        mode = open_mode(cfg, dataset, resident, slot_bytes, self.metrics)
+        log.info("%s", mode.describe())
+        serving = self._serving
+        assert serving is not None
+        self._mode = mode
+        self._start_pipeline = functools.partial(start_fullgraph_pipeline, serving, mode)
+        return f"mode {mode.name}"
 
     async def main_loop(self) -> None:
         interval = watchdog_interval()
@@ -183,11 +206,15 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout or None)
         self.state.sessions.clear()
+        if self._serving is not None:
+            self._serving.cpu_pool.shutdown(wait=True, cancel_futures=True)
         if self._ctx is not None:
             self._ctx.reader.close()
-            self._ctx.cpu_pool.shutdown(wait=True, cancel_futures=True)
             self._ctx.arena.close()
             self._ctx = None
+        if self._mode is not None:
+            self._mode.close()
+            self._mode = None
         with contextlib.suppress(FileNotFoundError):
             if self.ready.is_set():
                 os.unlink(self.config.server.socket)
@@ -340,21 +367,21 @@ class Daemon:
         return sum(s.flow.in_use for s in sessions), sum(s.flow.count for s in sessions)
 
     def _open_eval(self) -> EvalData:
-        assert self._dataset is not None and self._ctx is not None
-        return open_eval_data(self._dataset, self._ctx.resident.partitions)
+        assert self._dataset is not None
+        return open_eval_data(self._dataset, self._dataset.partitions())
 
     # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
     def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
         st = self.state
         if st.pipeline_owner is not None and st.pipeline_owner is not session:
             return f"session {st.pipeline_owner.id} is training; one training stream at a time"
-        assert self._ctx is not None
+        assert self._start_pipeline is not None
         if st.pipeline is not None and st.pipeline_next_epoch != epoch:
             pipeline = st.pipeline
             st.pipeline = None
             self._spawn(pipeline.stop(), "stop-pipeline")
         if st.pipeline is None:
-            st.pipeline = start_train_pipeline(self._ctx, epoch)
+            st.pipeline = self._start_pipeline(epoch)
         st.pipeline_owner = session
         st.pipeline_next_epoch = None
         return st.pipeline
@@ -383,7 +410,7 @@ class Daemon:
                            feature_dtype=m.feat_dtype.value, num_classes=m.num_classes, num_hops=len(s.fanouts),
                            fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
                            train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
-                           test_nodes=len(resident.split_ids["test"]), mode="megabatch")
+                           test_nodes=len(resident.split_ids["test"]), mode=self.config.loader.mode)
 
 
 def _peer_description(conn: socket.socket) -> str:

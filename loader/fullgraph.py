@@ -1,0 +1,117 @@
+"""The full-graph training modes: every mini-batch sampled over the whole graph, as in ``--mode inmemory``.
+
+The modes ("exact", "static", "mmap", "inmemory") share the batch plan of the in-memory
+reference (``epoch_batches_inmemory``: every training node once per epoch, same seeds, same
+keys) and its sampler semantics, so their batches are identical; they differ only in where
+neighbour lists and feature rows come from. A ``FullGraphMode`` supplies exactly that:
+
+* ``sample``: sample a superbatch (a run of consecutive batches of the epoch) over the full graph;
+* ``plan``: turn a sampled superbatch into the ``BatchSource`` the publisher fills slots from.
+
+Stages, wired in ``start_fullgraph_pipeline`` and joined by bounded queues::
+
+    sampler (superbatch k+1) -> planner (superbatch k) -> publisher (superbatch k-1, in the session)
+
+so sampling, cache planning and gathering of consecutive superbatches overlap (Ginex's
+superbatch-level pipeline), and a slow trainer stalls the sampler through the queues.
+"""
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from loader.inmemory import epoch_batches_inmemory
+from loader.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
+from loader.publisher import BatchSource
+from loader.sampling import SampledPass
+from loader.serving import ServingContext
+
+__all__ = ["FullGraphMode", "SampledSuperbatch", "start_fullgraph_pipeline"]
+
+
+class FullGraphMode(Protocol):
+    """Where one full-graph mode reads neighbour lists and rows (runs on the CPU pool)."""
+
+    name: str
+    superbatch: int
+    """Batches sampled per ``sample`` call."""
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        """Sample consecutive batches (``loader.sampling.sample_pass`` semantics, dataset ids as local ids)."""
+        ...
+
+    def plan(self, sampled: SampledPass) -> BatchSource:
+        """The source the publisher fills this superbatch's slots from; called in superbatch order."""
+        ...
+
+    def describe(self) -> str:
+        """The memory plan line ``serve`` logs at startup."""
+        ...
+
+    def restart(self) -> None:
+        """A new training stream starts (the previous one may have stopped mid-superbatch)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SampledSuperbatch:
+    """Sampler -> planner: batches ``first_batch ..`` of an epoch of ``epoch_batches``."""
+
+    epoch: int
+    first_batch: int
+    epoch_batches: int
+    seeds: np.ndarray
+    sampled: SampledPass
+
+
+async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int,
+                   out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
+    cfg = ctx.config.sampler
+    train = ctx.split_ids["train"]
+    for epoch in itertools.count(start_epoch):
+        plan = epoch_batches_inmemory(train, cfg.batch_size, cfg.seed, epoch)
+        total = len(plan.keys)
+        for first in range(0, total, mode.superbatch):
+            last = min(total, first + mode.superbatch)
+            seeds = plan.seeds[first * cfg.batch_size:last * cfg.batch_size]
+            sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", mode.sample, seeds, cfg.batch_size,
+                                      cfg.fanouts, plan.keys[first:last])
+            await out.put(SampledSuperbatch(epoch, first, total, seeds, sampled))
+        await out.put(EpochDone(epoch, total, 1))
+
+
+async def _planner(ctx: ServingContext, mode: FullGraphMode, inp: "asyncio.Queue[SampledSuperbatch | EpochDone]",
+                   out: "asyncio.Queue[SampledWork | EpochDone]") -> None:
+    while True:
+        item = await inp.get()
+        if isinstance(item, EpochDone):
+            await out.put(item)
+            continue
+        source = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", mode.plan, item.sampled)
+        await out.put(SampledWork(source, None, 0, item.sampled, item.seeds, item.first_batch, item.epoch_batches,
+                                  True))
+
+
+def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:
+    """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch``."""
+    mode.restart()
+    sampled: asyncio.Queue[SampledSuperbatch | EpochDone] = asyncio.Queue(maxsize=1)
+    output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
+    for name, queue in (("sampled", sampled), ("planned", output)):
+        ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
+    pipeline = TrainPipeline(start_epoch, output)
+    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, sampled))
+    pipeline.add_stage("planner", _planner(ctx, mode, sampled, output))
+    return pipeline
+
+
+def labelled_source(fill: Callable[[int, np.ndarray, np.ndarray], None], labels: np.ndarray, feat_dim: int,
+                    feat_dtype: np.dtype) -> BatchSource:
+    """A ``BatchSource`` over dataset ids (local id = dataset id in the full-graph modes)."""
+    return BatchSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype)

@@ -1,0 +1,33 @@
+"""Build the full-graph mode a config asks for, after checking it fits the memory budget."""
+
+from loader.config import LoaderConfig
+from loader.dataset import Dataset
+from loader.errors import UserError
+from loader.fullgraph import FullGraphMode
+from loader.fullgraph_modes import InMemoryMode, MmapMode
+from loader.memplan import NODE_ARRAY_BYTES
+from loader.metrics import DaemonMetrics
+from loader.resident import ResidentData
+from loader.sizes import format_size
+
+__all__ = ["open_mode"]
+
+
+def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, slot_bytes: int,
+              metrics: DaemonMetrics) -> FullGraphMode:
+    """The ``[loader] mode`` backend; UserError when the budget cannot hold its fixed part."""
+    m = dataset.manifest
+    fixed = m.num_nodes * NODE_ARRAY_BYTES + config.server.max_clients * config.publisher.slots * slot_bytes
+    budget = config.memory.budget
+    if fixed > budget:
+        raise UserError(f"memory budget {format_size(budget)} is too small: node arrays and "
+                        f"{config.server.max_clients} clients x {config.publisher.slots} slots x "
+                        f"{format_size(slot_bytes)} need {format_size(fixed)}; raise [memory] budget or lower "
+                        f"[publisher] slots / [server] max_clients")
+    mode = config.loader.mode
+    if mode == "inmemory":
+        return InMemoryMode(dataset, resident.labels, config.exact.superbatch, budget - fixed)
+    if mode == "mmap":
+        return MmapMode(dataset, resident.partitions, resident.labels)
+    raise UserError(f"[loader] mode = {mode!r} is not served yet by this version; use \"hierarchical\", "
+                    f"\"mmap\" or \"inmemory\"")
