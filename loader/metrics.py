@@ -23,7 +23,7 @@ READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
-STAGES = ("scheduler", "reader", "assembler", "sampler", "publisher", "eval")
+STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval")
 
 
 @dataclass
@@ -83,6 +83,15 @@ class DaemonMetrics:
         self.mb_loaded = Counter("megabatch_megabatches_loaded", "Mega-batches read and assembled", registry=r)
         self.mb_load_seconds = Histogram("megabatch_megabatch_load_seconds", "Read + assemble time per mega-batch",
                                          buckets=LOAD_BUCKETS, registry=r)
+        self.feature_cache_lookups = Counter("megabatch_feature_cache_lookups",
+                                             "Feature rows of published batches by where they came from "
+                                             "(full-graph modes)", ["result"], registry=r)
+        self.neighbor_cache_lookups = Counter("megabatch_neighbor_cache_lookups",
+                                              "Neighbour lists the sampler needed, by where they came from "
+                                              "(exact and static modes)", ["result"], registry=r)
+        self.feature_cache_bytes = Gauge("megabatch_feature_cache_bytes", "Bytes of the feature cache", registry=r)
+        self.neighbor_cache_bytes = Gauge("megabatch_neighbor_cache_bytes", "Bytes of the neighbour cache",
+                                          registry=r)
         self.passes = Gauge("megabatch_passes_per_megabatch", "Passes run over the last mega-batch", registry=r)
         self.published = Counter("megabatch_batches_published", "Batches written to slots", ["kind"], registry=r)
         self.published_bytes = Counter("megabatch_published_bytes", "Payload bytes written to slots", registry=r)
@@ -95,6 +104,9 @@ class DaemonMetrics:
             self.stage_busy.labels(stage)
         for kind in ("train", "val", "test"):
             self.published.labels(kind)
+        for result in ("hit", "miss"):
+            self.feature_cache_lookups.labels(result)
+            self.neighbor_cache_lookups.labels(result)
         r.register(_ScrapeCollector(self._probes))
         ProcessCollector(registry=r)  # process_resident_memory_bytes etc. (not on a private registry by default)
 
