@@ -44,16 +44,19 @@ class FullGraphMode(Protocol):
         """Sample consecutive batches (``loader.sampling.sample_pass`` semantics, dataset ids as local ids)."""
         ...
 
-    def plan(self, sampled: SampledPass) -> BatchSource:
-        """The source the publisher fills this superbatch's slots from; called in superbatch order."""
+    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+        """The source the publisher fills this superbatch's slots from, and the planning state for the
+        next superbatch; called in superbatch order with the state the previous call returned."""
         ...
 
     def describe(self) -> str:
         """The memory plan line ``serve`` logs at startup."""
         ...
 
-    def restart(self) -> None:
-        """A new training stream starts (the previous one may have stopped mid-superbatch)."""
+    def restart(self) -> object:
+        """A new training stream starts (the previous one may have stopped mid-superbatch): reset what
+        the publisher side holds and return the first planning state. The state lives in the
+        planner stage, not in the mode, so a stopped stream's late planner cannot corrupt it."""
         ...
 
     def close(self) -> None: ...
@@ -86,28 +89,29 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int,
         await out.put(EpochDone(epoch, total, 1))
 
 
-async def _planner(ctx: ServingContext, mode: FullGraphMode, inp: "asyncio.Queue[SampledSuperbatch | EpochDone]",
-                   out: "asyncio.Queue[SampledWork | EpochDone]") -> None:
+async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object,
+                   inp: "asyncio.Queue[SampledSuperbatch | EpochDone]", out: "asyncio.Queue[SampledWork | EpochDone]"
+                   ) -> None:
     while True:
         item = await inp.get()
         if isinstance(item, EpochDone):
             await out.put(item)
             continue
-        source = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", mode.plan, item.sampled)
+        source, state = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", mode.plan, item.sampled, state)
         await out.put(SampledWork(source, None, 0, item.sampled, item.seeds, item.first_batch, item.epoch_batches,
                                   True))
 
 
 def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:
     """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch``."""
-    mode.restart()
+    state = mode.restart()
     sampled: asyncio.Queue[SampledSuperbatch | EpochDone] = asyncio.Queue(maxsize=1)
     output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
     for name, queue in (("sampled", sampled), ("planned", output)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
     pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, sampled))
-    pipeline.add_stage("planner", _planner(ctx, mode, sampled, output))
+    pipeline.add_stage("planner", _planner(ctx, mode, state, sampled, output))
     return pipeline
 
 

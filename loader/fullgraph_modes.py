@@ -56,13 +56,13 @@ class InMemoryMode:
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def plan(self, sampled: SampledPass) -> BatchSource:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
         row_bytes = self._row_bytes
         fill = gather_from(self._rows, lambda nodes: nodes * row_bytes, row_bytes)
-        return labelled_source(fill, self._labels, self._dim, self._dtype)
+        return labelled_source(fill, self._labels, self._dim, self._dtype), None
 
-    def restart(self) -> None:
-        pass
+    def restart(self) -> object:
+        return None
 
     def close(self) -> None:
         pass
@@ -87,16 +87,17 @@ class MmapMode:
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def plan(self, sampled: SampledPass) -> BatchSource:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
         d = self._data
 
         def offsets(nodes: np.ndarray) -> np.ndarray:
             return row_offsets_for(nodes, d.node_begin, d.feat_offset, d.row_bytes)
 
-        return labelled_source(gather_from(d.features, offsets, d.row_bytes), self._labels, self._dim, self._dtype)
+        fill = gather_from(d.features, offsets, d.row_bytes)
+        return labelled_source(fill, self._labels, self._dim, self._dtype), None
 
-    def restart(self) -> None:
-        pass
+    def restart(self) -> object:
+        return None
 
     def close(self) -> None:
         self._data.close()

@@ -7,8 +7,10 @@ from loader.fullgraph import FullGraphMode
 from loader.fullgraph_modes import InMemoryMode, MmapMode
 from loader.memplan import NODE_ARRAY_BYTES
 from loader.metrics import DaemonMetrics
+from loader.outofcore import ExactMode, StaticMode, plan_outofcore
 from loader.resident import ResidentData
 from loader.sizes import format_size
+from loader.slot_sizing import pilot_batch_sizes
 
 __all__ = ["open_mode"]
 
@@ -29,5 +31,10 @@ def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, sl
         return InMemoryMode(dataset, resident.labels, config.exact.superbatch, budget - fixed)
     if mode == "mmap":
         return MmapMode(dataset, resident.partitions, resident.labels)
-    raise UserError(f"[loader] mode = {mode!r} is not served yet by this version; use \"hierarchical\", "
-                    f"\"mmap\" or \"inmemory\"")
+    batch_nodes, batch_edges = pilot_batch_sizes(dataset, resident, config.sampler)
+    plan = plan_outofcore(config, dataset, fixed, batch_nodes, batch_edges)
+    if mode == "exact":
+        return ExactMode(dataset, resident.labels, config, plan, metrics)
+    if mode == "static":
+        return StaticMode(dataset, resident.labels, config, plan, metrics)
+    raise AssertionError(f"config validation let mode {mode!r} through")

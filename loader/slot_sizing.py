@@ -19,7 +19,7 @@ from loader.resident import ResidentData
 from loader.sampling import sample_pass
 from proto.slots import HEADER_BYTES, slot_bytes_for
 
-__all__ = ["estimate_slot_bytes", "PILOT_BATCHES", "HEADROOM"]
+__all__ = ["estimate_slot_bytes", "pilot_batch_sizes", "PILOT_BATCHES", "HEADROOM"]
 
 PILOT_BATCHES = 16
 HEADROOM = 1.5
@@ -34,6 +34,24 @@ def _hard_bound(batch_size: int, fanouts: tuple[int, ...], num_nodes: int, num_e
         edges += frontier
         nodes += frontier
     return min(nodes, num_nodes), min(edges, num_edges)
+
+
+def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> tuple[int, int]:
+    """(nodes, edges) a training batch is expected to stay under: pilot max x 1.5, capped by the hard bound."""
+    m = dataset.manifest
+    plan = epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0)
+    count = min(PILOT_BATCHES, len(plan.keys))
+    bound_nodes, bound_edges = _hard_bound(sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
+    if count == 0:
+        return min(bound_nodes, sampler.batch_size), 0
+    data = open_eval_data(dataset, resident.partitions)
+    try:
+        sampled = sample_pass(data.graph, plan.seeds[:count * sampler.batch_size], sampler.batch_size,
+                              sampler.fanouts, plan.keys[:count])
+    finally:
+        data.close()
+    return (min(bound_nodes, int(np.diff(sampled.node_ptr).max() * HEADROOM) + 64),
+            min(bound_edges, int(np.diff(sampled.edge_ptr).max() * HEADROOM) + 64))
 
 
 def estimate_slot_bytes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> int:

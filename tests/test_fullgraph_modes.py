@@ -55,10 +55,18 @@ def assert_same_as_reference(batches, ref, epoch):
         np.testing.assert_array_equal(arrays["y"], ref.labels[want.nodes[:int(want.num_sampled_nodes[0])]])
 
 
-@pytest.mark.parametrize("mode, superbatch", [("inmemory", 1), ("inmemory", 3), ("mmap", 64)])
-def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path, mode, superbatch):
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact={"superbatch": superbatch},
-                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)})
+@pytest.mark.parametrize("mode, exact", [
+    ("inmemory", {"superbatch": 1}), ("inmemory", {"superbatch": 3}), ("mmap", {}),
+    ("exact", {"superbatch": 4, "sample_group": 3}),  # auto caches
+    ("exact", {"superbatch": 5, "neighbor_cache": 0, "feature_cache": 0}),  # everything from disk
+    ("exact", {"superbatch": 2, "neighbor_cache": "20K", "feature_cache": "3K"}),  # tiny caches
+    ("exact", {"superbatch": 64, "feature_cache": "64M", "neighbor_cache": "8M"}),  # all of it cached
+    ("static", {"superbatch": 3, "neighbor_cache": 0, "feature_cache": "40K"}),
+    ("static", {"superbatch": 7, "feature_cache": 0}),
+])
+def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path, mode, exact):
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact,
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config):
         client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
         client.send(Credit(count=client.welcome.slots.count))
@@ -73,6 +81,40 @@ def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path,
 def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "inmemory"}, memory={"budget": "300K"},
                            publisher={"slots": 1, "slot_bytes": "64K"}, server={"max_clients": 1})
-    with pytest.raises(UserError, match="inmemory.*more than \\[memory\\] budget"):
-        with running_daemon(config):
-            pass
+    with pytest.raises(UserError, match="inmemory.*more than \\[memory\\] budget"), running_daemon(config):
+        pass
+
+
+def _lookups(daemon, family):
+    counter = getattr(daemon.metrics, family)
+    return {r: counter.labels(r)._value.get() for r in ("hit", "miss")}
+
+
+def _epoch_lookups(dataset, tmp_path, mode, exact):
+    config = daemon_config(dataset, tmp_path / f"{mode}.sock", loader={"mode": mode}, exact=exact,
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
+    with running_daemon(config) as daemon:
+        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+        client.send(Credit(count=client.welcome.slots.count))
+        try:
+            batches = consume_epoch(client, 0)
+        finally:
+            client.close()
+        return sum(len(b["n_id"]) for b in batches), _lookups(daemon, "feature_cache_lookups"), \
+            _lookups(daemon, "neighbor_cache_lookups")
+
+
+def test_belady_cache_misses_no_more_than_the_static_cache_of_the_same_size(dataset, tmp_path):
+    caches = {"superbatch": 8, "feature_cache": "16K", "neighbor_cache": 0}  # 256 rows of 64 B
+    rows, exact, _ = _epoch_lookups(dataset, tmp_path, "exact", caches)
+    rows_static, static, _ = _epoch_lookups(dataset, tmp_path, "static", caches)
+    assert rows == rows_static == exact["hit"] + exact["miss"] == static["hit"] + static["miss"]
+    assert 0 < exact["miss"] <= static["miss"] and exact["hit"] > 0
+
+
+def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset, tmp_path):
+    rows, features, lists = _epoch_lookups(dataset, tmp_path, "exact",
+                                           {"superbatch": 4, "feature_cache": 0, "neighbor_cache": 0})
+    assert features == {"hit": 0, "miss": rows} and lists["hit"] == 0 and lists["miss"] > 0
+    _, _, lists = _epoch_lookups(dataset, tmp_path, "static", {"neighbor_cache": "8M", "feature_cache": "64M"})
+    assert lists["miss"] == 0 and lists["hit"] > 0

@@ -1,0 +1,272 @@
+"""The out-of-core full-graph modes: "exact" (Ginex) and "static" (Ali+PG), and their memory split.
+
+Both hold only ``indptr`` of the graph in RAM, sample with ``ExactSampler`` (a neighbour cache
+filled by the prepared out/in-degree ranking, missed lists read from disk, each list once per hop
+per sample group) and read missed feature rows with ``RowReader`` (sorted, page-merged preads).
+They differ in the feature cache:
+
+* ``exact``: a cache of C rows run by Belady's plan over each superbatch (``loader.changeset``),
+  computed by the planner stage while the next superbatch is sampled and applied by the publisher
+  as it gathers (``loader.feature_cache``): the fewest possible row reads for that cache size.
+* ``static``: the C rows of highest out-degree (PaGraph's choice), loaded once, never changed.
+
+Memory (``plan_outofcore``), Ginex §3.5 adapted to a pipeline where sampling and gathering run at
+the same time, so both caches share the budget instead of taking turns::
+
+    node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
+    4 B/node, static address table 8 B/node) + 3 superbatches in flight (sampling, planned,
+    publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
+    + neighbour cache + feature cache <= budget
+
+``"auto"`` gives the neighbour cache all lists if they fit in half of what remains, else that
+half, and the feature cache the rest. Lists first because they are cheap per read saved: a list
+is tens of bytes and saves one random read each time its node is a frontier target, while a
+feature row is a whole row for the same one read.
+"""
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loader.changeset import CachePlan, CachePlanner, CacheState
+from loader.changeset_kernels import copy_rows
+from loader.config import LoaderConfig
+from loader.dataset import Dataset
+from loader.errors import UserError
+from loader.exact_sampling import ExactSampler
+from loader.feature_cache import FeatureCache
+from loader.fullgraph import labelled_source
+from loader.gather_kernels import row_offsets_for
+from loader.metrics import DaemonMetrics
+from loader.neighbor_cache import NeighborCache
+from loader.neighbor_reader import NeighborReader
+from loader.publisher import BatchSource, FillFeatures
+from loader.row_reader import DEFAULT_MAX_SPAN, RowReader
+from loader.sampling import SampledPass
+from loader.sizes import format_size
+
+__all__ = ["OutOfCorePlan", "plan_outofcore", "ExactMode", "StaticMode", "out_degree_ranking",
+           "SUPERBATCHES_IN_FLIGHT", "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE"]
+
+log = logging.getLogger("megabatch.outofcore")
+
+SUPERBATCHES_IN_FLIGHT = 3
+"""One being sampled, one planned and queued, one being published."""
+BYTES_PER_SAMPLED_NODE = 40
+"""Node id (8) + plan: next access (4), hit slot (4), worst-case update record (24)."""
+BYTES_PER_SAMPLED_EDGE = 16
+"""Source and target positions, int64 each."""
+ROW_READ_THREADS = 16
+"""Preads in flight for missed rows: the SSD here does ~9k random 4 KiB reads/s at depth 1, ~30k at 16."""
+
+
+@dataclass(frozen=True)
+class OutOfCorePlan:
+    """The resolved split of the budget for an out-of-core mode; ``describe()`` is logged at startup."""
+
+    mode: str
+    budget: int
+    fixed_bytes: int
+    """Node arrays and slots (as in every mode)."""
+    graph_bytes: int
+    """indptr and the per-node scratch of sampler, planner and static address table."""
+    working_bytes: int
+    """Superbatches in flight and read buffers."""
+    neighbor_cache_bytes: int
+    feature_cache_rows: int
+    row_bytes: int
+
+    @property
+    def feature_cache_bytes(self) -> int:
+        return self.feature_cache_rows * self.row_bytes
+
+    @property
+    def total(self) -> int:
+        return (self.fixed_bytes + self.graph_bytes + self.working_bytes + self.neighbor_cache_bytes
+                + self.feature_cache_bytes)
+
+    def describe(self) -> str:
+        return (f"memory plan ({self.mode}): budget {format_size(self.budget)} = node arrays and slots "
+                f"{format_size(self.fixed_bytes)} + indptr and scratch {format_size(self.graph_bytes)} + superbatches "
+                f"in flight and read buffers {format_size(self.working_bytes)} + neighbour cache "
+                f"{format_size(self.neighbor_cache_bytes)} + feature cache {self.feature_cache_rows:,} rows "
+                f"{format_size(self.feature_cache_bytes)} = {format_size(self.total)} used")
+
+
+def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, batch_nodes: int, batch_edges: int
+                   ) -> OutOfCorePlan:
+    """Split ``[memory] budget`` for ``[loader] mode`` = exact or static; UserError when it cannot fit."""
+    m, ex, mode = dataset.manifest, config.exact, config.loader.mode
+    n = m.num_nodes
+    index_itemsize = np.dtype(m.index_dtype.value).itemsize
+    scratch = 8 + (4 if mode == "exact" else 8)  # sampler's two int32 maps + planner map or static address table
+    graph_bytes = 8 * (n + 1) + scratch * n
+    superbatch = ex.superbatch * (batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE)
+    mean_degree = m.num_edges / max(1, n)
+    list_staging = int(ex.sample_group * batch_nodes * mean_degree * index_itemsize)
+    working = SUPERBATCHES_IN_FLIGHT * superbatch + list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
+    left = config.memory.budget - fixed_bytes - graph_bytes - working
+    if left < 0:
+        raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
+                        f"arrays and slots {format_size(fixed_bytes)}, indptr and scratch {format_size(graph_bytes)}, "
+                        f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
+                        f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
+    all_lists = 8 * n + index_itemsize * m.num_edges
+    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else min(all_lists, left // 2)
+    feature = ex.feature_cache if ex.feature_cache is not None else left - neighbor
+    if neighbor + feature > left:
+        raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
+                        f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
+    rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
+    return OutOfCorePlan(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes)
+
+
+def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
+    """Node ids by decreasing out-degree (ties to the lower id), counting ``indices.npy`` in chunks."""
+    m = dataset.manifest
+    indices = np.load(dataset.file("indices"), mmap_mode="r")
+    degree = np.zeros(m.num_nodes, dtype=np.int64)
+    for begin in range(0, len(indices), chunk):
+        degree += np.bincount(indices[begin:begin + chunk], minlength=m.num_nodes)
+    return np.argsort(-degree, kind="stable")
+
+
+class _OutOfCoreMode:
+    """What both out-of-core modes share: the exact sampler and the row reader for missed rows."""
+
+    name = ""
+
+    def __init__(self, dataset: Dataset, labels: np.ndarray, config: LoaderConfig, plan: OutOfCorePlan,
+                 metrics: DaemonMetrics) -> None:
+        m = dataset.manifest
+        self.plan_bytes = plan
+        self.superbatch = config.exact.superbatch
+        self._metrics = metrics
+        self._labels, self._dim, self._dtype, self._row_bytes = labels, m.feat_dim, np.dtype(m.feat_dtype.value), \
+            m.row_bytes
+        partitions = dataset.partitions()
+        self._node_begin = np.ascontiguousarray(partitions[:, 0])
+        self._feat_offset = np.ascontiguousarray(partitions[:, 4])
+        direct = config.io.direct_io
+        indptr = dataset.read("indptr", np.int64, 1)
+        # O_DIRECT reads whole pages anyway; buffered reads gain nothing from reading gaps between lists
+        reader = NeighborReader(indptr, Path(dataset.file("indices")), gap_bytes=4096 if direct else 0,
+                                read_threads=max(8, config.io.read_threads), direct_io=direct)
+        try:
+            if plan.neighbor_cache_bytes:
+                cache = NeighborCache.build(dataset.read("neighbor_rank", np.int64, 1), reader,
+                                            plan.neighbor_cache_bytes)
+            else:
+                cache = NeighborCache.empty(indptr, np.dtype(m.index_dtype.value))
+            self.sampler = ExactSampler(indptr, cache, reader, group_size=config.exact.sample_group, owns_reader=True)
+        except BaseException:
+            reader.close()
+            raise
+        self.rows = RowReader(dataset.file("features"), row_bytes=m.row_bytes, direct=direct,
+                              threads=ROW_READ_THREADS)
+        metrics.neighbor_cache_bytes.set(cache.nbytes)
+        self._sampled_stats = self.sampler.stats
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return self.plan_bytes.describe()
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        sampled = self.sampler.sample_pass(seeds, batch_size, fanouts, keys)
+        before, after = self._sampled_stats, self.sampler.stats
+        self._sampled_stats = after
+        m = self._metrics
+        m.neighbor_cache_lookups.labels("hit").inc(after.lists_from_cache - before.lists_from_cache)
+        m.neighbor_cache_lookups.labels("miss").inc(after.lists_from_disk - before.lists_from_disk)
+        m.disk_bytes.labels("indices").inc(after.bytes_read - before.bytes_read)
+        m.disk_reads.labels("indices").inc(after.read_calls - before.read_calls)
+        return sampled
+
+    def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowReader``)."""
+        offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
+        stats = self.rows.read_rows(offsets, out, positions)
+        self._metrics.disk_bytes.labels("features").inc(stats.bytes)
+        self._metrics.disk_reads.labels("features").inc(stats.reads)
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.rows.close()
+
+
+class ExactMode(_OutOfCoreMode):
+    """Ginex: Belady-optimal feature cache from per-superbatch changesets."""
+
+    name = "exact"
+
+    def __init__(self, dataset: Dataset, labels: np.ndarray, config: LoaderConfig, plan: OutOfCorePlan,
+                 metrics: DaemonMetrics) -> None:
+        super().__init__(dataset, labels, config, plan, metrics)
+        self.cache = FeatureCache.empty(plan.feature_cache_rows, self._dim, self._dtype)
+        self.planner = CachePlanner(dataset.manifest.num_nodes, plan.feature_cache_rows)
+        metrics.feature_cache_bytes.set(self.cache.rows.nbytes)
+
+    def restart(self) -> object:
+        self.cache.reset()
+        return CacheState()
+
+    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+        assert isinstance(state, CacheState)
+        cache_plan = self.planner.plan(sampled.node_ptr, sampled.nodes, prior=state)
+        return labelled_source(self._filler(cache_plan), self._labels, self._dim, self._dtype), cache_plan.final_state
+
+    def _filler(self, cache_plan: CachePlan) -> FillFeatures:
+        lookups = self._metrics.feature_cache_lookups
+
+        def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+            # batches of a superbatch are published in order, after the previous superbatch's last one,
+            # so the cache is exactly in this plan's prior state when batch 0 arrives
+            if b == 0:
+                self.cache.fill(cache_plan, self.read_rows)
+            self.cache.gather(cache_plan, b, x, self.read_rows)
+            hits = int(np.count_nonzero(cache_plan.hit_slots(b) >= 0))
+            lookups.labels("hit").inc(hits)
+            lookups.labels("miss").inc(len(nodes) - hits)
+        return fill
+
+
+class StaticMode(_OutOfCoreMode):
+    """Ali+PG: the highest out-degree rows cached once (PaGraph), the Aligraph-style neighbour cache."""
+
+    name = "static"
+
+    def __init__(self, dataset: Dataset, labels: np.ndarray, config: LoaderConfig, plan: OutOfCorePlan,
+                 metrics: DaemonMetrics) -> None:
+        super().__init__(dataset, labels, config, plan, metrics)
+        m = dataset.manifest
+        capacity = plan.feature_cache_rows
+        cached = np.sort(out_degree_ranking(dataset)[:capacity])
+        self.slot_of = np.full(m.num_nodes, -1, dtype=np.int64)
+        self.slot_of[cached] = np.arange(capacity, dtype=np.int64)
+        self.cache_rows = np.empty((capacity, m.feat_dim), dtype=self._dtype)
+        if capacity:
+            self.read_rows(cached, np.arange(capacity, dtype=np.int64), self.cache_rows)
+        self._words = self.cache_rows.view(np.uint8)
+        metrics.feature_cache_bytes.set(self.cache_rows.nbytes)
+        log.info("static feature cache: %s rows of highest out-degree", f"{capacity:,}")
+
+    def restart(self) -> object:
+        return None
+
+    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+        lookups = self._metrics.feature_cache_lookups
+
+        def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+            slots = self.slot_of[nodes]
+            hit = np.flatnonzero(slots >= 0)
+            copy_rows(self._words, slots[hit], x.view(np.uint8), hit)
+            miss = np.flatnonzero(slots < 0)
+            if miss.size:
+                self.read_rows(nodes[miss], miss, x)
+            lookups.labels("hit").inc(len(hit))
+            lookups.labels("miss").inc(len(miss))
+
+        return labelled_source(fill, self._labels, self._dim, self._dtype), None
