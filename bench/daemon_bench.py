@@ -14,15 +14,12 @@ start ``megabatch serve`` under a cgroup memory limit, then
 
 import argparse
 import json
-import mmap
-import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +27,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import drop_caches, join_before_exec, machine_description, memory_cgroup, warn  # noqa: E402
+from bench.harness import (  # noqa: E402
+    DAEMON_OVERHEAD,
+    drop_caches,
+    join_before_exec,
+    machine_description,
+    memory_cgroup,
+    scrape,
+    sequential_rate,
+    wait_for_socket,
+)
 from loader.dataset import open_dataset  # noqa: E402
 from loader.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
 from loader.sampling import sample_pass  # noqa: E402
@@ -40,44 +46,11 @@ from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # 
 
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"
-DAEMON_OVERHEAD = 320 << 20
-"""cgroup limit = budget + this (interpreter, numba/LLVM, thread stacks; see docs/PERFORMANCE.md)."""
 
 
 def sh(cmd: list[str]) -> None:
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
-
-
-def sequential_rate(path: Path, limit: int = 1 << 30) -> float:
-    """MB/s of 1 MiB O_DIRECT reads over the first ``limit`` bytes of ``path`` (page cache dropped)."""
-    drop_caches()
-    buf = mmap.mmap(-1, 1 << 20)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        warn("O_DIRECT refused; sequential rate measured through the page cache")
-        fd = os.open(path, os.O_RDONLY)
-    done, t0 = 0, time.perf_counter()
-    try:
-        while done < limit:
-            got = os.preadv(fd, [buf], done)
-            if got <= 0:
-                break
-            done += got
-    finally:
-        os.close(fd)
-    return done / (time.perf_counter() - t0) / 1e6
-
-
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([0-9.eE+-]+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
 
 
 def consume_epoch(client: ControlClient, epoch: int) -> tuple[int, int, float]:
@@ -164,8 +137,8 @@ fanouts = {fanouts}\neval_fanouts = {fanouts}\neval_batch_size = {args.batch_siz
     result: dict[str, object] = {"machine": machine_description(), "args": vars(args),
                                  "features_bytes": features_bytes, "sequential_mb_s": seq_rate}
     try:
-        client = ControlClient.connect(str(sock), client="bench", timeout=None) if _wait_socket(sock, daemon) else None
-        assert client is not None
+        wait_for_socket(sock, daemon)
+        client = ControlClient.connect(str(sock), client="bench", timeout=None)
         client.send(Credit(count=client.welcome.slots.count))
         warm = consume_epoch(client, 0)  # first epoch pays numba compilation and cold starts
         before = scrape(port)
@@ -224,18 +197,6 @@ fanouts = {fanouts}\neval_fanouts = {fanouts}\neval_batch_size = {args.batch_siz
     (RESULTS / "daemon.json").write_text(json.dumps(result, indent=2))
     (RESULTS / "daemon.md").write_text(report + "\n")
     return 0
-
-
-def _wait_socket(sock: Path, daemon: subprocess.Popen[bytes], timeout: float = 600) -> bool:
-    """The daemon creates its socket once ready; a bench may poll for it (tests never do)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if daemon.poll() is not None:
-            raise SystemExit(f"bench: the daemon exited with {daemon.returncode}")
-        if sock.exists():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 if __name__ == "__main__":

@@ -5,19 +5,26 @@ Where the cgroup or drop_caches is unavailable (not root, cgroup v2 only), the r
 with a warning: the numbers may then include the page cache quietly holding the dataset.
 """
 
+import mmap
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
-           "machine_description"]
+           "machine_description", "sequential_rate", "scrape", "wait_for_socket", "process_read_bytes",
+           "DAEMON_OVERHEAD"]
+
+DAEMON_OVERHEAD = 320 << 20
+"""What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
+arenas, thread stacks (measured: see docs/PERFORMANCE.md). cgroup limits are budget + this."""
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
@@ -107,3 +114,55 @@ def machine_description() -> str:
     except OSError:
         mem_kb = 0
     return f"{cpu}, {os.cpu_count()} cores, {mem_kb / 2**20:.0f} GiB RAM"
+
+
+def sequential_rate(path: Path, limit: int = 1 << 30) -> float:
+    """MB/s of 1 MiB O_DIRECT reads over the first ``limit`` bytes of ``path`` (page cache dropped)."""
+    drop_caches()
+    buf = mmap.mmap(-1, 1 << 20)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        warn("O_DIRECT refused; sequential rate measured through the page cache")
+        fd = os.open(path, os.O_RDONLY)
+    done, t0 = 0, time.perf_counter()
+    try:
+        while done < limit:
+            got = os.preadv(fd, [buf], done)
+            if got <= 0:
+                break
+            done += got
+    finally:
+        os.close(fd)
+    return done / (time.perf_counter() - t0) / 1e6
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of a Prometheus endpoint: ``{'name{labels}': value}``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([0-9.eE+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def wait_for_socket(sock: Path, process: subprocess.Popen[bytes], timeout: float = 900) -> None:
+    """A daemon creates its socket once ready; a bench may poll for it (tests never do)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"bench: the daemon exited with {process.returncode}")
+        if sock.exists():
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"bench: no socket at {sock} after {timeout:.0f} s")
+
+
+def process_read_bytes(pid: int) -> int:
+    """Bytes the process has caused to be read from storage (/proc/PID/io read_bytes)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0

@@ -16,7 +16,8 @@ the same time, so both caches share the budget instead of taking turns::
     node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
     4 B/node, static address table 8 B/node) + 3 superbatches in flight (sampling, planned,
     publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
-    + neighbour cache + feature cache <= budget
+    (neighbour lists of one sample group's frontiers, 16 row-read spans) + neighbour cache
+    + feature cache <= budget
 
 ``"auto"`` gives the neighbour cache all lists if they fit in half of what remains, else that
 half, and the feature cache the rest. Lists first because they are cheap per read saved: a list
@@ -106,7 +107,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     graph_bytes = 8 * (n + 1) + scratch * n
     superbatch = ex.superbatch * (batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE)
     mean_degree = m.num_edges / max(1, n)
-    list_staging = int(ex.sample_group * batch_nodes * mean_degree * index_itemsize)
+    list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
+                       * index_itemsize)
     working = SUPERBATCHES_IN_FLIGHT * superbatch + list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
@@ -122,6 +124,17 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
     return OutOfCorePlan(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes)
+
+
+def _expanded_share(fanouts: tuple[int, ...]) -> float:
+    """Share of a batch's nodes whose lists are fetched (all but the last hop's), from the fanout bound."""
+    if any(f < 0 for f in fanouts):
+        return 1.0
+    level, total = 1, 1
+    for f in fanouts:
+        level *= f
+        total += level
+    return (total - level) / total
 
 
 def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
