@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_DIR := demo-data
 DEMO_ARGS := --nodes 200000 --avg-degree 20 --feat-dim 64 --classes 8 --seed 0
 
-.PHONY: demo test lint clean bench-prepare
+.PHONY: demo test lint clean bench-prepare bench-compare
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ demo: $(STAMP)
 
 bench-prepare: $(STAMP)
 	$(BIN)/python bench/prepare_bench.py
+
+# Every loader mode side by side on a 2M-node out-of-core graph (generated once under /var/tmp):
+# bench/results/compare.{json,md,png}. Run as root for drop_caches and cgroup limits.
+bench-compare: $(STAMP)
+	$(BIN)/pip install -q -e '.[trainer,dev,bench]'
+	$(BIN)/python bench/compare.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info

@@ -13,7 +13,9 @@ Stages, wired in ``start_fullgraph_pipeline`` and joined by bounded queues::
     sampler (superbatch k+1) -> planner (superbatch k) -> publisher (superbatch k-1, in the session)
 
 so sampling, cache planning and gathering of consecutive superbatches overlap (Ginex's
-superbatch-level pipeline), and a slow trainer stalls the sampler through the queues.
+superbatch-level pipeline). At most ``SUPERBATCHES_IN_FLIGHT`` superbatches exist at once: the
+sampler takes a token per superbatch and the publisher hands it back after its last batch, so a
+slow trainer stalls the sampler and memory stays what the plan charged.
 """
 
 import asyncio
@@ -30,7 +32,10 @@ from loader.publisher import BatchSource
 from loader.sampling import SampledPass
 from loader.serving import ServingContext
 
-__all__ = ["FullGraphMode", "SampledSuperbatch", "start_fullgraph_pipeline"]
+__all__ = ["FullGraphMode", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
+
+SUPERBATCHES_IN_FLIGHT = 3
+"""One being sampled, one planned, one being published: sampling k+1 overlaps planning k and gathering k-1."""
 
 
 class FullGraphMode(Protocol):
@@ -73,7 +78,7 @@ class SampledSuperbatch:
     sampled: SampledPass
 
 
-async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int,
+async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, tokens: asyncio.Semaphore,
                    out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
     cfg = ctx.config.sampler
     train = ctx.split_ids["train"]
@@ -83,13 +88,14 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int,
         for first in range(0, total, mode.superbatch):
             last = min(total, first + mode.superbatch)
             seeds = plan.seeds[first * cfg.batch_size:last * cfg.batch_size]
+            await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
             sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", mode.sample, seeds, cfg.batch_size,
                                       cfg.fanouts, plan.keys[first:last])
             await out.put(SampledSuperbatch(epoch, first, total, seeds, sampled))
         await out.put(EpochDone(epoch, total, 1))
 
 
-async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object,
+async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object, tokens: asyncio.Semaphore,
                    inp: "asyncio.Queue[SampledSuperbatch | EpochDone]", out: "asyncio.Queue[SampledWork | EpochDone]"
                    ) -> None:
     while True:
@@ -98,20 +104,23 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object,
             await out.put(item)
             continue
         source, state = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", mode.plan, item.sampled, state)
-        await out.put(SampledWork(source, None, 0, item.sampled, item.seeds, item.first_batch, item.epoch_batches,
-                                  True))
+        await out.put(SampledWork(source, tokens.release, 0, item.sampled, item.seeds, item.first_batch,
+                                  item.epoch_batches, True))
 
 
 def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:
     """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch``."""
     state = mode.restart()
+    # Superbatches alive at once (sampled, planned, being published), whatever the queues hold:
+    # the memory plan charges exactly this many.
+    tokens = asyncio.Semaphore(SUPERBATCHES_IN_FLIGHT)
     sampled: asyncio.Queue[SampledSuperbatch | EpochDone] = asyncio.Queue(maxsize=1)
     output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
     for name, queue in (("sampled", sampled), ("planned", output)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
-    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, sampled))
-    pipeline.add_stage("planner", _planner(ctx, mode, state, sampled, output))
+    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, tokens, sampled))
+    pipeline.add_stage("planner", _planner(ctx, mode, state, tokens, sampled, output))
     return pipeline
 
 

@@ -39,7 +39,7 @@ from loader.dataset import Dataset
 from loader.errors import UserError
 from loader.exact_sampling import ExactSampler
 from loader.feature_cache import FeatureCache
-from loader.fullgraph import labelled_source
+from loader.fullgraph import SUPERBATCHES_IN_FLIGHT, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.metrics import DaemonMetrics
 from loader.neighbor_cache import NeighborCache
@@ -50,12 +50,10 @@ from loader.sampling import SampledPass
 from loader.sizes import format_size
 
 __all__ = ["OutOfCorePlan", "plan_outofcore", "ExactMode", "StaticMode", "out_degree_ranking",
-           "SUPERBATCHES_IN_FLIGHT", "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE"]
+           "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE"]
 
 log = logging.getLogger("megabatch.outofcore")
 
-SUPERBATCHES_IN_FLIGHT = 3
-"""One being sampled, one planned and queued, one being published."""
 BYTES_PER_SAMPLED_NODE = 40
 """Node id (8) + plan: next access (4), hit slot (4), worst-case update record (24)."""
 BYTES_PER_SAMPLED_EDGE = 16

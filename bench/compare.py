@@ -1,0 +1,318 @@
+"""Every loader mode side by side on one out-of-core graph, in one run: the comparative benchmark.
+
+On a generated graph whose features are several times the memory budget (default 2M nodes, ~40M
+edges, 256-dim float32: 2 GiB of features) each mode (hierarchical, exact, static, mmap, inmemory)
+runs as its own ``megabatch serve``: the page cache dropped first, the daemon in a cgroup v1 memory
+limit of budget + the stated daemon overhead (where available; ``inmemory``, the upper bound,
+runs without a limit since it holds everything). Per mode:
+
+  1. loader-only: a consumer that touches every feature byte of each batch, for ``--batches``
+     batches or ``--seconds`` seconds of the first epoch, whichever ends first: batches/s,
+     the epoch time that rate implies, feature MB/s delivered;
+  2. disk bytes the daemon read meanwhile (/proc/PID/io), feature-cache miss ratio (exact
+     and static share the trace: same seeds, same batches), neighbour-cache hit ratio, sampler
+     seconds per batch and the changeset planner's cost relative to sampling;
+  3. GraphSAGE for ``--train-steps`` steps through the daemon: samples/s and data-wait;
+  4. the daemon's peak RSS and whether the cgroup ever hit its limit.
+
+Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. Writes
+bench/results/compare.{json,md,png}.
+
+    .venv/bin/python bench/compare.py [--nodes 2000000] [--budget 384M] [--modes ...] [--work DIR]
+"""
+
+import argparse
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.harness import (  # noqa: E402
+    DAEMON_OVERHEAD,
+    drop_caches,
+    join_before_exec,
+    machine_description,
+    memory_cgroup,
+    process_read_bytes,
+    scrape,
+    sequential_rate,
+    wait_for_socket,
+    warn,
+)
+from loader.sizes import format_size, parse_size  # noqa: E402
+from proto.client import ControlClient  # noqa: E402
+from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
+
+PY = sys.executable
+RESULTS = ROOT / "bench" / "results"
+MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
+METRICS_PORT = 9461
+
+
+def sh(cmd: list[str]) -> None:
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def prepare(work: Path, args: argparse.Namespace) -> Path:
+    raw, dataset = work / "raw", work / "dataset"
+    if not raw.exists():
+        sh([PY, "-m", "loader.cli", "-q", "generate", str(raw), "--nodes", str(args.nodes), "--avg-degree",
+            str(args.avg_degree), "--feat-dim", str(args.feat_dim), "--classes", "16", "--memory-budget", "2G"])
+    if not dataset.exists():
+        sh([PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions", str(args.partitions),
+            "--partitioner", "metis", "--memory-budget", "4G"])
+    return dataset
+
+
+def write_config(path: Path, mode: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace) -> None:
+    path.write_text(f"""[dataset]
+path = "{dataset}"
+[loader]
+mode = "{mode}"
+[exact]
+superbatch = {args.superbatch}
+sample_group = {args.sample_group}
+[memory]
+budget = {budget}
+[hierarchy]
+megabatch_fraction = "auto"
+passes = 1
+[sampler]
+batch_size = {args.batch_size}
+fanouts = [{args.fanouts}]
+eval_fanouts = [{args.fanouts}]
+[io]
+direct_io = true
+read_threads = 4
+[publisher]
+slots = {args.slots}
+[server]
+socket = "{sock}"
+max_clients = 1
+[metrics]
+port = {METRICS_PORT}
+""")
+
+
+def delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def loader_only(sock: Path, batches: int, seconds: float) -> tuple[int, int, float, int]:
+    """(batches, feature bytes, seconds, epoch batches) consuming the first epoch for a while."""
+    client = ControlClient.connect(str(sock), client="compare", timeout=None)
+    client.send(Credit(count=client.welcome.slots.count))
+    client.send(StartEpoch(epoch=0))
+    count = nbytes = 0
+    epoch_batches = -1
+    t0 = time.perf_counter()
+    try:
+        while count < batches and time.perf_counter() - t0 < seconds:
+            msg = client.recv(timeout=900)
+            if isinstance(msg, EpochEnd):
+                break
+            assert isinstance(msg, BatchReady)
+            epoch_batches = msg.num_batches
+            x = client.read_batch(msg).arrays["x"]
+            float(x.sum(dtype=np.float64))
+            count += 1
+            nbytes += x.nbytes
+            del x
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+        return count, nbytes, time.perf_counter() - t0, epoch_batches
+    finally:
+        client.close()
+
+
+def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int) -> dict[str, object]:
+    sock, config = work / f"{mode}.sock", work / f"{mode}.toml"
+    sock.unlink(missing_ok=True)
+    data_budget = budget if mode != "inmemory" else 64 << 30
+    write_config(config, mode, dataset, sock, data_budget, args)
+    drop_caches()
+    limit = budget + DAEMON_OVERHEAD
+    group = memory_cgroup(limit, f"megabatch-{mode}") if mode != "inmemory" else None
+    with open(work / f"{mode}.log", "w") as log:
+        started = time.perf_counter()
+        daemon = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)],
+                                  preexec_fn=join_before_exec(group), stderr=log, stdout=log)
+        out: dict[str, object] = {"mode": mode, "cgroup_limit": limit if group else None}
+        try:
+            wait_for_socket(sock, daemon)
+            out["startup_seconds"] = time.perf_counter() - started
+            before, io_before = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
+            batches, nbytes, seconds, epoch_batches = loader_only(sock, args.batches, args.seconds)
+            after, io_after = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
+            feat_hit = delta(after, before, 'megabatch_feature_cache_lookups_total{result="hit"}')
+            feat_miss = delta(after, before, 'megabatch_feature_cache_lookups_total{result="miss"}')
+            nb_hit = delta(after, before, 'megabatch_neighbor_cache_lookups_total{result="hit"}')
+            nb_miss = delta(after, before, 'megabatch_neighbor_cache_lookups_total{result="miss"}')
+            sampler = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="sampler"}')
+            planner = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="planner"}')
+            reader = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="reader"}')
+            reader_bytes = delta(after, before, 'megabatch_disk_read_bytes_total{file="features"}') + \
+                delta(after, before, 'megabatch_disk_read_bytes_total{file="indices"}')
+            rate = batches / seconds if seconds > 0 else 0.0
+            out.update({
+                "batches": batches, "seconds": seconds, "batches_per_s": rate, "epoch_batches": epoch_batches,
+                "epoch_seconds_implied": epoch_batches / rate if rate > 0 and epoch_batches > 0 else None,
+                "feature_mb_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
+                "disk_bytes": io_after - io_before,
+                "feature_miss_ratio": feat_miss / (feat_hit + feat_miss) if feat_hit + feat_miss else None,
+                "neighbor_hit_ratio": nb_hit / (nb_hit + nb_miss) if nb_hit + nb_miss else None,
+                "sampler_seconds_per_batch": sampler / batches if batches else None,
+                "planner_over_sampler": planner / sampler if mode == "exact" and sampler > 0 else None,
+                "hier_read_mb_s": reader_bytes / reader / 1e6 if mode == "hierarchical" and reader > 0 else None,
+            })
+            train_json = work / f"{mode}-train.json"
+            t0 = time.perf_counter()
+            sh([PY, "-m", "trainer", "--socket", str(sock), "--model", "sage", "--hidden", "128", "--epochs", "1",
+                "--max-steps", str(args.train_steps), "--json-out", str(train_json), "--no-progress", "-q"])
+            train = json.loads(train_json.read_text())["epochs"][-1]
+            out.update({"train_seconds": time.perf_counter() - t0, "train_samples_per_s": train["samples_per_s"],
+                        "train_data_wait": train["data_wait"],
+                        "train_steps_per_s": train["batches"] / train["train_s"] if train["train_s"] else None})
+            status = Path(f"/proc/{daemon.pid}/status").read_text()
+            out["daemon_peak_rss"] = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+            out["daemon_exit"] = daemon.returncode
+            if group is not None:
+                out["cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
+                out["cgroup_limit_hits"] = int((group / "memory.failcnt").read_text())
+                oom = (group / "memory.oom_control").read_text()
+                match = re.search(r"oom_kill (\d+)", oom)
+                out["oom_kills"] = int(match.group(1)) if match else 0
+                group.rmdir()
+    return out
+
+
+def fmt(value: object, spec: str, none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def report(results: list[dict[str, object]], args: argparse.Namespace, budget: int, features: int,
+           seq_rate: float) -> str:
+    by_mode = {str(r["mode"]): r for r in results}
+
+    def ratio(r: dict[str, object], base: str, key: str) -> str:
+        b = by_mode.get(base, {}).get(key)
+        v = r.get(key)
+        return f"{float(v) / float(b):.2f}x" if b and v else "-"  # type: ignore[arg-type]
+
+    lines = [
+        f"machine: {machine_description()}; sequential O_DIRECT read {seq_rate:.0f} MB/s",
+        f"graph: {args.nodes:,} nodes, avg degree {args.avg_degree}, {args.feat_dim}-dim float32, features "
+        f"{format_size(features)} = {features / budget:.1f}x the {format_size(budget)} budget; batch "
+        f"{args.batch_size}, fanouts [{args.fanouts}], {args.slots} slots, superbatch {args.superbatch}; cgroup "
+        f"limit budget + {format_size(DAEMON_OVERHEAD)} daemon overhead (inmemory: none)",
+        "",
+        "| mode | loader batches/s | vs mmap | vs inmemory | epoch (implied) | disk read | feature miss | "
+        "neighbour hit | sampler s/batch | train samples/s | train vs mmap | data-wait | peak RSS | limit hits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        epoch = r.get("epoch_seconds_implied")
+        lines.append(
+            f"| {r['mode']} | {fmt(r.get('batches_per_s'), '.2f')} | {ratio(r, 'mmap', 'batches_per_s')} | "
+            f"{ratio(r, 'inmemory', 'batches_per_s')} | {fmt(epoch, '.0f')} s | "
+            f"{format_size(float(r.get('disk_bytes', 0)))} | "  # type: ignore[arg-type]
+            f"{fmt(r.get('feature_miss_ratio'), '.3f')} | {fmt(r.get('neighbor_hit_ratio'), '.3f')} | "
+            f"{fmt(r.get('sampler_seconds_per_batch'), '.3f')} | {fmt(r.get('train_samples_per_s'), '.0f')} | "
+            f"{ratio(r, 'mmap', 'train_samples_per_s')} | {100 * float(r.get('train_data_wait', 0)):.0f}% | "  # type: ignore[arg-type]
+            f"{format_size(float(r.get('daemon_peak_rss', 0)))} | {r.get('cgroup_limit_hits', '-')} |")  # type: ignore[arg-type]
+    exact, hier = by_mode.get("exact", {}), by_mode.get("hierarchical", {})
+    if exact.get("planner_over_sampler") is not None:
+        lines.append(f"\nchangeset planning / superbatch sampling time (exact): "
+                     f"{100 * float(exact['planner_over_sampler']):.1f}%")  # type: ignore[arg-type]
+    if hier.get("hier_read_mb_s") is not None:
+        rate = float(hier["hier_read_mb_s"])  # type: ignore[arg-type]
+        lines.append(f"hierarchical mega-batch reads: {rate:.0f} MB/s while reading = {rate / seq_rate:.2f}x the "
+                     f"sequential O_DIRECT rate")
+    return "\n".join(lines)
+
+
+def chart(results: list[dict[str, object]], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warn("matplotlib is not installed (pip install '.[bench]'); no PNG chart")
+        return
+    modes = [str(r["mode"]) for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((axes[0], "batches_per_s", "loader-only batches/s"),
+                           (axes[1], "train_samples_per_s", "GraphSAGE samples/s")):
+        values = [float(r.get(key) or 0) for r in results]  # type: ignore[arg-type]
+        ax.bar(modes, values, color=["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"][:len(modes)])
+        ax.set_title(title)
+        ax.set_yscale("log")
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.2g}", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=2_000_000)
+    p.add_argument("--avg-degree", type=float, default=20)
+    p.add_argument("--feat-dim", type=int, default=256)
+    p.add_argument("--partitions", type=int, default=512)
+    p.add_argument("--budget", default="384M", help="[memory] budget of each daemon (default 384M)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--fanouts", default="10,5")
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--superbatch", type=int, default=8)
+    p.add_argument("--sample-group", type=int, default=8)
+    p.add_argument("--batches", type=int, default=64, help="loader-only batches per mode at most (default 64)")
+    p.add_argument("--seconds", type=float, default=150, help="loader-only seconds per mode at most (default 150)")
+    p.add_argument("--train-steps", type=int, default=16)
+    p.add_argument("--work", default="/var/tmp/megabatch-compare", help="data directory (reused when present)")
+    args = p.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        p.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    budget = parse_size(args.budget)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    dataset = prepare(work, args)
+    features = (dataset / "features.bin").stat().st_size
+    if features < 4 * budget:
+        warn(f"features ({format_size(features)}) are less than 4x the budget ({format_size(budget)})")
+    seq_rate = sequential_rate(dataset / "features.bin")
+    results = []
+    for mode in modes:
+        print(f"== {mode}", flush=True)
+        results.append(run_mode(mode, dataset, work, args, budget))
+        print(json.dumps(results[-1]), flush=True)
+    text = report(results, args, budget, features, seq_rate)
+    print(text)
+    (RESULTS / "compare.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
+                                                      "sequential_mb_s": seq_rate, "results": results}, indent=2))
+    (RESULTS / "compare.md").write_text(text + "\n")
+    chart(results, RESULTS / "compare.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
