@@ -118,3 +118,40 @@ def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset,
     assert features == {"hit": 0, "miss": rows} and lists["hit"] == 0 and lists["miss"] > 0
     _, _, lists = _epoch_lookups(dataset, tmp_path, "static", {"neighbor_cache": "8M", "feature_cache": "64M"})
     assert lists["miss"] == 0 and lists["hit"] > 0
+
+
+@pytest.fixture(scope="module")
+def physics(tmp_path_factory):
+    """coauthor-physics: the real graph, labels and the first 32 of its 8415 feature columns (a 1 GiB
+    feature matrix would only slow the test; rows are gathered by id either way)."""
+    from loader.importers import import_dataset
+    from loader.prepare import PrepareOptions, prepare_dataset
+    from tests.graphs import shared_graph
+
+    z = np.load(shared_graph("coauthor-physics.npz"))
+    root = tmp_path_factory.mktemp("physics")
+    n = int(z["adj_shape"][0])
+    rows = np.repeat(np.arange(n), np.diff(z["attr_indptr"]))  # features are stored as CSR
+    keep = z["attr_indices"] < 32
+    columns = np.zeros((n, 32), dtype=np.float32)
+    columns[rows[keep], z["attr_indices"][keep]] = z["attr_data"][keep]
+    np.savez(root / "physics.npz", adj_data=z["adj_data"], adj_indices=z["adj_indices"], adj_indptr=z["adj_indptr"],
+             adj_shape=z["adj_shape"], labels=z["labels"], attr_matrix=np.asarray(columns, dtype=np.float32))
+    import_dataset(root / "physics.npz", root / "raw", fmt="npz", memory_budget=256 << 20, progress=False)
+    prepare_dataset(root / "raw", root / "ds", PrepareOptions(num_partitions=16, memory_budget=256 << 20,
+                                                              progress=False))
+    return root / "ds"
+
+
+def test_exact_mode_on_coauthor_physics_equals_the_reference_bitwise(physics, tmp_path):
+    ref = load_in_memory(open_dataset(physics))
+    config = daemon_config(physics, tmp_path / "s.sock", loader={"mode": "exact"}, memory={"budget": "256M"},
+                           exact={"superbatch": 6, "neighbor_cache": "256K", "feature_cache": "512K"},
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)})
+    with running_daemon(config):
+        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+        client.send(Credit(count=client.welcome.slots.count))
+        try:
+            assert_same_as_reference(consume_epoch(client, 0), ref, 0)
+        finally:
+            client.close()
