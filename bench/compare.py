@@ -7,7 +7,8 @@ limit of budget + the stated daemon overhead (where available; ``inmemory``, the
 runs without a limit since it holds everything). Per mode:
 
   1. loader-only: a consumer that touches every feature byte of each batch, for ``--batches``
-     batches or ``--seconds`` seconds of the first epoch, whichever ends first: batches/s,
+     batches or ``--seconds`` seconds of the first epoch, whichever ends first, after ``--warmup``
+     untimed batches (numba compilation, cold caches): batches/s,
      the epoch time that rate implies, feature MB/s delivered;
   2. disk bytes the daemon read meanwhile (/proc/PID/io), feature-cache miss ratio (exact
      and static share the trace: same seeds, same batches), neighbour-cache hit ratio, sampler
@@ -107,30 +108,37 @@ def delta(after: dict[str, float], before: dict[str, float], name: str) -> float
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
-def loader_only(sock: Path, batches: int, seconds: float) -> tuple[int, int, float, int]:
-    """(batches, feature bytes, seconds, epoch batches) consuming the first epoch for a while."""
-    client = ControlClient.connect(str(sock), client="compare", timeout=None)
-    client.send(Credit(count=client.welcome.slots.count))
-    client.send(StartEpoch(epoch=0))
-    count = nbytes = 0
-    epoch_batches = -1
-    t0 = time.perf_counter()
-    try:
-        while count < batches and time.perf_counter() - t0 < seconds:
-            msg = client.recv(timeout=900)
+class LoaderOnly:
+    """A consumer of the first epoch that touches every feature byte of each batch."""
+
+    def __init__(self, sock: Path) -> None:
+        self.client = ControlClient.connect(str(sock), client="compare", timeout=None)
+        self.client.send(Credit(count=self.client.welcome.slots.count))
+        self.client.send(StartEpoch(epoch=0))
+        self.epoch_batches = -1
+        self.ended = False
+
+    def consume(self, batches: int, seconds: float) -> tuple[int, int, float]:
+        """(batches, feature bytes, seconds) of up to ``batches`` batches or ``seconds`` seconds."""
+        count = nbytes = 0
+        t0 = time.perf_counter()
+        while not self.ended and count < batches and time.perf_counter() - t0 < seconds:
+            msg = self.client.recv(timeout=900)
             if isinstance(msg, EpochEnd):
+                self.ended = True
                 break
             assert isinstance(msg, BatchReady)
-            epoch_batches = msg.num_batches
-            x = client.read_batch(msg).arrays["x"]
+            self.epoch_batches = msg.num_batches
+            x = self.client.read_batch(msg).arrays["x"]
             float(x.sum(dtype=np.float64))
             count += 1
             nbytes += x.nbytes
             del x
-            client.send(Release(slot=msg.slot, seq=msg.seq))
-        return count, nbytes, time.perf_counter() - t0, epoch_batches
-    finally:
-        client.close()
+            self.client.send(Release(slot=msg.slot, seq=msg.seq))
+        return count, nbytes, time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int) -> dict[str, object]:
@@ -149,9 +157,16 @@ def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, bud
         try:
             wait_for_socket(sock, daemon)
             out["startup_seconds"] = time.perf_counter() - started
-            before, io_before = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
-            batches, nbytes, seconds, epoch_batches = loader_only(sock, args.batches, args.seconds)
-            after, io_after = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
+            consumer = LoaderOnly(sock)
+            try:
+                # the first batches pay numba compilation and the caches' cold start: not timed
+                consumer.consume(args.warmup, args.seconds)
+                before, io_before = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
+                batches, nbytes, seconds = consumer.consume(args.batches, args.seconds)
+                after, io_after = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
+            finally:
+                consumer.close()
+            epoch_batches = consumer.epoch_batches
             feat_hit = delta(after, before, 'megabatch_feature_cache_lookups_total{result="hit"}')
             feat_miss = delta(after, before, 'megabatch_feature_cache_lookups_total{result="miss"}')
             nb_hit = delta(after, before, 'megabatch_neighbor_cache_lookups_total{result="hit"}')
@@ -284,6 +299,7 @@ def main() -> int:
     p.add_argument("--sample-group", type=int, default=8)
     p.add_argument("--batches", type=int, default=64, help="loader-only batches per mode at most (default 64)")
     p.add_argument("--seconds", type=float, default=150, help="loader-only seconds per mode at most (default 150)")
+    p.add_argument("--warmup", type=int, default=16, help="loader-only batches not timed first (default 16)")
     p.add_argument("--train-steps", type=int, default=16)
     p.add_argument("--work", default="/var/tmp/megabatch-compare", help="data directory (reused when present)")
     args = p.parse_args()
