@@ -125,8 +125,9 @@ def main() -> int:
                      f"{100 * (mean['HB'] - mean['NS']):+.2f} pt | {100 * (mean['HB-s'] - mean['NS']):+.2f} pt |")
     report = "\n".join(lines)
     print(report)
-    (RESULTS / "accuracy.json").write_text(json.dumps({"args": vars(args), "test_acc": table}, indent=2))
-    (RESULTS / "accuracy.md").write_text(report + "\n")
+    stem = "accuracy-" + "-".join(table)  # one file per dataset set, so runs of other datasets are kept
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"args": vars(args), "test_acc": table}, indent=2))
+    (RESULTS / f"{stem}.md").write_text(report + "\n")
     return 0
 
 
