@@ -99,6 +99,24 @@ used only end(K) <= end(J), so every tie-break reaches the same (optimal) miss c
 chosen here: a pending id goes before a cached one (a bypass costs no copy; at the fill it
 keeps the prior and costs no read).
 
+Without prefetch (``prefetch=False``)
+------------------------------------
+A cache that only a batch can feed (the trainer's cache: rows reach it only inside the batches
+the loader ships) has no fill step: S_0 = the prior's ids, kept as they are (those the
+superbatch never accesses are stale and refilled first), ``num_fill`` = 0, and rows enter only
+through the per-iteration updates. Belady stays optimal in this demand model: the argument
+above holds unchanged with the first-access intervals of ids outside the prior removed from
+the family (they have no way in), and the prior's first-access intervals, at most C of them,
+are all taken at s = 0, as the sweep does. The kernel runs the same sweep with an empty batch
+at the fill step.
+
+One difference in what enters: without a fill step, the next superbatch can only hit on what
+this one leaves behind, so a missed id that is not accessed again in this superbatch is still
+inserted when a slot would otherwise stay free (its interval ends at "never", the last bucket,
+at the head, so it is the first dropped when room runs out and never displaces an id accessed
+again, nor a stale one). Misses within the superbatch are the same as without those
+insertions; a cache of num_nodes rows then ships each row once in all.
+
 Not minimised: misses + fill reads together. The fill follows the model (C earliest first
 accesses), which may read a row whose hit another optimal schedule gets from a prior id.
 """
@@ -333,8 +351,18 @@ class CachePlanner:
         self._scratch = np.full(self.num_nodes, -1, dtype=np.int32 if self._small else np.int64)
         self._lock = threading.Lock()
 
-    def plan(self, trace_ptr: np.ndarray, trace_ids: np.ndarray, prior: CacheState | None = None) -> CachePlan:
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of the num_nodes-sized scratch this planner holds between calls."""
+        return int(self._scratch.nbytes)
+
+    def plan(self, trace_ptr: np.ndarray, trace_ids: np.ndarray, prior: CacheState | None = None, *,
+             prefetch: bool = True) -> CachePlan:
         """Belady's plan for the trace ``trace_ids[trace_ptr[t]:trace_ptr[t+1]]`` = R_t, t < T.
+
+        prefetch: True (default) plans the fill step (rows read into the cache before iteration
+        0); False plans a cache fed only by the batches (no fill, ``num_fill`` = 0; see the
+        module docstring).
 
         trace_ptr: [T+1] from 0 to len(trace_ids), non-decreasing; trace_ids: ids in
         [0, num_nodes), distinct within an iteration; prior: the state the cache is in (default
@@ -383,7 +411,7 @@ class CachePlanner:
             status, detail0, detail1, num_fill, num_hits, num_misses, num_updates = plan_kernel(
                 ptr, ids, capacity, prior.ids, prior.slots, self._scratch, next_iter, hit_slot, fill_ids,
                 fill_slots, fill_evicted, update_ptr, update_slots, update_positions, update_ids, evicted_ids,
-                id_of)
+                id_of, bool(prefetch))
         if status == STATUS_INTERNAL:
             raise RuntimeError(f"changeset: bucket {detail0} does not hold exactly its {detail1} hits (a bug)")
         if status != STATUS_OK:
@@ -400,9 +428,10 @@ class CachePlanner:
 
 
 def plan_cache(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, num_nodes: int,
-               prior: CacheState | None = None) -> CachePlan:
-    """``CachePlanner(num_nodes, capacity).plan(trace_ptr, trace_ids, prior)``: one plan, O(num_nodes) scratch.
+               prior: CacheState | None = None, *, prefetch: bool = True) -> CachePlan:
+    """``CachePlanner(num_nodes, capacity).plan(trace_ptr, trace_ids, prior, prefetch=prefetch)``: one plan,
+    O(num_nodes) scratch.
 
     Use a ``CachePlanner`` to plan many superbatches without allocating the scratch each time.
     """
-    return CachePlanner(num_nodes, capacity).plan(trace_ptr, trace_ids, prior)
+    return CachePlanner(num_nodes, capacity).plan(trace_ptr, trace_ids, prior, prefetch=prefetch)

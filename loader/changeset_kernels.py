@@ -139,8 +139,13 @@ def plan_kernel(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, pri
                 prior_slots: np.ndarray, scratch: np.ndarray, next_iter: np.ndarray, hit_slot: np.ndarray,
                 fill_ids: np.ndarray, fill_slots: np.ndarray, fill_evicted: np.ndarray, update_ptr: np.ndarray,
                 update_slots: np.ndarray, update_positions: np.ndarray, update_ids: np.ndarray,
-                evicted_ids: np.ndarray, id_of: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
+                evicted_ids: np.ndarray, id_of: np.ndarray, prefetch: bool = True
+                ) -> tuple[int, int, int, int, int, int, int]:
     """Belady's plan for one superbatch (the algorithm of ``loader.changeset``), written into the outputs.
+
+    prefetch: False for a cache that only a batch can feed (no fill reads; S_0 = the prior's
+    ids, of which those not accessed in the superbatch are stale and evicted first; a miss not
+    accessed again may enter a slot that would otherwise stay free).
 
     scratch: [num_nodes], all -1 on entry and on return (on every path), first the next-access
     table, then ``slot_of``. next_iter: [L] work space. Outputs: hit_slot [L], fill_* [>= min(C, L)],
@@ -240,7 +245,8 @@ def plan_kernel(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, pri
         top = max(top, prior_first[j])
         cached += 1
     pending = 0
-    for k in range(num_distinct):
+    # Without prefetch nothing is a fill candidate: the prior (at most C ids) is S_0 as it stands.
+    for k in range(num_distinct if prefetch else 0):
         if slot_of[cand_ids[k]] < 0:
             # At the head, so that within a bucket a pending candidate is dropped before a cached
             # id is evicted: a tie then keeps the prior and costs no read.
@@ -277,7 +283,10 @@ def plan_kernel(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, pri
                 top = max(top, n)
             else:
                 hit_slot[i] = -1
-                if n < never:  # an id with no further access is never worth a copy
+                # With prefetch an id with no further access is never worth a copy. Without, the next
+                # superbatch cannot fill the cache, so it may still take a slot nothing else wants: in
+                # bucket ``never`` at the head, it is the first to go (a bypass) when room runs out.
+                if n < never or not prefetch:
                     _push_head(capacity + pending, n, head, tail, nxt, size)
                     pending_entry[pending] = i
                     pending_bucket[pending] = n

@@ -125,6 +125,10 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
 
 
 def labelled_source(fill: Callable[[int, np.ndarray, np.ndarray], None], labels: np.ndarray, feat_dim: int,
-                    feat_dtype: np.dtype) -> BatchSource:
-    """A ``BatchSource`` over dataset ids (local id = dataset id in the full-graph modes)."""
-    return BatchSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype)
+                    feat_dtype: np.dtype, fills_any_subset: bool = False) -> BatchSource:
+    """A ``BatchSource`` over dataset ids (local id = dataset id in the full-graph modes).
+
+    fills_any_subset: see ``BatchSource`` (default False).
+    """
+    return BatchSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype,
+                       fills_any_subset)

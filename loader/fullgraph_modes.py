@@ -59,7 +59,7 @@ class InMemoryMode:
     def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
         row_bytes = self._row_bytes
         fill = gather_from(self._rows, lambda nodes: nodes * row_bytes, row_bytes)
-        return labelled_source(fill, self._labels, self._dim, self._dtype), None
+        return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None
 
     def restart(self) -> object:
         return None
@@ -94,7 +94,7 @@ class MmapMode:
             return row_offsets_for(nodes, d.node_begin, d.feat_offset, d.row_bytes)
 
         fill = gather_from(d.features, offsets, d.row_bytes)
-        return labelled_source(fill, self._labels, self._dim, self._dtype), None
+        return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None
 
     def restart(self) -> object:
         return None

@@ -89,6 +89,10 @@ class DaemonMetrics:
         self.neighbor_cache_lookups = Counter("megabatch_neighbor_cache_lookups",
                                               "Neighbour lists the sampler needed, by where they came from "
                                               "(exact and static modes)", ["result"], registry=r)
+        self.trainer_cache_rows = Counter("megabatch_trainer_cache_rows",
+                                          "Feature rows of training batches for clients with a feature cache: "
+                                          "taken from the client's cache (hit) or shipped in the slot",
+                                          ["result"], registry=r)
         self.feature_cache_bytes = Gauge("megabatch_feature_cache_bytes", "Bytes of the feature cache", registry=r)
         self.neighbor_cache_bytes = Gauge("megabatch_neighbor_cache_bytes", "Bytes of the neighbour cache",
                                           registry=r)
@@ -107,6 +111,8 @@ class DaemonMetrics:
         for result in ("hit", "miss"):
             self.feature_cache_lookups.labels(result)
             self.neighbor_cache_lookups.labels(result)
+        for result in ("hit", "shipped"):
+            self.trainer_cache_rows.labels(result)
         r.register(_ScrapeCollector(self._probes))
         ProcessCollector(registry=r)  # process_resident_memory_bytes etc. (not on a private registry by default)
 

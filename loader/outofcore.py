@@ -280,4 +280,4 @@ class StaticMode(_OutOfCoreMode):
             lookups.labels("hit").inc(len(hit))
             lookups.labels("miss").inc(len(miss))
 
-        return labelled_source(fill, self._labels, self._dim, self._dtype), None
+        return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None

@@ -183,7 +183,7 @@ def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> BatchSource:
     static = ctx.resident.static.features
     return BatchSource(gather_from(arena.data, lambda nodes: mb.row_offsets[nodes], arena.row_bytes),
                        lambda nodes: mb.graph.global_ids[nodes], lambda nodes: mb.labels[nodes],
-                       int(static.shape[1]), static.dtype)
+                       int(static.shape[1]), static.dtype, fills_any_subset=True)
 
 
 async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",

@@ -94,6 +94,11 @@ class BatchSource:
     """Local node ids -> int64 labels."""
     feat_dim: int
     feat_dtype: np.dtype
+    fills_any_subset: bool = False
+    """``fill_features`` accepts any subset of a batch's nodes, in any order (a plain gather), so a
+    slot for a client with a feature cache gathers only the rows it ships. False (the default, and
+    the exact mode, whose cache plan needs every batch whole and in order): the whole batch is
+    gathered into a scratch buffer first."""
 
 
 def gather_from(features: np.ndarray, row_offsets: Callable[[np.ndarray], np.ndarray], row_bytes: int
@@ -108,13 +113,24 @@ def gather_from(features: np.ndarray, row_offsets: Callable[[np.ndarray], np.nda
 
 
 def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, feat_dim: int,
-                feat_dtype: np.dtype) -> list[ArraySpec]:
-    """The arrays of one batch slot (see proto/PROTOCOL.md, "Batch arrays")."""
-    return [ArraySpec("x", feat_dtype, (num_nodes, feat_dim)), ArraySpec("n_id", np.dtype(np.int64), (num_nodes,)),
-            ArraySpec("y", np.dtype(np.int64), (num_seeds,)),
-            ArraySpec("edge_index", np.dtype(np.int64), (2, num_edges)),
-            ArraySpec("nodes_per_hop", np.dtype(np.int64), (num_hops + 1,)),
-            ArraySpec("edges_per_hop", np.dtype(np.int64), (num_hops,))]
+                feat_dtype: np.dtype, shipped_rows: int | None = None, num_updates: int = 0) -> list[ArraySpec]:
+    """The arrays of one batch slot (see proto/PROTOCOL.md, "Batch arrays").
+
+    shipped_rows (default None: every row, no cache arrays): a batch for a client with a feature
+    cache, whose ``x`` holds only this many rows, plus ``hit_slot`` and the update of
+    ``num_updates`` rows (``upd_slot``, ``upd_pos``), all int32.
+    """
+    rows = num_nodes if shipped_rows is None else shipped_rows
+    specs = [ArraySpec("x", feat_dtype, (rows, feat_dim)), ArraySpec("n_id", np.dtype(np.int64), (num_nodes,)),
+             ArraySpec("y", np.dtype(np.int64), (num_seeds,)),
+             ArraySpec("edge_index", np.dtype(np.int64), (2, num_edges)),
+             ArraySpec("nodes_per_hop", np.dtype(np.int64), (num_hops + 1,)),
+             ArraySpec("edges_per_hop", np.dtype(np.int64), (num_hops,))]
+    if shipped_rows is not None:
+        specs += [ArraySpec("hit_slot", np.dtype(np.int32), (num_nodes,)),
+                  ArraySpec("upd_slot", np.dtype(np.int32), (num_updates,)),
+                  ArraySpec("upd_pos", np.dtype(np.int32), (num_updates,))]
+    return specs
 
 
 def fill_slot(ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPass, b: int,

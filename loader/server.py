@@ -41,7 +41,9 @@ from loader.resident import ResidentData, load_resident
 from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
+from loader.sizes import format_size
 from loader.slot_sizing import estimate_slot_bytes
+from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError
 from proto.messages import PROTOCOL_VERSION, Bye, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
@@ -317,7 +319,8 @@ class Daemon:
                           dataset=self._welcome_info,
                           slots=SlotLayout(count=session.ring.count, slot_bytes=session.ring.slot_bytes,
                                            header_bytes=session.ring.header_bytes,
-                                           segment_bytes=session.segment.nbytes))
+                                           segment_bytes=session.segment.nbytes),
+                          feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0)
         try:
             # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole
             socket.send_fds(conn, [encode(welcome)], [session.segment.fd])
@@ -347,7 +350,18 @@ class Daemon:
             log.error("cannot create the slot segment: %s", err)
             return None
         ring = SlotRing(segment.mapping, count, slot_bytes, HEADER_BYTES)
-        session = Session(self.state.next_session, peer, self._serving, self, segment, ring, self._open_eval)
+        trainer_cache = None
+        serving, info = self._serving, self._welcome_info
+        assert info is not None
+        rows = accepted_rows(hello.feature_cache_bytes, info.num_nodes, serving.feat_dim, serving.feat_dtype)
+        if rows:
+            trainer_cache = TrainerCache(info.num_nodes, rows, serving.feat_dim, serving.feat_dtype)
+            # not charged to [memory] budget (docs/CONFIG.md): 4 bytes per node per session with a cache
+            log.info("session %d: planning a client feature cache of %s rows (%s asked; planner scratch %s)",
+                     self.state.next_session, f"{rows:,}", format_size(hello.feature_cache_bytes),
+                     format_size(trainer_cache.scratch_bytes))
+        session = Session(self.state.next_session, peer, self._serving, self, segment, ring, self._open_eval,
+                          trainer_cache)
         self.state.sessions[session.id] = session
         self.state.next_session += 1
         self.metrics.clients.set(len(self.state.sessions))

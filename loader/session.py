@@ -14,13 +14,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from loader.changeset import CachePlan
 from loader.eval_stream import EvalData
 from loader.gather_kernels import row_offsets_for
 from loader.inmemory import eval_batches_plan, split_stream
-from loader.pipeline import EpochDone, TrainPipeline
+from loader.pipeline import EpochDone, TrainPipeline, run_timed
 from loader.publisher import BatchSource, SlotFlow, fill_slot, gather_from, overflow_message
 from loader.sampling import SampledPass, sample_pass
 from loader.serving import ServingContext
+from loader.trainer_cache import TrainerCache
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow
 from proto.messages import (
@@ -61,7 +63,8 @@ class Session:
     """State of one connected client (lives on the event loop)."""
 
     def __init__(self, session_id: int, peer: str, ctx: ServingContext, coordinator: TrainCoordinator,
-                 segment: Segment, ring: SlotRing, eval_data: Callable[[], EvalData]) -> None:
+                 segment: Segment, ring: SlotRing, eval_data: Callable[[], EvalData],
+                 trainer_cache: TrainerCache | None = None) -> None:
         self.id = session_id
         self.peer = peer
         self._ctx = ctx
@@ -70,6 +73,9 @@ class Session:
         self.ring = ring
         self.flow = SlotFlow(ring.count)
         self._eval_data = eval_data
+        self.trainer_cache = trainer_cache
+        """The client's feature cache as this session plans it (None: the client has none); it lives as
+        long as the session, across epochs, so a reconnecting client starts with an empty cache."""
         self._send: Callable[[Message], None] = lambda msg: None
         self._close: Callable[[], None] = lambda: None
         self._stream: asyncio.Task[None] | None = None
@@ -105,7 +111,8 @@ class Session:
 
     def stats(self) -> dict[str, float]:
         return {"session": float(self.id), "slots_in_use": float(self.flow.in_use), "slots": float(self.flow.count),
-                "batches_sent": float(self._seq)}
+                "batches_sent": float(self._seq),
+                "trainer_cache_rows": float(self.trainer_cache.rows if self.trainer_cache is not None else 0)}
 
     def _start(self, coro: Coroutine[Any, Any, None], what: str) -> None:
         if self._stream is not None and not self._stream.done():
@@ -135,7 +142,10 @@ class Session:
 
     # -- outgoing streams ------------------------------------------------------------------------
     async def _publish(self, kind: str, epoch: int, pass_index: int, index: int, num_batches: int,
-                       sampled: SampledPass, b: int, source: BatchSource) -> bool:
+                       sampled: SampledPass, b: int, source: BatchSource, cache_plan: CachePlan | None = None
+                       ) -> bool:
+        """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
+        feature cache) only the rows the client's cache does not hold are shipped."""
         seq = self._seq
         slot = await self.flow.acquire(seq)
         header = SlotHeader(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
@@ -143,8 +153,17 @@ class Session:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         try:
-            nbytes = await loop.run_in_executor(self._ctx.cpu_pool, fill_slot, self.ring, slot, header, sampled, b,
-                                                source)
+            if cache_plan is None:
+                nbytes = await loop.run_in_executor(self._ctx.cpu_pool, fill_slot, self.ring, slot, header, sampled,
+                                                    b, source)
+            else:
+                assert self.trainer_cache is not None
+                cached = await loop.run_in_executor(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring,
+                                                    slot, header, sampled, b, source, cache_plan)
+                nbytes = cached.nbytes
+                rows = self._ctx.metrics.trainer_cache_rows
+                rows.labels("hit").inc(cached.hits)
+                rows.labels("shipped").inc(cached.shipped)
         except SlotOverflow as err:
             self.flow.abandon(slot)
             self.fail(ErrorCode.INTERNAL, overflow_message(err))
@@ -177,9 +196,15 @@ class Session:
                     self._send(EpochEnd(epoch=epoch, batches=item.batches, passes=item.passes))
                     finished = True
                     return
+                cache_plan = None
+                if self.trainer_cache is not None:
+                    # Planned here, not in the pipeline: the pipeline outlives sessions, the plan's
+                    # state is this session's. Serial with publishing, and O(superbatch) work.
+                    cache_plan = await run_timed(self._ctx.cpu_pool, self._ctx.metrics, "planner",
+                                                 self.trainer_cache.plan, item.sampled, item.source)
                 for b in range(item.sampled.num_batches):
                     if not await self._publish("train", epoch, item.pass_index, item.first_batch + b,
-                                               item.epoch_batches, item.sampled, b, item.source):
+                                               item.epoch_batches, item.sampled, b, item.source, cache_plan):
                         return
                 if item.last_pass and item.release is not None:
                     item.release()

@@ -62,7 +62,8 @@ class ControlClient:
         self.closed = False
 
     @classmethod
-    def connect(cls, path: str, *, client: str, timeout: float | None = DEFAULT_TIMEOUT) -> "ControlClient":
+    def connect(cls, path: str, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
+                feature_cache_bytes: int = 0) -> "ControlClient":
         """Connect to the daemon's Unix socket at ``path`` and handshake (see ``handshake``).
 
         ``timeout`` (default ``DEFAULT_TIMEOUT``; None waits forever) bounds the connection and the
@@ -75,15 +76,17 @@ class ControlClient:
         except OSError as err:
             sock.close()
             raise _connect_error(path, err) from None
-        return cls.handshake(sock, client=client, timeout=timeout)
+        return cls.handshake(sock, client=client, timeout=timeout, feature_cache_bytes=feature_cache_bytes)
 
     @classmethod
-    def handshake(cls, sock: socket.socket, *, client: str, timeout: float | None = DEFAULT_TIMEOUT) -> "ControlClient":
+    def handshake(cls, sock: socket.socket, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
+                  feature_cache_bytes: int = 0) -> "ControlClient":
         """Run the handshake on the connected stream socket ``sock``, which the client then owns.
 
-        Sends ``Hello(PROTOCOL_VERSION, client, pid)`` and waits up to ``timeout`` seconds (default
-        ``DEFAULT_TIMEOUT``) for the Welcome and its segment descriptor. Raises ``RemoteError`` if the
-        daemon answers with an Error (e.g. ``busy``), ``ConnectionClosed`` if it hangs up,
+        Sends ``Hello(PROTOCOL_VERSION, client, pid, feature_cache_bytes)`` (default 0: no client
+        feature cache; ``welcome.feature_cache_rows`` says what the daemon accepted) and waits up to
+        ``timeout`` seconds (default ``DEFAULT_TIMEOUT``) for the Welcome and its segment descriptor.
+        Raises ``RemoteError`` if the daemon answers with an Error (e.g. ``busy``), ``ConnectionClosed`` if it hangs up,
         ``ProtocolError`` for anything else than a valid Welcome of this protocol version carrying one
         descriptor, ``ShmError`` if the segment cannot be mapped, ``TimeoutError`` on timeout. ``sock``
         is closed on every failure.
@@ -91,7 +94,7 @@ class ControlClient:
         fds: list[int] = []
         try:
             sock.settimeout(timeout)
-            sock.sendall(encode(Hello(PROTOCOL_VERSION, client, os.getpid())))
+            sock.sendall(encode(Hello(PROTOCOL_VERSION, client, os.getpid(), feature_cache_bytes)))
             decoder = FrameDecoder()
             messages: list[Message] = []
             while not messages:

@@ -213,7 +213,11 @@ class SlotLayout(Record):
 
 @dataclass(frozen=True)
 class Hello(Message):
-    """Client -> daemon, the first message of a session. Frozen across protocol versions."""
+    """Client -> daemon, the first message of a session.
+
+    ``protocol_version`` is frozen across protocol versions; only optional fields (with a default)
+    are ever added, so any two versions can still refuse each other cleanly.
+    """
 
     TAG: ClassVar[str] = "hello"
     SENDER: ClassVar[str] = "client"
@@ -221,6 +225,10 @@ class Hello(Message):
     client: str
     """Free-form client description for logs, e.g. ``"trainer 0.1.0 rank 0"``."""
     pid: int = field(metadata=_COUNT)
+    feature_cache_bytes: int = field(default=0, metadata=_COUNT)
+    """Bytes of feature rows the client can cache (its trainer-side cache); 0 (default) = no cache.
+    In bytes, not rows: the client learns the row size only from the Welcome. The daemon answers
+    with the rows it accepts in ``Welcome.feature_cache_rows``."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,10 @@ class Welcome(Message):
     """Session id, unique while the daemon runs (for logs and metrics)."""
     dataset: DatasetInfo
     slots: SlotLayout
+    feature_cache_rows: int = field(default=0, metadata=_COUNT)
+    """Rows of the client's feature cache the daemon plans for (0 = none: training slots carry every
+    row). At most ``Hello.feature_cache_bytes`` // (``num_features`` x item size) and at most
+    ``num_nodes``; a daemon without the feature leaves it out (0)."""
 
 
 @dataclass(frozen=True)

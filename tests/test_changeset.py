@@ -66,7 +66,7 @@ def csr(trace):
     return ptr, ids
 
 
-def replay(plan: CachePlan, trace, capacity, prior: CacheState):
+def replay(plan: CachePlan, trace, capacity, prior: CacheState, prefetch=True):
     """Apply the plan to a simulated cache (slot -> id), checking every step is legal; returns the misses."""
     sets = [set(batch) for batch in trace]
     cache = dict(zip(prior.slots.tolist(), prior.ids.tolist()))
@@ -96,7 +96,10 @@ def replay(plan: CachePlan, trace, capacity, prior: CacheState):
                                               change.in_positions.tolist(), change.slots.tolist()):
             assert 0 <= slot < capacity
             assert batch[position] == v and hits[position] == -1  # only a missed row of R_t enters
-            assert next_access(sets, v, t) < math.inf  # and only if used again
+            if prefetch:
+                assert next_access(sets, v, t) < math.inf  # and only if used again
+            elif next_access(sets, v, t) == math.inf:  # without prefetch also into a slot nobody else wants
+                assert evicted == -1
             assert cache.get(slot, -1) == evicted
             cache[slot] = v
         if (change.out_ids >= 0).any():  # a row is evicted only when no slot is free
@@ -283,6 +286,85 @@ def test_plan_on_sampled_batches_equals_brute_force():
         assert plan.num_misses <= lru_misses(trace, capacity)
 
 
+# ---- no prefetch: a cache fed only by the batches (the trainer's cache) ----
+
+def reference_no_prefetch(trace, capacity, prior_ids=()):
+    """Misses of Belady's schedule when nothing is read outside a batch: S_0 = the prior's accessed ids."""
+    sets = [set(batch) for batch in trace]
+    accessed = set().union(*sets)
+    cache = set(prior_ids) & accessed
+    misses = 0
+    for t, batch in enumerate(sets):
+        misses += len(batch - cache)
+        candidates = [v for v in cache | batch if next_access(sets, v, t) < math.inf]
+        cache = set(sorted(candidates, key=lambda v: next_access(sets, v, t))[:capacity])
+    return misses
+
+
+def optimum_no_prefetch(trace, capacity, prior_ids=()):
+    """The fewest misses of any schedule of the demand model, by exhaustive search over cache contents."""
+    import itertools
+
+    states = {frozenset(prior_ids): 0}
+    for batch in map(set, trace):
+        following: dict[frozenset, int] = {}
+        for cache, misses in states.items():
+            misses += len(batch - cache)
+            pool = sorted(cache | batch)
+            for size in range(min(capacity, len(pool)) + 1):
+                for keep in itertools.combinations(pool, size):
+                    key = frozenset(keep)
+                    if following.get(key, math.inf) > misses:
+                        following[key] = misses
+        states = following
+    return min(states.values())
+
+
+@PROPERTY
+@given(planning_cases())
+def test_no_prefetch_plan_equals_brute_force_and_replays(case):
+    trace, capacity, num_nodes, prior_ids, prior_slots = case
+    prior = CacheState(np.array(prior_ids, dtype=np.int64), np.array(prior_slots, dtype=np.int64))
+    plan = plan_cache(*csr(trace), capacity, num_nodes, prior, prefetch=False)
+    misses = reference_no_prefetch(trace, capacity, prior_ids)
+    assert plan.num_fill == 0
+    assert plan.num_misses == misses
+    assert replay(plan, trace, capacity, prior, prefetch=False) == misses
+    # never better than with prefetch, which may also read rows outside the batches
+    assert plan.num_misses >= plan_cache(*csr(trace), capacity, num_nodes, prior).num_misses
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=traces(max_iters=6, max_ids=6), capacity=st.integers(0, 4), prior_size=st.integers(0, 4),
+       data=st.data())
+def test_no_prefetch_plan_is_optimal_against_exhaustive_search(case, capacity, prior_size, data):
+    trace, num_nodes = case
+    size = min(prior_size, capacity, num_nodes)
+    prior_ids = data.draw(st.permutations(range(num_nodes)))[:size]
+    prior = CacheState(np.array(prior_ids, dtype=np.int64), np.arange(size, dtype=np.int64))
+    plan = plan_cache(*csr(trace), capacity, num_nodes, prior, prefetch=False)
+    assert plan.num_misses == optimum_no_prefetch(trace, capacity, prior_ids)
+
+
+def test_no_prefetch_keeps_rows_for_the_next_superbatch_while_there_is_room():
+    planner = CachePlanner(10, 4)
+    first = planner.plan(*csr([[0, 1], [2], [3, 4]]), prefetch=False)
+    # 0..4 are never accessed again in the superbatch, yet 4 of them stay (room for 4), none evicted
+    assert first.num_updates == 4 and (first.evicted_ids == -1).all()
+    second = planner.plan(*csr([[0, 1, 2, 3, 4]]), first.final_state, prefetch=False)
+    assert second.num_misses == 1
+
+
+def test_no_prefetch_first_accesses_always_miss():
+    trace = [[0, 1], [0, 1, 2], [2, 3]]
+    plan = plan_cache(*csr(trace), 4, 4, prefetch=False)
+    assert plan.num_fill == 0
+    assert plan.hit_slot.tolist() == [-1, -1, plan.hit_slot[2], plan.hit_slot[3], -1, plan.hit_slot[5], -1]
+    assert plan.num_misses == 4  # 0, 1, 2, 3 once each; everything else hits
+    # with prefetch the same cache reads 0..3 before iteration 0 and never misses
+    assert plan_cache(*csr(trace), 4, 4).num_misses == 0
+
+
 # ---- the executor ----
 
 class CountingReader:
@@ -332,6 +414,23 @@ def test_feature_cache_gathers_bit_exact_rows(case, dtype, dim, seed):
     run_superbatch(cache, plan2, features, reader)
     assert reader.rows_read == plan2.num_misses + plan2.num_fill
     assert (plan2.num_misses, plan2.num_fill) == reference(second, capacity, plan.final_ids.tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=planning_cases(), seed=st.integers(0, 2**32 - 1))
+def test_feature_cache_replays_no_prefetch_plans_across_superbatches(case, seed):
+    trace, capacity, num_nodes, _, _ = case
+    rng = np.random.default_rng(seed)
+    features = rng.standard_normal((num_nodes, 3)).astype(np.float32)
+    cache = FeatureCache.empty(capacity, 3, np.float32)
+    reader = CountingReader(features)
+    planner = CachePlanner(num_nodes, capacity)
+    for superbatch in (trace, trace[::-1], trace):
+        plan = planner.plan(*csr(superbatch), prior=cache.state, prefetch=False)
+        reader.rows_read = 0
+        run_superbatch(cache, plan, features, reader)
+        assert plan.num_fill == 0
+        assert reader.rows_read == plan.num_misses  # rows arrive only with the batches
 
 
 def test_array_row_reader_on_a_memmap(tmp_path):

@@ -61,8 +61,8 @@ def slot_layouts(draw: st.DrawFn) -> SlotLayout:
 
 
 STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
-    Hello: st.builds(Hello, I64, TEXT, COUNT),
-    Welcome: st.builds(Welcome, I64, TEXT, COUNT, dataset_infos(), slot_layouts()),
+    Hello: st.builds(Hello, I64, TEXT, COUNT, COUNT),
+    Welcome: st.builds(Welcome, I64, TEXT, COUNT, dataset_infos(), slot_layouts(), COUNT),
     Credit: st.builds(Credit, COUNT),
     StartEpoch: st.builds(StartEpoch, U32),
     EvalRequest: st.builds(EvalRequest, st.sampled_from(["val", "test"])),
@@ -85,6 +85,8 @@ SAMPLES: list[Message] = [
     Credit(4), StartEpoch(3), EvalRequest("val"), BatchReady(2, 17, "train", 3, 0, 5, 40), Release(2, 17),
     EpochEnd(3, 40, 1), EvalEnd("test", 3), StatsRequest(), Stats({"batches_total": 17.0, "queue_depth": 2}),
     Error("bad_request", "a stream is active"), Bye("done"), Bye(),
+    Hello(PROTOCOL_VERSION, "trainer rank 1", 1235, feature_cache_bytes=1 << 30),
+    Welcome(PROTOCOL_VERSION, "0.1.0", 8, INFO, LAYOUT, feature_cache_rows=1000),
 ]
 
 
@@ -155,6 +157,21 @@ def test_unknown_fields_are_ignored():
     base["future_field"] = [1, {"x": 2}]
     base["dataset"] = {**base["dataset"], "future_nested": "y"}
     assert decode_one(frame(base)) == SAMPLES[1]
+
+
+def test_feature_cache_fields_are_optional_both_ways():
+    # an old client's Hello and an old daemon's Welcome lack them: the cache is off
+    old_hello = {"t": "hello", "protocol_version": PROTOCOL_VERSION, "client": "old trainer", "pid": 5}
+    assert decode_one(frame(old_hello)) == Hello(PROTOCOL_VERSION, "old trainer", 5)
+    assert decode_one(frame(old_hello)).feature_cache_bytes == 0
+    old_welcome = message_to_map(SAMPLES[1])
+    del old_welcome["feature_cache_rows"]
+    assert decode_one(frame(old_welcome)).feature_cache_rows == 0
+    assert decode_one(encode(Hello(PROTOCOL_VERSION, "t", 5, 4096))).feature_cache_bytes == 4096
+    with pytest.raises(ProtocolError, match="Hello.feature_cache_bytes: -1 is outside"):
+        decode_one(frame({**old_hello, "feature_cache_bytes": -1}))
+    with pytest.raises(ProtocolError, match="Welcome.feature_cache_rows"):
+        decode_one(frame({**old_welcome, "feature_cache_rows": "many"}))
 
 
 def _replace(msg: Message, **changes: object) -> dict:

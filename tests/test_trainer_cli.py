@@ -74,9 +74,18 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     (["--mode", "inmemory", "--dataset", "x", "--resume"], 2, "--resume needs --checkpoint"),
     (["--mode", "inmemory", "--dataset", "no-such-dir"], 1, "no-such-dir: not a directory"),
     (["--mode", "inmemory", "--config", "missing.toml"], 1, "missing.toml: config file not found"),
+    (["--mode", "inmemory", "--dataset", "x", "--feature-cache", "1M"], 2, "--feature-cache: daemon mode only"),
+    (["--socket", "s", "--feature-cache", "lots"], 2, "cannot parse 'lots' as a size"),
 ])
 def test_bad_arguments_are_one_line_without_traceback(tmp_path, args, code, fragment):
     one_line_error(trainer(*args, cwd=tmp_path), code, fragment)
+
+
+def test_feature_cache_flag_takes_a_size_or_zero():
+    parser = build_parser()
+    assert parser.parse_args(["--socket", "s", "--feature-cache", "256M"]).feature_cache == 256 << 20
+    assert parser.parse_args(["--socket", "s", "--feature-cache", "0"]).feature_cache == 0
+    assert parser.parse_args(["--socket", "s"]).feature_cache == 0
 
 
 def test_bad_values_for_the_dataset_are_one_line(dataset, capsys):

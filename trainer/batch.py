@@ -5,11 +5,35 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "CachePlan"]
 
 
 def _no_release() -> None:
     return None
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """How to assemble a batch's ``x`` from the rows shipped with it and a feature cache on the trainer.
+
+    hit_slot: int32 (n,), per node of the batch the cache slot holding its row, -1 = the next
+    shipped row; upd_slot, upd_pos: int32 (u,), after assembly ``cache[upd_slot[k]] =
+    x[upd_pos[k]]``. step: the index of this plan among the session's cached batches (0, 1, ...):
+    plans must be applied in exactly this order (``trainer.device_cache``).
+    """
+
+    hit_slot: torch.Tensor
+    upd_slot: torch.Tensor
+    upd_pos: torch.Tensor
+    step: int
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "CachePlan":
+        return CachePlan(self.hit_slot.to(device, non_blocking=non_blocking),
+                         self.upd_slot.to(device, non_blocking=non_blocking),
+                         self.upd_pos.to(device, non_blocking=non_blocking), self.step)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.hit_slot, self.upd_slot, self.upd_pos
 
 
 @dataclass
@@ -20,6 +44,10 @@ class Batch:
     reached at hop 1, hop 2, ... ``edge_index`` is local (row = sampled neighbour / source, col =
     target) with hop-1 edges first, so ``torch_geometric.utils.trim_to_layer`` applies as is.
     ``y`` holds the seeds' labels only.
+
+    With ``cache_plan`` set, ``x`` holds only the rows the trainer's feature cache does not hold
+    (``hit_slot < 0``, in batch order); ``trainer.device_cache.DeviceFeatureCache.assemble_batch``
+    turns it into a plain batch on the training device.
 
     Tensors may be zero-copy views of a shared-memory slot owned by the loader daemon: call
     ``release()`` once nothing reads them any more (after the step on CPU, after the device copy
@@ -34,6 +62,8 @@ class Batch:
     num_sampled_edges: list[int]
     seq: int = 0
     """Sequence number given by the producer (checked for gaps and duplicates)."""
+    cache_plan: CachePlan | None = None
+    """None: ``x`` holds every row. Else ``x`` holds the shipped rows only (see above)."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -41,8 +71,12 @@ class Batch:
         if len(self.num_sampled_nodes) != len(self.num_sampled_edges) + 1:
             raise ValueError(f"num_sampled_nodes has {len(self.num_sampled_nodes)} entries, "
                              f"expected num_sampled_edges + 1 = {len(self.num_sampled_edges) + 1}")
-        if self.x.shape[0] != sum(self.num_sampled_nodes):
-            raise ValueError(f"x has {self.x.shape[0]} rows, num_sampled_nodes sums to {sum(self.num_sampled_nodes)}")
+        nodes = sum(self.num_sampled_nodes)
+        if self.cache_plan is None and self.x.shape[0] != nodes:
+            raise ValueError(f"x has {self.x.shape[0]} rows, num_sampled_nodes sums to {nodes}")
+        if self.cache_plan is not None and (self.cache_plan.hit_slot.shape != (nodes,) or self.x.shape[0] > nodes):
+            raise ValueError(f"cache_plan.hit_slot has shape {tuple(self.cache_plan.hit_slot.shape)} and x "
+                             f"{self.x.shape[0]} rows, expected ({nodes},) and at most {nodes} rows")
         if self.edge_index.shape != (2, sum(self.num_sampled_edges)):
             raise ValueError(f"edge_index has shape {tuple(self.edge_index.shape)}, "
                              f"expected (2, {sum(self.num_sampled_edges)})")
@@ -58,9 +92,10 @@ class Batch:
         """A copy on ``device`` sharing this batch's release hook (no copy when already there)."""
         if self.x.device == device:
             return self
+        plan = None if self.cache_plan is None else self.cache_plan.to(device, non_blocking)
         return Batch(self.x.to(device, non_blocking=non_blocking), self.y.to(device, non_blocking=non_blocking),
                      self.edge_index.to(device, non_blocking=non_blocking), self.n_id,
-                     self.num_sampled_nodes, self.num_sampled_edges, self.seq, self.release)
+                     self.num_sampled_nodes, self.num_sampled_edges, self.seq, plan, self.release)
 
     def release(self) -> None:
         """Hand the underlying shared-memory slot back to its producer (idempotent)."""

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from loader.atomic import atomic_file, io_error
 from loader.errors import UserError
+from loader.sizes import parse_size
 
 __all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler"]
 
@@ -66,6 +67,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _cache_size(text: str) -> int:
+    """``--feature-cache``: a size like 256M, or 0 (off)."""
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_size(text, name="--feature-cache")
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--feature-cache: ")) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train a GNN on batches from the loader daemon (--socket) or from a "
                                             "dataset held in memory (--mode inmemory --dataset).")
@@ -73,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--socket", help="loader daemon's control socket (daemon mode)")
     src.add_argument("--connect-timeout", type=float, default=0.0,
                      help="seconds to wait for the daemon's socket to appear (default 0: fail at once)")
+    src.add_argument("--feature-cache", type=_cache_size, default=0, metavar="SIZE",
+                     help="keep this many bytes of feature rows on the training device (GPU memory, else RAM), "
+                          "planned by the daemon so that only the rows it lacks are shipped, e.g. 256M "
+                          "(default 0: off; daemon mode only)")
     src.add_argument("--mode", choices=("daemon", "inmemory"), default=None,
                      help="daemon (default with --socket) or inmemory (the in-memory reference)")
     src.add_argument("--dataset", help="prepared dataset directory (inmemory mode; default: [dataset] of --config)")
@@ -186,7 +201,11 @@ def _run(args: argparse.Namespace) -> int:
             from trainer.daemon_source import DaemonSource
         except ImportError as err:
             raise UserError(f"daemon mode is not available in this installation ({err})") from None
-        source = DaemonSource(args.socket, connect_timeout=args.connect_timeout)
+        source = DaemonSource(args.socket, connect_timeout=args.connect_timeout,
+                              feature_cache_bytes=args.feature_cache)
+        if args.feature_cache and not source.info.feature_cache_rows:
+            log.warning("--feature-cache %s: the daemon plans no feature cache (an older daemon, or less than "
+                        "one feature row); every row is shipped", args.feature_cache)
     else:
         from trainer.inmemory_source import InMemorySource
 
@@ -231,6 +250,9 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"{', '.join(given)}: inmemory-mode options (the daemon's config sets its sampler)")
     elif args.socket is not None:
         parser.error("--socket and --mode inmemory exclude each other")
+    elif args.feature_cache:
+        # the in-memory reference holds every feature row in the trainer already: nothing to ship or cache
+        parser.error("--feature-cache: daemon mode only (--mode inmemory holds every feature row in memory)")
     elif args.dataset is None and args.config is None:
         parser.error("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
     if args.resume and not args.checkpoint:

@@ -16,7 +16,7 @@ import torch
 from proto.client import ControlClient
 from proto.errors import ConnectFailed, ConnectionClosed, RemoteError
 from proto.messages import BatchReady, Bye, Credit, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
-from trainer.batch import Batch
+from trainer.batch import Batch, CachePlan
 from trainer.source import BatchSource, SourceInfo
 
 __all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS"]
@@ -33,16 +33,23 @@ class DaemonError(RuntimeError):
 
 
 class DaemonSource(BatchSource):
-    """A session with ``megabatch serve`` at ``socket_path``; ``credits`` = batches in flight (default: all slots)."""
+    """A session with ``megabatch serve`` at ``socket_path``; ``credits`` = batches in flight (default: all slots).
+
+    feature_cache_bytes (default 0: none): ask the daemon to plan a feature cache of this many
+    bytes on the trainer; ``info.feature_cache_rows`` is what it accepted. Training batches then
+    carry a ``cache_plan`` and only the rows the cache lacks (``trainer.device_cache``).
+    """
 
     def __init__(self, socket_path: str, credits: int | None = None, timeout: float | None = 60.0,
-                 connect_timeout: float = 0.0) -> None:
+                 connect_timeout: float = 0.0, feature_cache_bytes: int = 0) -> None:
+        if feature_cache_bytes < 0:
+            raise ValueError(f"feature_cache_bytes must be >= 0, got {feature_cache_bytes}")
         # connect_timeout > 0: wait for a daemon that is still starting (its socket appears when it is ready)
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
                 self._client = ControlClient.connect(socket_path, client=f"megabatch-trainer pid {os.getpid()}",
-                                                     timeout=timeout)
+                                                     timeout=timeout, feature_cache_bytes=feature_cache_bytes)
                 break
             except ConnectFailed as err:
                 if time.monotonic() >= deadline:
@@ -55,8 +62,10 @@ class DaemonSource(BatchSource):
         self._info = SourceInfo(num_features=d.num_features, num_classes=d.num_classes, num_hops=d.num_hops,
                                 batch_size=d.batch_size, train_nodes=d.train_nodes,
                                 description=f"daemon {socket_path} (session {w.session}, dataset {d.name}, "
-                                            f"{w.slots.count} slots of {w.slots.slot_bytes >> 20} MiB)")
+                                            f"{w.slots.count} slots of {w.slots.slot_bytes >> 20} MiB)",
+                                feature_dtype=d.feature_dtype, feature_cache_rows=w.feature_cache_rows)
         self._next_seq = 0
+        self._cache_step = 0  # plans received so far: the device cache checks they are applied in this order
         self._send(Credit(count=credits or w.slots.count))
 
     @property
@@ -114,10 +123,41 @@ class DaemonSource(BatchSource):
             if not self._client.closed:
                 self._send(Release(slot=ready.slot, seq=ready.seq))
 
+        plan = None
+        if "hit_slot" in arrays:
+            try:
+                self._check_plan(arrays)
+            except DaemonError:
+                release()
+                raise
+            plan = CachePlan(tensor("hit_slot"), tensor("upd_slot"), tensor("upd_pos"), self._cache_step)
+            self._cache_step += 1
         return Batch(x=tensor("x"), y=tensor("y"), edge_index=tensor("edge_index"), n_id=tensor("n_id"),
                      num_sampled_nodes=[int(v) for v in np.asarray(arrays["nodes_per_hop"])],
                      num_sampled_edges=[int(v) for v in np.asarray(arrays["edges_per_hop"])],
-                     seq=ready.seq, _release=release)
+                     seq=ready.seq, cache_plan=plan, _release=release)
+
+    def _check_plan(self, arrays: dict[str, np.ndarray]) -> None:
+        """Refuse a cache plan that would index out of range or leave a row unwritten (vectorized, O(n)).
+
+        Checked on the host, where the slot is: on a GPU a bad index is an asynchronous device
+        assert, not an error naming the batch.
+        """
+        rows = self._info.feature_cache_rows
+        hit, slots, pos = arrays["hit_slot"], arrays.get("upd_slot"), arrays.get("upd_pos")
+        if rows == 0:
+            raise DaemonError("the daemon sent a feature cache plan, but this session has no feature cache")
+        if slots is None or pos is None or hit.dtype != np.int32 or slots.dtype != np.int32 or pos.dtype != np.int32:
+            raise DaemonError("a feature cache plan needs int32 hit_slot, upd_slot and upd_pos arrays")
+        n = len(hit)
+        if hit.size and (hit.min() < -1 or hit.max() >= rows):
+            raise DaemonError(f"hit_slot outside [-1, {rows})")
+        if slots.shape != pos.shape or (slots.size and (slots.min() < 0 or slots.max() >= rows
+                                                        or pos.min() < 0 or pos.max() >= n)):
+            raise DaemonError(f"upd_slot/upd_pos: shapes {slots.shape}/{pos.shape}, or outside [0, {rows})/[0, {n})")
+        shipped = int(np.count_nonzero(hit < 0))
+        if arrays["x"].shape[0] != shipped:
+            raise DaemonError(f"x has {arrays['x'].shape[0]} rows, the cache plan ships {shipped}")
 
     def close(self) -> None:
         self._client.close("trainer done")

@@ -31,6 +31,7 @@ from loader.errors import UserError
 from loader.progress import Progress
 from trainer.batch import Batch
 from trainer.checkpoint import Checkpoint, capture_rng, check_compatible, load_checkpoint, restore_rng, save_checkpoint
+from trainer.device_cache import DeviceFeatureCache
 from trainer.metrics import TrainerMetrics
 from trainer.models import MODELS, build_model
 from trainer.source import BatchSource
@@ -214,11 +215,26 @@ class _Staged:
 
 
 class _Stager:
-    """Starts device copies on a side stream and hands batches over once their copy has landed."""
+    """Starts device copies on a side stream and hands batches over once their copy has landed.
 
-    def __init__(self, device: torch.device) -> None:
+    With a feature cache, ``finish`` also assembles each batch's full ``x`` on the device, on the
+    compute stream, after its copy: only the shipped rows cross PCIe, and batches are assembled
+    in the order they are finished, which is the order the source yields them. ``rows_shipped``
+    and ``rows_cached`` count the rows of finished batches by origin (``take_rows`` resets them).
+    """
+
+    def __init__(self, device: torch.device, cache: DeviceFeatureCache | None = None) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.cache = cache
+        self.rows_shipped = 0
+        self.rows_cached = 0
+
+    def take_rows(self) -> tuple[int, int]:
+        """(shipped, cached) rows of the batches finished since the last call."""
+        rows = self.rows_shipped, self.rows_cached
+        self.rows_shipped = self.rows_cached = 0
+        return rows
 
     def start(self, batch: Batch) -> _Staged:
         if self.stream is None:
@@ -236,9 +252,19 @@ class _Stager:
             staged.host.release()
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(staged.copied)
-            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index):
+            plan = staged.device.cache_plan
+            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index,
+                           *(plan.tensors() if plan is not None else ())):
                 tensor.record_stream(compute)  # memory allocated on the copy stream is used on this one
-        return staged.device
+        batch = staged.device
+        shipped = batch.x.shape[0]
+        self.rows_shipped += shipped
+        if batch.cache_plan is not None:
+            if self.cache is None:
+                raise RuntimeError("a batch carries a feature cache plan but the source has no feature cache")
+            self.rows_cached += batch.cache_plan.hit_slot.shape[0] - shipped
+            batch = self.cache.assemble_batch(batch)
+        return batch
 
     def abandon(self, staged: _Staged) -> None:
         if staged.copied is not None:
@@ -307,7 +333,14 @@ class _Run:
                                  cfg.dropout, cfg.heads).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.signature = _model_signature(cfg, info.num_features, info.num_classes, info.num_hops)
-        self.stager = _Stager(self.device)
+        cache = None
+        if info.feature_cache_rows:
+            cache = DeviceFeatureCache(info.feature_cache_rows, info.num_features, getattr(torch, info.feature_dtype),
+                                       self.device)
+            self.log(f"feature cache: {info.feature_cache_rows:,} rows ({cache.nbytes / 2**20:.1f} MiB) "
+                     f"on {self.device}")
+        self.stager = _Stager(self.device, cache)
+        self.row_bytes = info.num_features * torch.empty(0, dtype=getattr(torch, info.feature_dtype)).element_size()
         self.result = TrainResult(cfg, str(self.device), info.description)
         self.bad_evals = 0
         self.next_epoch = 1
@@ -348,6 +381,7 @@ class _Run:
         expected = -(-self.info.train_nodes // self.info.batch_size)
         started = time.perf_counter()
         check = SequenceCheck(f"train (epoch {epoch})")
+        self.stager.take_rows()  # forget the rows of evaluation batches
         with (Progress(f"epoch {epoch}/{self.cfg.epochs}", expected, "batches", enabled=self.progress) as bar,
               contextlib.closing(_prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
             for batch, waited in stream:
@@ -368,6 +402,8 @@ class _Run:
                 wait_s, step_s = wait_s + waited, step_s + step
                 if self.metrics is not None:
                     self.metrics.observe_batch(waited, step, batch.batch_size)
+                    shipped, cached = self.stager.take_rows()
+                    self.metrics.observe_features(shipped * self.row_bytes, cached * self.row_bytes)
                 bar.update()
                 self.steps += 1
                 if self.cfg.max_steps is not None and self.steps >= self.cfg.max_steps:

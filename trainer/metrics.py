@@ -45,6 +45,11 @@ class TrainerMetrics:
         self.data_wait_ratio = Gauge("megabatch_trainer_data_wait_ratio",
                                      "Share of the last epoch's training time spent waiting for data "
                                      "(wait / (wait + step))", registry=reg)
+        self.feature_bytes = Counter("megabatch_trainer_feature_bytes",
+                                     "Bytes of feature rows (x) of training batches, by origin: shipped in the "
+                                     "slot or taken from the trainer's feature cache", ["origin"], registry=reg)
+        for origin in ("shipped", "cache"):
+            self.feature_bytes.labels(origin)
         self.build_info = Info("megabatch_trainer_build", "Trainer version, model and device", registry=reg)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -72,6 +77,10 @@ class TrainerMetrics:
         self.batch_wait.observe(wait_s)
         self.step.observe(step_s)
         self.samples.inc(samples)
+
+    def observe_features(self, shipped_bytes: int, cached_bytes: int) -> None:
+        self.feature_bytes.labels("shipped").inc(shipped_bytes)
+        self.feature_bytes.labels("cache").inc(cached_bytes)
 
     def observe_epoch(self, epoch: int, loss: float, train_acc: float, samples_per_second: float,
                       data_wait_ratio: float) -> None:

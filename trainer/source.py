@@ -22,6 +22,11 @@ class SourceInfo:
     """Training nodes per epoch (each appears once per pass)."""
     description: str
     """One line for logs, e.g. 'daemon /run/megabatch/loader.sock' or 'inmemory demo-data/dataset'."""
+    feature_dtype: str = "float32"
+    """"float32" or "float16": the dtype of ``Batch.x``."""
+    feature_cache_rows: int = 0
+    """Rows of the trainer-side feature cache the source plans for (0 = none; only the daemon has one).
+    When > 0, training batches may carry a ``cache_plan`` and the loop keeps a ``DeviceFeatureCache``."""
 
 
 class BatchSource(abc.ABC):
