@@ -1,22 +1,40 @@
-"""Evaluation over the full graph through memory maps (the exact mode will replace this path).
+"""Evaluation batches over the full graph, and where they read from (``EvalAccess``).
 
 Validation and test batches must see every neighbour a node has, not just a mega-batch's, so
-they are sampled on the whole CSC. The maps are opened per evaluation stream and dropped when
-it ends, so their pages stop counting toward the daemon's resident memory between evaluations;
-``MADV_RANDOM`` keeps readahead from pulling in pages nobody asked for.
+they are sampled on the whole graph. Each daemon mode says how (``EvalAccess``): the
+hierarchical and mmap modes through memory maps of the CSC and the feature file (``MemmapEval``,
+opened per evaluation stream and dropped when it ends, so their pages stop counting toward the
+daemon's resident memory between evaluations; ``MADV_RANDOM`` keeps readahead from pulling in
+pages nobody asked for), the in-memory mode from RAM, the exact and static modes through their
+neighbour cache, disk reads and (static) feature cache, so an evaluation stays inside their budget.
 """
 
 import contextlib
 import mmap
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from loader.dataset import Dataset
+from loader.gather_kernels import row_offsets_for
 from loader.npyio import NpyReader
-from loader.sampling import CSCGraph
+from loader.publisher import BatchSource, gather_from
+from loader.sampling import CSCGraph, SampledPass, sample_pass
 
-__all__ = ["EvalData", "open_eval_data"]
+__all__ = ["EvalData", "open_eval_data", "EvalAccess", "MemmapEval"]
+
+
+class EvalAccess(Protocol):
+    """How one evaluation stream samples its batches and fills their rows (dataset ids as local ids)."""
+
+    source: BatchSource
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 def _advise_random(array: np.ndarray) -> None:
@@ -58,3 +76,25 @@ def open_eval_data(dataset: Dataset, partitions: np.ndarray) -> EvalData:
     graph = CSCGraph(indptr=arrays[0], indices=arrays[1], global_ids=np.arange(m.num_nodes, dtype=np.int64))
     return EvalData(graph, features, np.ascontiguousarray(partitions[:, 0]), np.ascontiguousarray(partitions[:, 4]),
                     m.row_bytes)
+
+
+class MemmapEval:
+    """``EvalAccess`` through memory maps of the CSC and ``features.bin`` (opened now, dropped by ``close``)."""
+
+    def __init__(self, dataset: Dataset, partitions: np.ndarray, labels: np.ndarray) -> None:
+        m = dataset.manifest
+        data = open_eval_data(dataset, partitions)
+        self._data = data
+
+        def offsets(nodes: np.ndarray) -> np.ndarray:
+            return row_offsets_for(nodes, data.node_begin, data.feat_offset, data.row_bytes)
+
+        self.source = BatchSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
+                                  lambda nodes: labels[nodes], m.feat_dim, np.dtype(m.feat_dtype.value),
+                                  fills_any_subset=True)
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        return sample_pass(self._data.graph, seeds, batch_size, fanouts, keys)
+
+    def close(self) -> None:
+        self._data.close()

@@ -26,13 +26,14 @@ from typing import Protocol
 
 import numpy as np
 
+from loader.eval_stream import EvalAccess
 from loader.inmemory import epoch_batches_inmemory
 from loader.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.publisher import BatchSource
 from loader.sampling import SampledPass
 from loader.serving import ServingContext
 
-__all__ = ["FullGraphMode", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
+__all__ = ["FullGraphMode", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
 
 SUPERBATCHES_IN_FLIGHT = 3
 """One being sampled, one planned, one being published: sampling k+1 overlaps planning k and gathering k-1."""
@@ -56,6 +57,10 @@ class FullGraphMode(Protocol):
 
     def describe(self) -> str:
         """The memory plan line ``serve`` logs at startup."""
+        ...
+
+    def eval_access(self) -> EvalAccess:
+        """How an evaluation stream samples and fills its batches in this mode (may run beside training)."""
         ...
 
     def restart(self) -> object:
@@ -122,6 +127,20 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
     pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, tokens, sampled))
     pipeline.add_stage("planner", _planner(ctx, mode, state, tokens, sampled, output))
     return pipeline
+
+
+@dataclass
+class ModeEval:
+    """An ``EvalAccess`` made of a mode's sampler and a row source that need no closing."""
+
+    source: BatchSource
+    sampler: Callable[[np.ndarray, int, tuple[int, ...], np.ndarray], SampledPass]
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        return self.sampler(seeds, batch_size, fanouts, keys)
+
+    def close(self) -> None:
+        pass
 
 
 def labelled_source(fill: Callable[[int, np.ndarray, np.ndarray], None], labels: np.ndarray, feat_dim: int,

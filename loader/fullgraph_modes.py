@@ -12,8 +12,8 @@ import numpy as np
 
 from loader.dataset import Dataset
 from loader.errors import UserError
-from loader.eval_stream import EvalData, open_eval_data
-from loader.fullgraph import labelled_source
+from loader.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
+from loader.fullgraph import ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.inmemory import load_in_memory
 from loader.publisher import BatchSource, gather_from
@@ -53,10 +53,17 @@ class InMemoryMode:
     def describe(self) -> str:
         return f"memory plan (inmemory): graph and features {format_size(self.nbytes)} in RAM"
 
+    def eval_access(self) -> EvalAccess:
+        source, _ = self.plan_source()
+        return ModeEval(source, self.sample)
+
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
     def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+        return self.plan_source()
+
+    def plan_source(self) -> tuple[BatchSource, object]:
         row_bytes = self._row_bytes
         fill = gather_from(self._rows, lambda nodes: nodes * row_bytes, row_bytes)
         return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None
@@ -77,12 +84,16 @@ class MmapMode:
 
     def __init__(self, dataset: Dataset, partitions: np.ndarray, labels: np.ndarray) -> None:
         self._data: EvalData = open_eval_data(dataset, partitions)
+        self._dataset, self._partitions = dataset, partitions
         self.graph: CSCGraph = self._data.graph
         m = dataset.manifest
         self._labels, self._dim, self._dtype = labels, m.feat_dim, np.dtype(m.feat_dtype.value)
 
     def describe(self) -> str:
         return "memory plan (mmap): nothing cached by the daemon; the kernel's page cache holds what it reads"
+
+    def eval_access(self) -> EvalAccess:
+        return MemmapEval(self._dataset, self._partitions, self._labels)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)

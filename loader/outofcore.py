@@ -37,9 +37,10 @@ from loader.changeset_kernels import copy_rows
 from loader.config import LoaderConfig
 from loader.dataset import Dataset
 from loader.errors import UserError
+from loader.eval_stream import EvalAccess
 from loader.exact_sampling import ExactSampler
 from loader.feature_cache import FeatureCache
-from loader.fullgraph import SUPERBATCHES_IN_FLIGHT, labelled_source
+from loader.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.metrics import DaemonMetrics
 from loader.neighbor_cache import NeighborCache
@@ -203,6 +204,15 @@ class _OutOfCoreMode:
         self._metrics.disk_bytes.labels("features").inc(stats.bytes)
         self._metrics.disk_reads.labels("features").inc(stats.reads)
 
+    def eval_access(self) -> EvalAccess:
+        """Evaluation through the same sampler and row reads (never the training cache plan, whose state
+        belongs to the training stream)."""
+        return ModeEval(labelled_source(self.fill_eval, self._labels, self._dim, self._dtype, True),
+                        self.sampler.sample_pass)
+
+    def fill_eval(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        self.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
+
     def close(self) -> None:
         self.sampler.close()
         self.rows.close()
@@ -267,17 +277,25 @@ class StaticMode(_OutOfCoreMode):
     def restart(self) -> object:
         return None
 
+    def fill_eval(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        self._fill(nodes, x)
+
+    def _fill(self, nodes: np.ndarray, x: np.ndarray) -> tuple[int, int]:
+        """Rows of ``nodes`` into ``x``: hits copied from the cache, misses read; (hits, misses)."""
+        slots = self.slot_of[nodes]
+        hit = np.flatnonzero(slots >= 0)
+        copy_rows(self._words, slots[hit], x.view(np.uint8), hit)
+        miss = np.flatnonzero(slots < 0)
+        if miss.size:
+            self.read_rows(nodes[miss], miss, x)
+        return len(hit), len(miss)
+
     def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
         lookups = self._metrics.feature_cache_lookups
 
         def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-            slots = self.slot_of[nodes]
-            hit = np.flatnonzero(slots >= 0)
-            copy_rows(self._words, slots[hit], x.view(np.uint8), hit)
-            miss = np.flatnonzero(slots < 0)
-            if miss.size:
-                self.read_rows(nodes[miss], miss, x)
-            lookups.labels("hit").inc(len(hit))
-            lookups.labels("miss").inc(len(miss))
+            hits, misses = self._fill(nodes, x)
+            lookups.labels("hit").inc(hits)
+            lookups.labels("miss").inc(misses)
 
         return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None

@@ -30,7 +30,7 @@ from loader.arena import FeatureArena
 from loader.config import LoaderConfig
 from loader.dataset import Dataset, open_dataset
 from loader.errors import UserError
-from loader.eval_stream import EvalData, open_eval_data
+from loader.eval_stream import EvalAccess, MemmapEval
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.memplan import MemoryPlan, plan_memory
 from loader.metrics import DaemonMetrics
@@ -380,9 +380,11 @@ class Daemon:
         sessions = list(self.state.sessions.values())
         return sum(s.flow.in_use for s in sessions), sum(s.flow.count for s in sessions)
 
-    def _open_eval(self) -> EvalData:
-        assert self._dataset is not None
-        return open_eval_data(self._dataset, self._dataset.partitions())
+    def _open_eval(self) -> EvalAccess:
+        assert self._dataset is not None and self._serving is not None
+        if self._mode is not None:
+            return self._mode.eval_access()
+        return MemmapEval(self._dataset, self._dataset.partitions(), self._serving.labels)
 
     # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
     def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:

@@ -12,15 +12,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-import numpy as np
-
 from loader.changeset import CachePlan
-from loader.eval_stream import EvalData
-from loader.gather_kernels import row_offsets_for
+from loader.eval_stream import EvalAccess
 from loader.inmemory import eval_batches_plan, split_stream
 from loader.pipeline import EpochDone, TrainPipeline, run_timed
-from loader.publisher import BatchSource, SlotFlow, fill_slot, gather_from, overflow_message
-from loader.sampling import SampledPass, sample_pass
+from loader.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
+from loader.sampling import SampledPass
 from loader.serving import ServingContext
 from loader.trainer_cache import TrainerCache
 from proto.codec import FrameDecoder, encode
@@ -63,7 +60,7 @@ class Session:
     """State of one connected client (lives on the event loop)."""
 
     def __init__(self, session_id: int, peer: str, ctx: ServingContext, coordinator: TrainCoordinator,
-                 segment: Segment, ring: SlotRing, eval_data: Callable[[], EvalData],
+                 segment: Segment, ring: SlotRing, eval_access: Callable[[], EvalAccess],
                  trainer_cache: TrainerCache | None = None) -> None:
         self.id = session_id
         self.peer = peer
@@ -72,7 +69,7 @@ class Session:
         self.segment = segment
         self.ring = ring
         self.flow = SlotFlow(ring.count)
-        self._eval_data = eval_data
+        self._eval_access = eval_access
         self.trainer_cache = trainer_cache
         """The client's feature cache as this session plans it (None: the client has none); it lives as
         long as the session, across epochs, so a reconnecting client starts with an empty cache."""
@@ -213,30 +210,26 @@ class Session:
 
     async def _eval_stream(self, split: str) -> None:
         cfg = self._ctx.config.sampler
-        data = self._eval_data()
+        access = self._eval_access()
         try:
             plan = eval_batches_plan(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
                                      split_stream(split))
             total = len(plan.keys)
-            def offsets(nodes: np.ndarray) -> np.ndarray:
-                return row_offsets_for(nodes, data.node_begin, data.feat_offset, data.row_bytes)
-
-            source = BatchSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
-                                 lambda nodes: self._ctx.labels[nodes], self._ctx.feat_dim, self._ctx.feat_dtype)
+            source = access.source
             loop = asyncio.get_running_loop()
             for first in range(0, total, EVAL_CHUNK_BATCHES):
                 last = min(total, first + EVAL_CHUNK_BATCHES)
                 seeds = plan.seeds[first * cfg.eval_batch_size:last * cfg.eval_batch_size]
                 t0 = time.perf_counter()
-                sampled = await loop.run_in_executor(self._ctx.cpu_pool, sample_pass, data.graph, seeds,
-                                                     cfg.eval_batch_size, cfg.eval_fanouts, plan.keys[first:last])
+                sampled = await loop.run_in_executor(self._ctx.cpu_pool, access.sample, seeds, cfg.eval_batch_size,
+                                                     cfg.eval_fanouts, plan.keys[first:last])
                 self._ctx.metrics.stage_busy.labels("eval").inc(time.perf_counter() - t0)
                 for b in range(sampled.num_batches):
                     if not await self._publish(split, self._last_epoch, 0, first + b, total, sampled, b, source):
                         return
             self._send(EvalEnd(split=split, batches=total))
         finally:
-            data.close()
+            access.close()
 
     # -- teardown ----------------------------------------------------------------------------------
     def close(self) -> None:

@@ -155,3 +155,33 @@ def test_exact_mode_on_coauthor_physics_equals_the_reference_bitwise(physics, tm
             assert_same_as_reference(consume_epoch(client, 0), ref, 0)
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("mode, exact", [
+    ("hierarchical", {}), ("inmemory", {}), ("mmap", {}), ("exact", {"neighbor_cache": "16K", "feature_cache": "8K"}),
+    ("static", {"neighbor_cache": 0, "feature_cache": "40K"})])
+def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
+    from loader.inmemory import STREAM_VAL, eval_batches_plan
+    from proto.messages import EvalEnd, EvalRequest
+
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"},
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS), "eval_batch_size": 200})
+    plan = eval_batches_plan(reference.splits["val"], 200, 0, STREAM_VAL)
+    expected = sample_pass(reference.graph, plan.seeds, 200, FANOUTS, plan.keys)
+    with running_daemon(config):
+        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+        client.send(Credit(count=client.welcome.slots.count))
+        try:
+            client.send(EvalRequest(split="val"))
+            b = 0
+            while not isinstance(msg := client.recv(timeout=60), EvalEnd):
+                arrays = client.read_batch(msg).arrays
+                want = expected.batch(b)
+                np.testing.assert_array_equal(arrays["n_id"], want.nodes)
+                np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
+                assert np.asarray(arrays["x"]).tobytes() == reference.features[want.nodes].tobytes()
+                client.send(Release(slot=msg.slot, seq=msg.seq))
+                b += 1
+            assert b == expected.num_batches == msg.batches
+        finally:
+            client.close()
