@@ -74,7 +74,9 @@ def prepare(work: Path, args: argparse.Namespace) -> Path:
     return dataset
 
 
-def write_config(path: Path, mode: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace) -> None:
+def write_config(path: Path, mode: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace,
+                 caches: dict[str, int]) -> None:
+    cache_lines = "".join(f"{key} = {value}\n" for key, value in caches.items())
     path.write_text(f"""[dataset]
 path = "{dataset}"
 [loader]
@@ -82,7 +84,7 @@ mode = "{mode}"
 [exact]
 superbatch = {args.superbatch}
 sample_group = {args.sample_group}
-[memory]
+{cache_lines}[memory]
 budget = {budget}
 [hierarchy]
 megabatch_fraction = "auto"
@@ -141,11 +143,12 @@ class LoaderOnly:
         self.client.close()
 
 
-def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int) -> dict[str, object]:
+def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int,
+             caches: dict[str, int]) -> dict[str, object]:
     sock, config = work / f"{mode}.sock", work / f"{mode}.toml"
     sock.unlink(missing_ok=True)
     data_budget = budget if mode != "inmemory" else 64 << 30
-    write_config(config, mode, dataset, sock, data_budget, args)
+    write_config(config, mode, dataset, sock, data_budget, args, caches)
     drop_caches()
     limit = budget + DAEMON_OVERHEAD
     group = memory_cgroup(limit, f"megabatch-{mode}") if mode != "inmemory" else None
@@ -178,6 +181,8 @@ def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, bud
                 delta(after, before, 'megabatch_disk_read_bytes_total{file="indices"}')
             rate = batches / seconds if seconds > 0 else 0.0
             out.update({
+                "feature_cache_bytes": after.get("megabatch_feature_cache_bytes"),
+                "neighbor_cache_bytes": after.get("megabatch_neighbor_cache_bytes"),
                 "batches": batches, "seconds": seconds, "batches_per_s": rate, "epoch_batches": epoch_batches,
                 "epoch_seconds_implied": epoch_batches / rate if rate > 0 and epoch_batches > 0 else None,
                 "feature_mb_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
@@ -317,9 +322,14 @@ def main() -> int:
         warn(f"features ({format_size(features)}) are less than 4x the budget ({format_size(budget)})")
     seq_rate = sequential_rate(dataset / "features.bin")
     results = []
+    caches: dict[str, int] = {}
     for mode in modes:
         print(f"== {mode}", flush=True)
-        results.append(run_mode(mode, dataset, work, args, budget))
+        # static gets exactly the caches exact chose, so their miss ratios compare the policies alone
+        results.append(run_mode(mode, dataset, work, args, budget, caches if mode == "static" else {}))
+        if mode == "exact" and results[-1].get("feature_cache_bytes") is not None:
+            caches = {"feature_cache": int(results[-1]["feature_cache_bytes"]),  # type: ignore[call-overload]
+                      "neighbor_cache": int(results[-1]["neighbor_cache_bytes"])}  # type: ignore[call-overload]
         print(json.dumps(results[-1]), flush=True)
     text = report(results, args, budget, features, seq_rate)
     print(text)

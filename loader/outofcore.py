@@ -14,7 +14,7 @@ Memory (``plan_outofcore``), Ginex §3.5 adapted to a pipeline where sampling an
 the same time, so both caches share the budget instead of taking turns::
 
     node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
-    4 B/node, static address table 8 B/node) + 3 superbatches in flight (sampling, planned,
+    or static address table 4 B/node) + 3 superbatches in flight (sampling, planned,
     publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
     (neighbour lists of one sample group's frontiers, 16 row-read spans) + neighbour cache
     + feature cache <= budget
@@ -102,7 +102,7 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     m, ex, mode = dataset.manifest, config.exact, config.loader.mode
     n = m.num_nodes
     index_itemsize = np.dtype(m.index_dtype.value).itemsize
-    scratch = 8 + (4 if mode == "exact" else 8)  # sampler's two int32 maps + planner map or static address table
+    scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
     graph_bytes = 8 * (n + 1) + scratch * n
     superbatch = ex.superbatch * (batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE)
     mean_degree = m.num_edges / max(1, n)
@@ -265,8 +265,9 @@ class StaticMode(_OutOfCoreMode):
         m = dataset.manifest
         capacity = plan.feature_cache_rows
         cached = np.sort(out_degree_ranking(dataset)[:capacity])
-        self.slot_of = np.full(m.num_nodes, -1, dtype=np.int64)
-        self.slot_of[cached] = np.arange(capacity, dtype=np.int64)
+        # int32 like exact's planner scratch, so both modes get the same caches from the same budget
+        self.slot_of = np.full(m.num_nodes, -1, dtype=np.int32 if capacity < 2**31 else np.int64)
+        self.slot_of[cached] = np.arange(capacity, dtype=self.slot_of.dtype)
         self.cache_rows = np.empty((capacity, m.feat_dim), dtype=self._dtype)
         if capacity:
             self.read_rows(cached, np.arange(capacity, dtype=np.int64), self.cache_rows)
