@@ -1,0 +1,49 @@
+"""The exact/static modes' memory split: every part charged, auto caches fill what is left, bad sizes refused."""
+
+import pytest
+
+from loader.config import config_from_mapping
+from loader.dataset import open_dataset
+from loader.errors import UserError
+from loader.outofcore import plan_outofcore
+from tests.daemon_harness import small_dataset
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return open_dataset(small_dataset(tmp_path_factory.mktemp("plan"), nodes=2000))
+
+
+def config(budget, **exact):
+    return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": "exact"}, "memory": {"budget": budget},
+                                "exact": exact})
+
+
+def test_auto_split_uses_the_budget_and_gives_lists_at_most_half(dataset):
+    plan = plan_outofcore(config("64M"), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    m = dataset.manifest
+    all_lists = 8 * m.num_nodes + 4 * m.num_edges
+    assert plan.neighbor_cache_bytes == all_lists  # they fit in half of what is left
+    assert plan.feature_cache_rows == m.num_nodes  # more rows than nodes are never allocated
+    assert plan.total <= 64 << 20
+    base = plan_outofcore(config("8M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    budget = base.fixed_bytes + base.graph_bytes + base.working_bytes + 150_000  # caches get 150 kB: less than all
+    tight = plan_outofcore(config(budget, superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
+                           batch_edges=1000)
+    assert tight.neighbor_cache_bytes == 75_000 < all_lists  # half of what is left
+    assert tight.feature_cache_rows == 75_000 // m.row_bytes < m.num_nodes and tight.total <= budget
+    assert "feature cache" in tight.describe() and "superbatches in flight" in tight.describe()
+
+
+def test_explicit_and_zero_caches(dataset):
+    plan = plan_outofcore(config("64M", neighbor_cache=0, feature_cache=0), dataset, fixed_bytes=0, batch_nodes=500,
+                          batch_edges=1000)
+    assert plan.neighbor_cache_bytes == 0 and plan.feature_cache_rows == 0
+    with pytest.raises(UserError, match="exceed the .* the budget leaves for caches"):
+        plan_outofcore(config("8M", superbatch=4, feature_cache="64M"), dataset, fixed_bytes=0, batch_nodes=500,
+                       batch_edges=1000)
+
+
+def test_a_budget_below_the_fixed_parts_is_refused_naming_what_to_lower(dataset):
+    with pytest.raises(UserError, match="too small for mode exact.*lower \\[exact\\] superbatch"):
+        plan_outofcore(config("4M", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000, batch_edges=50000)
