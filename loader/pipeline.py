@@ -9,6 +9,7 @@ The publisher lives with the client session (``loader.publisher``) and reads ``o
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -146,6 +147,9 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Que
     for epoch in itertools.count(start_epoch):
         t0 = time.perf_counter()
         schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch)
+        if cfg.hierarchy.passes is not None:
+            total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes)
+            schedule = [dataclasses.replace(plan, epoch_batches=total) for plan in schedule]
         ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
         for plan in schedule:
             await plans.put(plan)
@@ -193,14 +197,11 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
     fixed_passes = cfg.hierarchy.passes
     batch_size = cfg.sampler.batch_size
     epoch, batch_in_epoch, passes_in_epoch = start_epoch, 0, 0
-    epoch_batches = -1
     while True:
         mb = await ready.get()
         if mb.plan.epoch != epoch:
             raise RuntimeError(f"pipeline out of order: mega-batch of epoch {mb.plan.epoch} while in {epoch}")
-        if mb.plan.index == 0 and fixed_passes is not None:
-            plans = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch)
-            epoch_batches = epoch_batch_count(ctx.resident, plans, batch_size, fixed_passes)
+        epoch_batches = mb.plan.epoch_batches
         ctx.metrics.mb_nodes.set(mb.num_nodes)
         ctx.metrics.mb_edges.set(mb.num_edges)
         source = megabatch_source(ctx, mb)

@@ -25,6 +25,8 @@ class MegaBatchPlan:
     """Mega-batches in the epoch."""
     partitions: np.ndarray
     """int64 partition ids, ascending (so reads walk the files forward)."""
+    epoch_batches: int = -1
+    """Batches the whole epoch will publish, or -1 when not known ahead (``passes = "auto"``)."""
 
     def __post_init__(self) -> None:
         parts = np.ascontiguousarray(self.partitions, dtype=np.int64)
