@@ -132,6 +132,7 @@ fanouts = {fanouts}\neval_fanouts = {fanouts}\neval_batch_size = {args.batch_siz
     seq_rate = sequential_rate(dataset / "features.bin")
     print(f"sequential O_DIRECT read: {seq_rate:.0f} MB/s", flush=True)
 
+    sock.unlink(missing_ok=True)  # a socket left by a killed run would look like a ready daemon
     drop_caches()
     daemon, group = start_daemon(config, budget + DAEMON_OVERHEAD)
     result: dict[str, object] = {"machine": machine_description(), "args": vars(args),
