@@ -5,7 +5,8 @@ i+1 overlaps training on i: 2 (r_s + r_d)(A + B) <= C. We hold the static *featu
 buffers gather from the same static region) and only the per-mega-batch parts twice, so the
 bound we enforce is
 
-    node arrays + static features + 2 x buffer(N_d) + clients x slots x slot_bytes <= budget
+    node arrays + static features + 2 x buffer(N_d) + 3 sampled passes + clients x slots x slot_bytes
+        <= budget
 
 where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest of each kind),
 so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits.
@@ -24,6 +25,9 @@ PAGE = 4096
 
 NODE_ARRAY_BYTES = 8 + 4 + 1
 """Per dataset node, held for the daemon's life: label (int64), local-id map (int32), train mask."""
+
+PASSES_IN_FLIGHT = 3
+"""Sampled passes alive at once: one being sampled, one queued, one being published."""
 
 PER_LOCAL_NODE_BYTES = 8 * 5
 """Per mega-batch node: global id, row offset, raw indptr, induced indptr, label/seed scratch."""
@@ -47,6 +51,8 @@ class BufferSizes:
     """Page-padded feature bytes of the N_d largest partitions."""
     index_bytes: int
     """Raw edge lists + induced edge lists + per-node arrays."""
+    pass_bytes: int = 0
+    """One sampled pass over such a mega-batch (all its batches' nodes and edges, from a pilot sample)."""
 
     @property
     def total(self) -> int:
@@ -72,20 +78,27 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return self.node_array_bytes + self.static_bytes + 2 * self.buffer.total + self.slots_bytes
+        return (self.node_array_bytes + self.static_bytes + 2 * self.buffer.total
+                + PASSES_IN_FLIGHT * self.buffer.pass_bytes + self.slots_bytes)
 
     def describe(self) -> str:
         return (f"memory plan: budget {format_size(self.budget)} = node arrays {format_size(self.node_array_bytes)}"
                 f" + static cache {self.static_nodes:,} nodes {format_size(self.static_bytes)}"
                 f" + 2 x mega-batch buffer ({self.buffer.partitions} partitions, "
                 f"{format_size(self.buffer.total)} each)"
+                f" + {PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}"
                 f" + {self.max_clients} clients x {self.slots} slots x {format_size(self.slot_bytes)}"
                 f" = {format_size(self.total)} used")
 
 
 def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edges: int,
-                 index_itemsize: int) -> BufferSizes:
-    """Upper bound of one buffer for ``n_d`` partitions (``partitions`` is the (P, 6) table)."""
+                 index_itemsize: int, train_counts: np.ndarray | None = None, batch_size: int = 1,
+                 batch_bytes: int = 0) -> BufferSizes:
+    """Upper bound of one buffer for ``n_d`` partitions (``partitions`` is the (P, 6) table).
+
+    train_counts (training nodes per partition), batch_size and batch_bytes (a sampled batch's
+    nodes and edges) bound a sampled pass: the batches of the N_d partitions richest in seeds.
+    """
     nodes = partitions[:, 1] - partitions[:, 0]
     edges = partitions[:, 3] - partitions[:, 2]
     feat = (partitions[:, 5] + PAGE - 1) // PAGE * PAGE
@@ -96,12 +109,17 @@ def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edg
     max_raw = top_edges + static_edges
     # raw lists arrive in the file's index width; the induced lists are int32 local ids.
     index_bytes = max_raw * (index_itemsize + 4) + (max_nodes + 1) * PER_LOCAL_NODE_BYTES + 2 * PAGE
-    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes))
+    pass_bytes = 0
+    if train_counts is not None and batch_bytes:
+        seeds = int(np.sort(train_counts)[::-1][:n_d].sum())
+        pass_bytes = -(-seeds // max(1, batch_size)) * batch_bytes + 8 * seeds
+    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes)
 
 
 def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
-                slots: int, slot_bytes: int, max_clients: int) -> MemoryPlan:
+                slots: int, slot_bytes: int, max_clients: int, train_counts: np.ndarray | None = None,
+                batch_size: int = 1, batch_bytes: int = 0) -> MemoryPlan:
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``."""
     num_partitions = len(partitions)
     node_bytes = num_nodes * NODE_ARRAY_BYTES
@@ -109,7 +127,8 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction
 
     def make(n_d: int) -> MemoryPlan:
         return MemoryPlan(budget, node_bytes, static_nodes, static_bytes,
-                          buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize),
+                          buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize, train_counts,
+                                       batch_size, batch_bytes),
                           slots, slot_bytes, max_clients)
 
     if fraction is not None:

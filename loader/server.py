@@ -42,7 +42,7 @@ from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
 from loader.sizes import format_size
-from loader.slot_sizing import estimate_slot_bytes
+from loader.slot_sizing import estimate_slot_bytes, pilot_batch_sizes
 from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError
@@ -70,6 +70,8 @@ class DaemonState:
     pipeline_owner: Session | None = None
     pipeline_next_epoch: int | None = None
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
+    stopping: set["asyncio.Task[None]"] = field(default_factory=set)
+    """Pipelines being stopped; a new one starts only once they are gone."""
 
 
 class Daemon:
@@ -153,11 +155,16 @@ class Daemon:
                             cpu_pool: ThreadPoolExecutor) -> str:
         cfg, m = self.config, dataset.manifest
         index_itemsize = np.dtype(m.index_dtype.value).itemsize
+        # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
+        batch_nodes, batch_edges = pilot_batch_sizes(dataset, resident, cfg.sampler)
+        parts, train = resident.partitions, resident.split_ids["train"]
+        train_counts = np.searchsorted(train, parts[:, 1]) - np.searchsorted(train, parts[:, 0])
         plan = plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=resident.static.num_nodes,
                            static_row_bytes=m.row_bytes, static_edges=len(resident.static.indices),
                            index_itemsize=index_itemsize, slots=cfg.publisher.slots, slot_bytes=slot_bytes,
-                           max_clients=cfg.server.max_clients)
+                           max_clients=cfg.server.max_clients, train_counts=train_counts,
+                           batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
         log.info("%s", plan.describe())
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
@@ -387,7 +394,7 @@ class Daemon:
         return MemmapEval(self._dataset, self._dataset.partitions(), self._serving.labels)
 
     # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
-    def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
+    async def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
         st = self.state
         if st.pipeline_owner is not None and st.pipeline_owner is not session:
             return f"session {st.pipeline_owner.id} is training; one training stream at a time"
@@ -395,12 +402,22 @@ class Daemon:
         if st.pipeline is not None and st.pipeline_next_epoch != epoch:
             pipeline = st.pipeline
             st.pipeline = None
-            self._spawn(pipeline.stop(), "stop-pipeline")
+            self._stop_later(pipeline)
         if st.pipeline is None:
+            # a stopped pipeline's stages must be gone before a new one takes the buffers and memory
+            st.pipeline_owner = session
+            while st.stopping:
+                await asyncio.gather(*list(st.stopping), return_exceptions=True)
             st.pipeline = self._start_pipeline(epoch)
         st.pipeline_owner = session
         st.pipeline_next_epoch = None
         return st.pipeline
+
+    def _stop_later(self, pipeline: TrainPipeline) -> None:
+        task = asyncio.ensure_future(pipeline.stop())
+        task.set_name("megabatch-stop-pipeline")
+        self.state.stopping.add(task)
+        task.add_done_callback(self.state.stopping.discard)
 
     def finish_pipeline(self, session: Session, pipeline: TrainPipeline, next_epoch: int | None) -> None:
         """A stream ended: keep the pipeline running ahead into ``next_epoch``, or drop it."""
@@ -410,7 +427,7 @@ class Daemon:
         if next_epoch is None or session.closed:
             st.pipeline = None
             st.pipeline_owner = None
-            self._spawn(pipeline.stop(), "stop-pipeline")
+            self._stop_later(pipeline)
         else:
             st.pipeline_next_epoch = next_epoch
 
@@ -418,7 +435,9 @@ class Daemon:
         st = self.state
         pipeline, st.pipeline, st.pipeline_owner = st.pipeline, None, None
         if pipeline is not None:
-            await pipeline.stop()
+            self._stop_later(pipeline)
+        while st.stopping:
+            await asyncio.gather(*list(st.stopping), return_exceptions=True)
 
     def _dataset_info(self, dataset: Dataset, resident: ResidentData) -> DatasetInfo:
         m, s = dataset.manifest, self.config.sampler

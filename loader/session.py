@@ -51,7 +51,7 @@ EVAL_CHUNK_BATCHES = 32
 class TrainCoordinator(Protocol):
     """The daemon side a session needs for training streams (one trainer at a time)."""
 
-    def acquire_pipeline(self, session: "Session", epoch: int) -> TrainPipeline | str: ...
+    async def acquire_pipeline(self, session: "Session", epoch: int) -> TrainPipeline | str: ...
 
     def finish_pipeline(self, session: "Session", pipeline: TrainPipeline, next_epoch: int | None) -> None: ...
 
@@ -176,7 +176,7 @@ class Session:
         return True
 
     async def _train_stream(self, epoch: int) -> None:
-        acquired = self._coordinator.acquire_pipeline(self, epoch)
+        acquired = await self._coordinator.acquire_pipeline(self, epoch)
         if isinstance(acquired, str):
             self._send(Error(ErrorCode.BAD_REQUEST, acquired))
             return

@@ -55,3 +55,13 @@ def test_auto_fraction_picks_the_largest_fitting():
     assert bigger.buffer.partitions == 2  # capped at half the partitions
     with pytest.raises(UserError, match="cannot hold even one partition"):
         plan_memory(**kwargs(fraction=None, budget=1 << 20))
+
+
+def test_sampled_passes_in_flight_are_charged():
+    train = np.array([5, 400, 20, 150, 0])  # training nodes per partition
+    plain = plan_memory(**kwargs())
+    charged = plan_memory(**kwargs(train_counts=train, batch_size=100, batch_bytes=1000))
+    # the 2 partitions richest in seeds: 550 seeds = 6 batches of 100
+    assert charged.buffer.pass_bytes == 6 * 1000 + 8 * 550
+    assert charged.total == plain.total + 3 * charged.buffer.pass_bytes
+    assert "3 sampled passes" in charged.describe()
