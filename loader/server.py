@@ -9,6 +9,7 @@ second one skips the waiting. Shared runtime state (sessions, the training pipel
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import os
 import signal
@@ -381,7 +382,13 @@ class Daemon:
         log.info("session %d: disconnected", session.id)
         if self.state.pipeline_owner is session:
             self._spawn(self._stop_pipeline(), "stop-pipeline")
-        self._spawn(session.dispose(), "dispose")
+        self._spawn(self._dispose(session), "dispose")
+
+    async def _dispose(self, session: Session) -> None:
+        await session.dispose()
+        # a view of the slots caught in a reference cycle (a traceback, a closure) would keep the memfd
+        # mapped, its pages charged to the daemon, until the cyclic collector happened to run
+        gc.collect()
 
     def _slot_usage(self) -> tuple[int, int]:
         sessions = list(self.state.sessions.values())
