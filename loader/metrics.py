@@ -111,6 +111,7 @@ class DaemonMetrics:
         for result in ("hit", "miss"):
             self.feature_cache_lookups.labels(result)
             self.neighbor_cache_lookups.labels(result)
+        self.feature_cache_lookups.labels("fill")
         for result in ("hit", "shipped"):
             self.trainer_cache_rows.labels(result)
         r.register(_ScrapeCollector(self._probes))

@@ -247,6 +247,8 @@ class ExactMode(_OutOfCoreMode):
             # so the cache is exactly in this plan's prior state when batch 0 arrives
             if b == 0:
                 self.cache.fill(cache_plan, self.read_rows)
+                # rows read ahead for this superbatch: they serve accesses counted as hits below
+                lookups.labels("fill").inc(cache_plan.num_fill)
             self.cache.gather(cache_plan, b, x, self.read_rows)
             hits = int(np.count_nonzero(cache_plan.hit_slots(b) >= 0))
             lookups.labels("hit").inc(hits)
