@@ -32,8 +32,8 @@ from loader.resident import ResidentData
 from loader.sampling import SampledPass, batch_keys, sample_pass, shuffle
 from loader.schedule import MegaBatchPlan, schedule_epoch
 
-__all__ = ["SampledWork", "EpochDone", "run_timed", "PipelineContext", "TrainPipeline", "start_train_pipeline",
-           "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
+__all__ = ["SampledWork", "EpochDone", "run_timed", "run_in_pool", "PipelineContext", "TrainPipeline",
+           "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
 
 log = logging.getLogger("megabatch.pipeline")
 
@@ -127,13 +127,27 @@ def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_
     return total * passes
 
 
+async def run_in_pool(pool: ThreadPoolExecutor, func: Callable[..., T], *args: object) -> T:
+    """``func(*args)`` on ``pool``; when cancelled, still waits for the job to finish before raising.
+
+    A thread cannot be interrupted: a job outliving its cancelled stage would keep its memory (a
+    sampled superbatch, views of a slot) alive and could write into a buffer a new pipeline now
+    owns. Waiting keeps "the stage is gone" meaning "its work is gone".
+    """
+    job = asyncio.get_running_loop().run_in_executor(pool, func, *args)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])
+        raise
+
+
 async def run_timed(pool: ThreadPoolExecutor, metrics: DaemonMetrics, stage: str, func: Callable[..., T],
                     *args: object) -> T:
     """Run CPU work on ``pool`` (numba kernels drop the GIL) and charge its seconds to ``stage``."""
-    loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
-        return await loop.run_in_executor(pool, func, *args)
+        return await run_in_pool(pool, func, *args)
     finally:
         metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from loader.changeset import CachePlan
 from loader.eval_stream import EvalAccess
 from loader.inmemory import eval_batches_plan, split_stream
-from loader.pipeline import EpochDone, TrainPipeline, run_timed
+from loader.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
 from loader.sampling import SampledPass
 from loader.serving import ServingContext
@@ -147,16 +147,15 @@ class Session:
         slot = await self.flow.acquire(seq)
         header = SlotHeader(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
                             num_batches=num_batches)
-        loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         try:
             if cache_plan is None:
-                nbytes = await loop.run_in_executor(self._ctx.cpu_pool, fill_slot, self.ring, slot, header, sampled,
-                                                    b, source)
+                nbytes = await run_in_pool(self._ctx.cpu_pool, fill_slot, self.ring, slot, header, sampled, b,
+                                           source)
             else:
                 assert self.trainer_cache is not None
-                cached = await loop.run_in_executor(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring,
-                                                    slot, header, sampled, b, source, cache_plan)
+                cached = await run_in_pool(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring, slot,
+                                           header, sampled, b, source, cache_plan)
                 nbytes = cached.nbytes
                 rows = self._ctx.metrics.trainer_cache_rows
                 rows.labels("hit").inc(cached.hits)
@@ -216,12 +215,11 @@ class Session:
                                      split_stream(split))
             total = len(plan.keys)
             source = access.source
-            loop = asyncio.get_running_loop()
             for first in range(0, total, EVAL_CHUNK_BATCHES):
                 last = min(total, first + EVAL_CHUNK_BATCHES)
                 seeds = plan.seeds[first * cfg.eval_batch_size:last * cfg.eval_batch_size]
                 t0 = time.perf_counter()
-                sampled = await loop.run_in_executor(self._ctx.cpu_pool, access.sample, seeds, cfg.eval_batch_size,
+                sampled = await run_in_pool(self._ctx.cpu_pool, access.sample, seeds, cfg.eval_batch_size,
                                                      cfg.eval_fanouts, plan.keys[first:last])
                 self._ctx.metrics.stage_busy.labels("eval").inc(time.perf_counter() - t0)
                 for b in range(sampled.num_batches):
