@@ -72,6 +72,8 @@ class DaemonState:
     pipeline_next_epoch: int | None = None
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
     stopping: set["asyncio.Task[None]"] = field(default_factory=set)
+    disposing: set["asyncio.Task[None]"] = field(default_factory=set)
+    """Disconnected sessions whose slots are not unmapped yet (they still count against max_clients)."""
     """Pipelines being stopped; a new one starts only once they are gone."""
 
 
@@ -314,6 +316,11 @@ class Daemon:
             await self._refuse(conn, ErrorCode.UNSUPPORTED_VERSION,
                                f"daemon speaks protocol {PROTOCOL_VERSION}, client {hello.protocol_version}")
             return
+        # a disconnected session's slots are memory until its dispose has unmapped them: a new client
+        # waits for that rather than push the daemon past the max_clients x slots it budgeted
+        while self.state.disposing and len(self.state.sessions) + len(self.state.disposing) >= \
+                self.config.server.max_clients:
+            await asyncio.gather(*list(self.state.disposing), return_exceptions=True)
         if self.should_exit.is_set() or len(self.state.sessions) >= self.config.server.max_clients:
             await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
                                                      f"(max_clients = {self.config.server.max_clients})")
@@ -382,7 +389,12 @@ class Daemon:
         log.info("session %d: disconnected", session.id)
         if self.state.pipeline_owner is session:
             self._spawn(self._stop_pipeline(), "stop-pipeline")
-        self._spawn(self._dispose(session), "dispose")
+        task = asyncio.ensure_future(self._dispose(session))
+        task.set_name(f"megabatch-dispose-session{session.id}")
+        self.state.tasks.add(task)
+        self.state.disposing.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+        task.add_done_callback(self.state.disposing.discard)
 
     async def _dispose(self, session: Session) -> None:
         await session.dispose()
