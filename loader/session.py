@@ -244,6 +244,8 @@ class Session:
         """Wait for the stream to stop, then unmap the slots (the memfd is freed with the last mapping)."""
         if self._stream is not None:
             await asyncio.gather(self._stream, return_exceptions=True)
+            # a cancelled or failed task keeps its traceback, whose frames hold views of a slot
+            self._stream = None
         # the ring's views are exports of the mapping: while they live, close() cannot unmap and the
         # memfd's pages stay charged to the daemon however long this Session object lingers
         self.ring.close()
