@@ -121,7 +121,6 @@ Not minimised: misses + fill reads together. The fill follows the model (C earli
 accesses), which may read a row whose hit another optimal schedule gets from a prior id.
 """
 
-import operator
 import threading
 from dataclasses import dataclass, field
 
@@ -138,19 +137,11 @@ from loader.changeset_kernels import (
     STATUS_PRIOR_SLOT_OUT_OF_RANGE,
     plan_kernel,
 )
+from loader.sampling import as_int
 
 __all__ = ["CacheState", "ChangeSet", "CachePlan", "CachePlanner", "plan_cache"]
 
 _INT32_LIMIT = 2**31 - 1
-
-
-def _as_int(field: str, value: object) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{field}: expected an integer, got {value!r}")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{field}: expected an integer, got {value!r}") from None
 
 
 def _int64_array(field: str, value: object) -> np.ndarray:
@@ -299,7 +290,7 @@ class CachePlan:
         return CacheState(self.final_ids, self.final_slots)
 
     def _check_iteration(self, t: int) -> int:
-        t = _as_int("t", t)
+        t = as_int("t", t)
         if not 0 <= t < self.num_iterations:
             raise IndexError(f"iteration {t} outside [0, {self.num_iterations})")
         return t
@@ -341,8 +332,8 @@ class CachePlanner:
     """
 
     def __init__(self, num_nodes: int, capacity: int) -> None:
-        self.num_nodes = _as_int("num_nodes", num_nodes)
-        self.capacity = _as_int("capacity", capacity)
+        self.num_nodes = as_int("num_nodes", num_nodes)
+        self.capacity = as_int("capacity", capacity)
         if self.num_nodes < 0:
             raise ValueError(f"num_nodes: {self.num_nodes} is negative")
         if self.capacity < 0:

@@ -47,7 +47,7 @@ from loader.exact_sampling_kernels import (
 )
 from loader.neighbor_cache import NeighborCache
 from loader.neighbor_reader import DEFAULT_GAP_BYTES, DEFAULT_READ_THREADS, NeighborReader
-from loader.sampling import SampledPass, _as_int, _int_array, _keys_array
+from loader.sampling import SampledPass, as_int, as_int_array, check_pass_args
 
 __all__ = ["ExactSampler", "ExactSamplingStats", "DEFAULT_GROUP_SIZE"]
 
@@ -80,7 +80,7 @@ class ExactSampler:
 
     def __init__(self, indptr: np.ndarray, neighbor_cache: NeighborCache, neighbor_reader: NeighborReader, *,
                  group_size: int = DEFAULT_GROUP_SIZE, owns_reader: bool = False) -> None:
-        self.indptr = _int_array("indptr", indptr, (np.int64,))
+        self.indptr = as_int_array("indptr", indptr, (np.int64,))
         if len(self.indptr) == 0 or self.indptr[0] != 0:
             raise ValueError("indptr: expected N+1 >= 1 entries starting at 0")
         if not isinstance(neighbor_cache, NeighborCache):
@@ -91,7 +91,7 @@ class ExactSampler:
             # Lists are addressed through these offsets: different ones would silently mix graphs.
             if other is not self.indptr and not np.array_equal(other, self.indptr):
                 raise ValueError(f"{name}: built over a different indptr than the sampler's")
-        size = _as_int("group_size", group_size)
+        size = as_int("group_size", group_size)
         if size < 1:
             raise ValueError(f"group_size: {size}, expected >= 1")
         self.cache = neighbor_cache
@@ -168,19 +168,8 @@ class ExactSampler:
         smaller), distinct within a batch; fanouts[h]: most neighbours per target at hop h+1,
         -1 for all; keys: one uint64 per batch (``loader.sampling.batch_keys``).
         """
-        seed_array = _int_array("seeds", seeds, (np.int64,))
-        size = _as_int("batch_size", batch_size)
-        if size < 1:
-            raise ValueError(f"batch_size: {size}, expected >= 1")
-        fanout_list = [_as_int("fanouts", fanout) for fanout in fanouts]
-        if any(fanout < -1 for fanout in fanout_list):
-            raise ValueError(f"fanouts: {fanout_list}, each must be >= 0 or -1 (all neighbours)")
-        num_nodes = self.num_nodes
-        if seed_array.size and (seed_array.min() < 0 or seed_array.max() >= num_nodes):
-            bad = seed_array[(seed_array < 0) | (seed_array >= num_nodes)][0]
-            raise ValueError(f"seeds: local id {bad} outside [0, {num_nodes})")
-        num_batches = -(-len(seed_array) // size)
-        key_array = _keys_array(keys, num_batches)
+        seed_array, size, fanout_list, key_array = check_pass_args(seeds, batch_size, fanouts, keys, self.num_nodes)
+        num_batches = len(key_array)
         with self._lock:
             return self._sample(seed_array, size, fanout_list, key_array, num_batches)
 

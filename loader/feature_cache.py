@@ -22,7 +22,7 @@ import numpy.typing as npt
 from loader.changeset import CachePlan, CacheState
 from loader.changeset_kernels import copy_hit_rows, copy_rows
 
-__all__ = ["RowReader", "ArrayRowReader", "FeatureCache"]
+__all__ = ["RowReader", "ArrayRowReader", "FeatureCache", "row_words"]
 
 
 class RowReader(Protocol):
@@ -35,7 +35,7 @@ class RowReader(Protocol):
     def __call__(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None: ...
 
 
-def _words(rows: np.ndarray) -> np.ndarray:
+def row_words(rows: np.ndarray) -> np.ndarray:
     """A 2-D C-contiguous array as unsigned words of its item size, so copies are bit-exact for any dtype."""
     itemsize = rows.dtype.itemsize
     word = np.dtype(f"u{itemsize}") if itemsize in (1, 2, 4, 8) else np.dtype(np.uint8)
@@ -63,7 +63,7 @@ class ArrayRowReader:
                 raise ValueError(f"ids: outside [0, {len(self.features)})")
             if positions.min() < 0 or positions.max() >= len(out):
                 raise ValueError(f"positions: outside [0, {len(out)})")
-        copy_rows(_words(self.features), ids, _words(out), positions)
+        copy_rows(row_words(self.features), ids, row_words(out), positions)
         self.rows_read += len(ids)
 
 
@@ -79,7 +79,7 @@ class FeatureCache:
             raise ValueError(f"rows: expected a C-contiguous 2-D array, got {type(rows).__name__} "
                              f"{getattr(rows, 'shape', '')}")
         self.rows = rows
-        self._words = _words(rows)
+        self._words = row_words(rows)
         self._state: CacheState | None = CacheState()  # None: unknown, after a fill that failed
         self._plan: CachePlan | None = None
         self._next = 0
@@ -149,7 +149,7 @@ class FeatureCache:
                              f"{self.rows.dtype} {(end - begin, self.rows.shape[1])}")
         if not x.flags.c_contiguous:
             raise ValueError("x: not C-contiguous")
-        x_words = _words(x)
+        x_words = row_words(x)
         hits = plan.hit_slot[begin:end]
         copy_hit_rows(self._words, hits, x_words)
         miss_positions = np.flatnonzero(hits < 0)

@@ -47,7 +47,8 @@ import numpy as np
 
 from loader.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
-__all__ = ["CSCGraph", "SampledBatch", "SampledPass", "batch_keys", "shuffle", "sample_pass"]
+__all__ = ["CSCGraph", "SampledBatch", "SampledPass", "batch_keys", "shuffle", "sample_pass", "check_pass_args",
+           "as_int", "as_int_array"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -55,7 +56,7 @@ _INITIAL_CAPACITY_CAP = 1 << 24
 """Largest first guess (items) for an output buffer; beyond it the kernel grows the buffer."""
 
 
-def _int_array(field: str, value: object, wanted: tuple[type[np.integer], ...]) -> np.ndarray:
+def as_int_array(field: str, value: object, wanted: tuple[type[np.integer], ...]) -> np.ndarray:
     """``value`` as a C-contiguous 1-D array of the first of ``wanted`` it converts to losslessly.
 
     An array already of a wanted dtype and contiguous is returned as is (a memmap stays a
@@ -77,7 +78,7 @@ def _int_array(field: str, value: object, wanted: tuple[type[np.integer], ...]) 
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
-def _as_int(field: str, value: object) -> int:
+def as_int(field: str, value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{field}: expected an integer, got {value!r}")
     try:
@@ -102,9 +103,9 @@ class CSCGraph:
     global_ids: np.ndarray
 
     def __post_init__(self) -> None:
-        indptr = _int_array("indptr", self.indptr, (np.int64,))
-        indices = _int_array("indices", self.indices, (np.int32, np.int64))
-        global_ids = _int_array("global_ids", self.global_ids, (np.int64,))
+        indptr = as_int_array("indptr", self.indptr, (np.int64,))
+        indices = as_int_array("indices", self.indices, (np.int32, np.int64))
+        global_ids = as_int_array("global_ids", self.global_ids, (np.int64,))
         if len(indptr) == 0:
             raise ValueError("indptr: length 0, expected M+1 >= 1 entries")
         if indptr[0] != 0:
@@ -210,15 +211,15 @@ def batch_keys(seed: int, stream: int, epoch: int, pass_index: int, first_batch:
     ``stream`` separates train, val, test and any other sampling streams; the derivation is
     in the module docstring. Negative seed/stream/epoch/pass_index are taken mod 2^64.
     """
-    first = _as_int("first_batch", first_batch)
-    count = _as_int("num_batches", num_batches)
+    first = as_int("first_batch", first_batch)
+    count = as_int("num_batches", num_batches)
     if first < 0:
         raise ValueError(f"first_batch: {first} is negative")
     if count < 0:
         raise ValueError(f"num_batches: {count} is negative")
-    base = _mix64(_as_int("seed", seed) & _MASK)
+    base = _mix64(as_int("seed", seed) & _MASK)
     for name, value in (("stream", stream), ("epoch", epoch), ("pass_index", pass_index)):
-        base = _mix64(base ^ _mix64((_as_int(name, value) + _GAMMA) & _MASK))
+        base = _mix64(base ^ _mix64((as_int(name, value) + _GAMMA) & _MASK))
     counters = np.arange(first + 1, first + count + 1, dtype=np.uint64)
     return _mix64_array(np.uint64(base) + counters * np.uint64(_GAMMA))
 
@@ -229,9 +230,9 @@ def shuffle(ids: np.ndarray, key: int) -> np.ndarray:
 
 
 def _keys_array(keys: np.ndarray, num_batches: int) -> np.ndarray:
-    array = _int_array("keys", keys, (np.uint64,)) if np.asarray(keys).dtype.kind == "u" else None
+    array = as_int_array("keys", keys, (np.uint64,)) if np.asarray(keys).dtype.kind == "u" else None
     if array is None:
-        signed = _int_array("keys", keys, (np.int64,))
+        signed = as_int_array("keys", keys, (np.int64,))
         if signed.size and signed.min() < 0:
             raise ValueError(f"keys: negative key {signed.min()}; keys are uint64")
         array = signed.astype(np.uint64)
@@ -251,6 +252,25 @@ def _capacity_guess(num_seeds: int, num_batches: int, fanouts: np.ndarray, graph
     return min(nodes, _INITIAL_CAPACITY_CAP), min(edges, _INITIAL_CAPACITY_CAP)
 
 
+def check_pass_args(seeds: np.ndarray, batch_size: int, fanouts: Sequence[int], keys: np.ndarray, num_nodes: int
+                    ) -> tuple[np.ndarray, int, list[int], np.ndarray]:
+    """The validated (int64 seeds, batch size, fanouts, uint64 keys) of a pass over ``num_nodes`` nodes.
+
+    Shared by every sampler so bad input gets the same ValueError, naming the field, from each.
+    """
+    seed_array = as_int_array("seeds", seeds, (np.int64,))
+    size = as_int("batch_size", batch_size)
+    if size < 1:
+        raise ValueError(f"batch_size: {size}, expected >= 1")
+    fanout_list = [as_int("fanouts", fanout) for fanout in fanouts]
+    if any(fanout < -1 for fanout in fanout_list):
+        raise ValueError(f"fanouts: {fanout_list}, each must be >= 0 or -1 (all neighbours)")
+    if seed_array.size and (seed_array.min() < 0 or seed_array.max() >= num_nodes):
+        bad = seed_array[(seed_array < 0) | (seed_array >= num_nodes)][0]
+        raise ValueError(f"seeds: local id {bad} outside [0, {num_nodes})")
+    return seed_array, size, fanout_list, _keys_array(keys, -(-len(seed_array) // size))
+
+
 def sample_pass(graph: CSCGraph, seeds: np.ndarray, batch_size: int, fanouts: Sequence[int], keys: np.ndarray
                 ) -> SampledPass:
     """Sample every batch of a pass (see the module docstring for the semantics).
@@ -262,20 +282,10 @@ def sample_pass(graph: CSCGraph, seeds: np.ndarray, batch_size: int, fanouts: Se
     """
     if not isinstance(graph, CSCGraph):
         raise ValueError(f"graph: expected a CSCGraph, got {type(graph).__name__}")
-    seed_array = _int_array("seeds", seeds, (np.int64,))
-    size = _as_int("batch_size", batch_size)
-    if size < 1:
-        raise ValueError(f"batch_size: {size}, expected >= 1")
-    fanout_list = [_as_int("fanouts", fanout) for fanout in fanouts]
-    if any(fanout < -1 for fanout in fanout_list):
-        raise ValueError(f"fanouts: {fanout_list}, each must be >= 0 or -1 (all neighbours)")
-    fanout_array = np.array(fanout_list, dtype=np.int64)
     num_local = graph.num_nodes
-    if seed_array.size and (seed_array.min() < 0 or seed_array.max() >= num_local):
-        bad = seed_array[(seed_array < 0) | (seed_array >= num_local)][0]
-        raise ValueError(f"seeds: local id {bad} outside [0, {num_local})")
-    num_batches = -(-len(seed_array) // size)
-    key_array = _keys_array(keys, num_batches)
+    seed_array, size, fanout_list, key_array = check_pass_args(seeds, batch_size, fanouts, keys, num_local)
+    num_batches = len(key_array)
+    fanout_array = np.array(fanout_list, dtype=np.int64)
     mark = np.full(num_local, -1, dtype=np.int32 if num_local < 2**31 else np.int64)
     node_capacity, edge_capacity = _capacity_guess(len(seed_array), num_batches, fanout_array, graph)
     (status, detail0, detail1, node_ptr, nodes, edge_ptr, edge_src, edge_dst, num_nodes, num_edges

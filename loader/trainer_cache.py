@@ -28,6 +28,7 @@ import numpy as np
 
 from loader.changeset import CachePlan, CachePlanner, CacheState
 from loader.changeset_kernels import copy_rows
+from loader.feature_cache import row_words
 from loader.publisher import BatchSource, batch_specs
 from loader.sampling import SampledPass
 from proto.slots import SlotHeader, SlotRing, plan_slot
@@ -47,11 +48,6 @@ def accepted_rows(requested_bytes: int, num_nodes: int, feat_dim: int, feat_dtyp
     if requested_bytes <= 0 or row_bytes == 0:
         return 0
     return min(requested_bytes // row_bytes, num_nodes, MAX_ROWS)
-
-
-def _words(rows: np.ndarray) -> np.ndarray:
-    """A 2-D C-contiguous array as unsigned words of its item size, so row copies are bit-exact."""
-    return rows.view(np.dtype(f"u{rows.dtype.itemsize}"))
 
 
 @dataclass(frozen=True)
@@ -119,7 +115,7 @@ class TrainerCache:
             # scratch and copy the missed rows out: one extra copy of the batch's rows in RAM.
             scratch = self._scratch_for(len(nodes))
             source.fill_features(b, nodes, scratch)
-            copy_rows(_words(scratch), miss, _words(x), np.arange(len(miss), dtype=np.int64))
+            copy_rows(row_words(scratch), miss, row_words(x), np.arange(len(miss), dtype=np.int64))
         arrays["n_id"][:] = plan.ids(b)  # the dataset ids the plan was made for
         arrays["y"][:] = source.labels(nodes[:seeds])
         arrays["edge_index"][:] = batch.edge_index
