@@ -46,6 +46,7 @@ from bench.harness import (  # noqa: E402
     process_read_bytes,
     scrape,
     sequential_rate,
+    sh,
     wait_for_socket,
     warn,
 )
@@ -58,10 +59,6 @@ RESULTS = ROOT / "bench" / "results"
 MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
 METRICS_PORT = 9461
 
-
-def sh(cmd: list[str]) -> None:
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 def prepare(work: Path, args: argparse.Namespace) -> Path:

@@ -35,6 +35,7 @@ from bench.harness import (  # noqa: E402
     memory_cgroup,
     scrape,
     sequential_rate,
+    sh,
     wait_for_socket,
 )
 from loader.dataset import open_dataset  # noqa: E402
@@ -47,10 +48,6 @@ from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # 
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"
 
-
-def sh(cmd: list[str]) -> None:
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 def consume_epoch(client: ControlClient, epoch: int) -> tuple[int, int, float]:

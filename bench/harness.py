@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
-           "machine_description", "sequential_rate", "scrape", "wait_for_socket", "process_read_bytes",
+           "machine_description", "sh", "sequential_rate", "scrape", "wait_for_socket", "process_read_bytes",
            "DAEMON_OVERHEAD"]
 
 DAEMON_OVERHEAD = 320 << 20
@@ -114,6 +114,12 @@ def machine_description() -> str:
     except OSError:
         mem_kb = 0
     return f"{cpu}, {os.cpu_count()} cores, {mem_kb / 2**20:.0f} GiB RAM"
+
+
+def sh(cmd: list[str]) -> None:
+    """Echo and run a setup command; a failure stops the bench."""
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
 
 
 def sequential_rate(path: Path, limit: int = 1 << 30) -> float:

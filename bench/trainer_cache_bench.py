@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import wait_for_socket  # noqa: E402
+from bench.harness import sh, wait_for_socket  # noqa: E402
 from loader.sizes import format_size, parse_size  # noqa: E402
 from trainer.daemon_source import DaemonSource  # noqa: E402
 from trainer.device_cache import DeviceFeatureCache  # noqa: E402
@@ -34,10 +34,6 @@ from trainer.device_cache import DeviceFeatureCache  # noqa: E402
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"
 
-
-def sh(cmd: list[str]) -> None:
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 def consume(sock: Path, cache_bytes: int, epochs: int, batches: int
