@@ -10,12 +10,12 @@ from loader.metrics import DaemonMetrics
 from loader.outofcore import ExactMode, StaticMode, plan_outofcore
 from loader.resident import ResidentData
 from loader.sizes import format_size
-from loader.slot_sizing import pilot_batch_sizes
+from loader.slot_sizing import PilotSizes
 
 __all__ = ["open_mode"]
 
 
-def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, slot_bytes: int,
+def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, slot_bytes: int, pilot: PilotSizes,
               metrics: DaemonMetrics) -> FullGraphMode:
     """The ``[loader] mode`` backend; UserError when the budget cannot hold its fixed part."""
     m = dataset.manifest
@@ -31,7 +31,7 @@ def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, sl
         return InMemoryMode(dataset, resident.labels, config.exact.superbatch, budget - fixed)
     if mode == "mmap":
         return MmapMode(dataset, resident.partitions, resident.labels)
-    batch_nodes, batch_edges = pilot_batch_sizes(dataset, resident, config.sampler)
+    batch_nodes, batch_edges = pilot.train_or_zero
     plan = plan_outofcore(config, dataset, fixed, batch_nodes, batch_edges)
     if mode == "exact":
         return ExactMode(dataset, resident.labels, config, plan, metrics)

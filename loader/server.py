@@ -43,7 +43,7 @@ from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
 from loader.sizes import format_size
-from loader.slot_sizing import estimate_slot_bytes, pilot_batch_sizes
+from loader.slot_sizing import PilotSizes, estimate_slot_bytes, pilot_batch_sizes
 from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError
@@ -131,18 +131,20 @@ class Daemon:
         m = dataset.manifest
         hierarchical = cfg.loader.mode == "hierarchical"
         resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache)
+        # one pilot sample sizes the slots and every memory plan
+        pilot = pilot_batch_sizes(dataset, resident, cfg.sampler)
         if cfg.publisher.slot_bytes is not None:
             slot_bytes = cfg.publisher.slot_bytes
         else:
-            slot_bytes = estimate_slot_bytes(dataset, resident, cfg.sampler)
+            slot_bytes = estimate_slot_bytes(dataset, pilot, cfg.sampler)
         cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
         self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
                                        np.dtype(m.feat_dtype.value))
         self._dataset, self._slot_bytes = dataset, slot_bytes
         if hierarchical:
-            where = self._setup_hierarchical(dataset, resident, slot_bytes, cpu_pool)
+            where = self._setup_hierarchical(dataset, resident, slot_bytes, cpu_pool, pilot)
         else:
-            where = self._setup_fullgraph(dataset, resident, slot_bytes)
+            where = self._setup_fullgraph(dataset, resident, slot_bytes, pilot)
         self._welcome_info = self._dataset_info(dataset, resident)
         self.metrics.set_build(dataset.path.name, cfg.loader.mode)
         self.metrics.memory_budget.set(cfg.memory.budget)
@@ -155,11 +157,11 @@ class Daemon:
         self.ready.set()
 
     def _setup_hierarchical(self, dataset: Dataset, resident: ResidentData, slot_bytes: int,
-                            cpu_pool: ThreadPoolExecutor) -> str:
+                            cpu_pool: ThreadPoolExecutor, pilot: PilotSizes) -> str:
         cfg, m = self.config, dataset.manifest
         index_itemsize = np.dtype(m.index_dtype.value).itemsize
         # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
-        batch_nodes, batch_edges = pilot_batch_sizes(dataset, resident, cfg.sampler)
+        batch_nodes, batch_edges = pilot.train_or_zero
         parts, train = resident.partitions, resident.split_ids["train"]
         train_counts = np.searchsorted(train, parts[:, 1]) - np.searchsorted(train, parts[:, 0])
         plan = plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
@@ -181,9 +183,9 @@ class Daemon:
         self.metrics.static_bytes.set(arena.static_bytes)
         return f"{m.num_partitions} partitions, {plan.buffer.partitions} per mega-batch"
 
-    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, slot_bytes: int) -> str:
+    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, slot_bytes: int, pilot: PilotSizes) -> str:
         cfg = self.config
-        mode = open_mode(cfg, dataset, resident, slot_bytes, self.metrics)
+        mode = open_mode(cfg, dataset, resident, slot_bytes, pilot, self.metrics)
         log.info("%s", mode.describe())
         serving = self._serving
         assert serving is not None

@@ -8,18 +8,20 @@ training batches only get smaller), add 50% headroom, and keep the hard bound as
 A batch that still does not fit is refused with a message naming the size to configure.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from loader.config import SamplerConfig
 from loader.dataset import Dataset
-from loader.eval_stream import open_eval_data
-from loader.inmemory import STREAM_VAL, epoch_batches_inmemory, eval_batches_plan
+from loader.eval_stream import EvalData, open_eval_data
+from loader.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
 from loader.publisher import batch_specs
 from loader.resident import ResidentData
 from loader.sampling import sample_pass
 from proto.slots import HEADER_BYTES, slot_bytes_for
 
-__all__ = ["estimate_slot_bytes", "pilot_batch_sizes", "PILOT_BATCHES", "HEADROOM"]
+__all__ = ["PilotSizes", "estimate_slot_bytes", "pilot_batch_sizes", "PILOT_BATCHES", "HEADROOM"]
 
 PILOT_BATCHES = 16
 HEADROOM = 1.5
@@ -36,47 +38,59 @@ def _hard_bound(batch_size: int, fanouts: tuple[int, ...], num_nodes: int, num_e
     return min(nodes, num_nodes), min(edges, num_edges)
 
 
-def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> tuple[int, int]:
-    """(nodes, edges) a training batch is expected to stay under: pilot max x 1.5, capped by the hard bound."""
-    m = dataset.manifest
-    plan = epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0)
+@dataclass(frozen=True)
+class PilotSizes:
+    """(nodes, edges) a training and an evaluation batch are expected to stay under (pilot max x 1.5,
+    capped by the hard bound); None where the split is empty (no such batch will ever exist)."""
+
+    train: tuple[int, int] | None
+    eval: tuple[int, int] | None
+
+    @property
+    def train_or_zero(self) -> tuple[int, int]:
+        """The training bound, (0, 0) without training nodes (then no training batch needs memory)."""
+        return self.train if self.train is not None else (0, 0)
+
+
+def _pilot(data: EvalData, plan: BatchPlan, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
+           num_edges: int) -> tuple[int, int] | None:
     count = min(PILOT_BATCHES, len(plan.keys))
-    bound_nodes, bound_edges = _hard_bound(sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
     if count == 0:
-        return min(bound_nodes, sampler.batch_size), 0
-    data = open_eval_data(dataset, resident.partitions)
-    try:
-        sampled = sample_pass(data.graph, plan.seeds[:count * sampler.batch_size], sampler.batch_size,
-                              sampler.fanouts, plan.keys[:count])
-    finally:
-        data.close()
+        return None
+    sampled = sample_pass(data.graph, plan.seeds[:count * batch_size], batch_size, fanouts, plan.keys[:count])
+    bound_nodes, bound_edges = _hard_bound(batch_size, fanouts, num_nodes, num_edges)
     return (min(bound_nodes, int(np.diff(sampled.node_ptr).max() * HEADROOM) + 64),
             min(bound_edges, int(np.diff(sampled.edge_ptr).max() * HEADROOM) + 64))
 
 
-def estimate_slot_bytes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> int:
-    """Bytes per slot that fit every training and evaluation batch with high margin."""
+def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> PilotSizes:
+    """Sample a few training and validation batches over the full graph (a superset of any
+    mega-batch's neighbourhoods, so training batches there only get smaller). Done once at startup:
+    slot sizing and the memory plans read the result."""
     m = dataset.manifest
     data = open_eval_data(dataset, resident.partitions)
     try:
-        worst = 0
-        cases = [(epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
-                  sampler.batch_size, sampler.fanouts),
-                 (eval_batches_plan(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed, STREAM_VAL),
-                  sampler.eval_batch_size, sampler.eval_fanouts)]
-        for plan, batch_size, fanouts in cases:
-            count = min(PILOT_BATCHES, len(plan.keys))
-            if count == 0:
-                continue
-            sampled = sample_pass(data.graph, plan.seeds[:count * batch_size], batch_size, fanouts, plan.keys[:count])
-            sizes = np.diff(sampled.node_ptr)
-            edges = np.diff(sampled.edge_ptr)
-            bound_nodes, bound_edges = _hard_bound(batch_size, fanouts, m.num_nodes, m.num_edges)
-            nodes = min(bound_nodes, int(sizes.max() * HEADROOM) + 64)
-            n_edges = min(bound_edges, int(edges.max() * HEADROOM) + 64)
-            specs = batch_specs(nodes, min(batch_size, nodes), n_edges, len(fanouts), m.feat_dim,
-                                np.dtype(m.feat_dtype.value))
-            worst = max(worst, slot_bytes_for(specs, HEADER_BYTES))
-        return max(worst, 2 * HEADER_BYTES)
+        train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
+                       sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
+        evaluation = _pilot(data, eval_batches_plan(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
+                                                    STREAM_VAL),
+                            sampler.eval_batch_size, sampler.eval_fanouts, m.num_nodes, m.num_edges)
     finally:
         data.close()
+    return PilotSizes(train, evaluation)
+
+
+def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig) -> int:
+    """Bytes per slot that fit every training and evaluation batch with high margin."""
+    m = dataset.manifest
+    worst = 0
+    cases = [(pilot.train, sampler.batch_size, sampler.fanouts), (pilot.eval, sampler.eval_batch_size,
+                                                                   sampler.eval_fanouts)]
+    for sizes, batch_size, fanouts in cases:
+        if sizes is None:
+            continue  # no batch of this kind to size for
+        nodes, n_edges = sizes
+        specs = batch_specs(nodes, min(batch_size, nodes), n_edges, len(fanouts), m.feat_dim,
+                            np.dtype(m.feat_dtype.value))
+        worst = max(worst, slot_bytes_for(specs, HEADER_BYTES))
+    return max(worst, 2 * HEADER_BYTES)
