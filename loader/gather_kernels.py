@@ -11,7 +11,7 @@ import numpy as np
 __all__ = ["gather_rows", "row_offsets_for"]
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=True)
 def _gather(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.ndarray, out: np.ndarray) -> None:
     """The copy of ``gather_rows``; checks every row before copying any, since numba does not bounds-check."""
     num_local = row_offsets.shape[0]

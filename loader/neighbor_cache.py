@@ -113,6 +113,7 @@ class NeighborCache:
                 first, stop = int(starts[begin]), int(starts[end - 1] + degrees[end - 1])
                 reader.read_into(chosen[begin:end], lists[first:stop])
                 begin = end
+        reader.release_staging()
         return cls(indptr, address, lists)
 
     @property

@@ -344,6 +344,17 @@ class NeighborReader:
                 raise UserError(f"{self.path}: read failed ({failure.strerror})") from failure
             raise failure
 
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of the staging buffer now mapped (it grows to the largest read and stays, until released)."""
+        return len(self._staging_buffer)
+
+    def release_staging(self) -> None:
+        """Unmap the staging buffer, which only grows: a one-off bulk read (the neighbour cache's fill
+        reads 64 MiB steps) would otherwise stay resident, outside the memory plan, for the daemon's life."""
+        with self._lock:
+            self._staging_buffer = _staging(0)
+
     def close(self) -> None:
         """Stop the pool and close the file (idempotent)."""
         self._pool.shutdown(wait=True, cancel_futures=True)

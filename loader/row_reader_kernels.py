@@ -35,7 +35,7 @@ _errno_location.restype = ctypes.POINTER(ctypes.c_int)
 _EINTR = _errno.EINTR
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def plan_spans(offsets: np.ndarray, row_bytes: int, page: int, merge_gap: int, max_span: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """Page-aligned, disjoint, ascending read spans ``(start, length)`` covering every row.
@@ -84,6 +84,7 @@ def plan_spans(offsets: np.ndarray, row_bytes: int, page: int, merge_gap: int, m
     return starts[:count], lengths[:count]
 
 
+# Not cached: the compiled code embeds the address of libc's pread, which moves with every process.
 @njit(nogil=True, cache=False)
 def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need: np.ndarray,
                 row_lo: np.ndarray, row_hi: np.ndarray, offsets: np.ndarray, dest: np.ndarray, row_bytes: int,

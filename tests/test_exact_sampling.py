@@ -17,7 +17,7 @@ from loader.errors import UserError
 from loader.exact_sampling import ExactSampler
 from loader.importers import import_dataset
 from loader.neighbor_cache import NeighborCache
-from loader.neighbor_reader import NeighborReader
+from loader.neighbor_reader import ALIGNMENT, NeighborReader
 from loader.prepare import PrepareOptions, prepare_dataset
 from loader.sampling import CSCGraph, SampledPass, batch_keys, sample_pass
 from tests.graphs import generated_dataset, shared_graph
@@ -342,6 +342,15 @@ def test_cache_is_the_ranked_prefix_that_fits(disk_graph: Graph, extra: int) -> 
     uncached = disk_graph.rank[k:k + 50]
     assert all(cache.get(v) is None for v in uncached.tolist())
     np.testing.assert_array_equal(cache.lookup(uncached), -1)
+
+
+def test_cache_build_unmaps_its_staging_buffer(disk_graph: Graph) -> None:
+    # a huge gap merges every list into a few ranges read through the staging buffer
+    with NeighborReader(disk_graph.indptr, disk_graph.path, gap_bytes=10**9) as reader:
+        reader.read(np.arange(0, disk_graph.n, 2))
+        assert reader.staging_bytes > disk_graph.list_bytes.sum() // 2
+        NeighborCache.build(disk_graph.rank, reader, 10**9)
+        assert reader.staging_bytes <= ALIGNMENT
 
 
 def test_cache_budgets_nest_and_small_budgets_are_empty(disk_graph: Graph) -> None:
