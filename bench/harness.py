@@ -8,6 +8,7 @@ with a warning: the numbers may then include the page cache quietly holding the 
 import mmap
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
-           "machine_description", "sh", "sequential_rate", "scrape", "wait_for_socket", "process_read_bytes",
-           "DAEMON_OVERHEAD"]
+           "machine_description", "sh", "sequential_rate", "sequential_rates", "scrape", "wait_for_socket",
+           "process_read_bytes", "DAEMON_OVERHEAD"]
 
 DAEMON_OVERHEAD = 320 << 20
 """What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
@@ -122,25 +123,37 @@ def sh(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
-def sequential_rate(path: Path, limit: int = 1 << 30) -> float:
-    """MB/s of 1 MiB O_DIRECT reads over the first ``limit`` bytes of ``path`` (page cache dropped)."""
-    drop_caches()
+def sequential_rates(path: Path, limit: int = 512 << 20, repeats: int = 3) -> list[float]:
+    """MB/s of 1 MiB O_DIRECT reads at depth 1, ``repeats`` times over distinct ``limit``-byte regions
+    of ``path`` (page cache dropped before each): a virtual disk whose host caches the file reads
+    a region it has seen faster, so one figure can be off by a third."""
+    size = path.stat().st_size
     buf = mmap.mmap(-1, 1 << 20)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        warn("O_DIRECT refused; sequential rate measured through the page cache")
-        fd = os.open(path, os.O_RDONLY)
-    done, t0 = 0, time.perf_counter()
-    try:
-        while done < limit:
-            got = os.preadv(fd, [buf], done)
-            if got <= 0:
-                break
-            done += got
-    finally:
-        os.close(fd)
-    return done / (time.perf_counter() - t0) / 1e6
+    rates = []
+    for i in range(repeats):
+        begin = (i * limit) % max(1, size - limit) // (1 << 20) * (1 << 20) if size > limit else 0
+        drop_caches()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            warn("O_DIRECT refused; sequential rate measured through the page cache")
+            fd = os.open(path, os.O_RDONLY)
+        done, t0 = 0, time.perf_counter()
+        try:
+            while done < limit:
+                got = os.preadv(fd, [buf], begin + done)
+                if got <= 0:
+                    break
+                done += got
+        finally:
+            os.close(fd)
+        rates.append(done / (time.perf_counter() - t0) / 1e6)
+    return rates
+
+
+def sequential_rate(path: Path, limit: int = 512 << 20, repeats: int = 3) -> float:
+    """The median of ``sequential_rates``."""
+    return float(statistics.median(sequential_rates(path, limit, repeats)))
 
 
 def scrape(port: int) -> dict[str, float]:
