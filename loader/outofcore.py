@@ -22,7 +22,7 @@ the same time, so both caches share the budget instead of taking turns::
     node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
     or static address table 4 B/node) + 3 superbatches in flight (sampling, planned,
     publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
-    (neighbour lists of one sample group's frontiers, 16 row-read spans) + neighbour cache
+    (neighbour lists of one sample group's frontiers, 32 row-read spans) + neighbour cache
     + feature cache <= budget
 
 ``"auto"`` gives the neighbour cache all lists if they fit in half of what remains, else that
@@ -65,8 +65,10 @@ BYTES_PER_SAMPLED_NODE = 40
 """Node id (8) + plan: next access (4), hit slot (4), worst-case update record (24)."""
 BYTES_PER_SAMPLED_EDGE = 16
 """Source and target positions, int64 each."""
-ROW_READ_THREADS = 16
-"""Preads in flight for missed rows: the SSD here does ~9k random 4 KiB reads/s at depth 1, ~30k at 16."""
+ROW_READ_THREADS = 32
+"""Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
+gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
+32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
 
 
 @dataclass(frozen=True)

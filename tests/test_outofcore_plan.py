@@ -26,7 +26,7 @@ def test_auto_split_uses_the_budget_and_gives_lists_at_most_half(dataset):
     assert plan.neighbor_cache_bytes == all_lists  # they fit in half of what is left
     assert plan.feature_cache_rows == m.num_nodes  # more rows than nodes are never allocated
     assert plan.total <= 64 << 20
-    base = plan_outofcore(config("8M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    base = plan_outofcore(config("16M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     budget = base.fixed_bytes + base.graph_bytes + base.working_bytes + 150_000  # caches get 150 kB: less than all
     tight = plan_outofcore(config(budget, superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
                            batch_edges=1000)
@@ -40,7 +40,7 @@ def test_explicit_and_zero_caches(dataset):
                           batch_edges=1000)
     assert plan.neighbor_cache_bytes == 0 and plan.feature_cache_rows == 0
     with pytest.raises(UserError, match="exceed the .* the budget leaves for caches"):
-        plan_outofcore(config("8M", superbatch=4, feature_cache="64M"), dataset, fixed_bytes=0, batch_nodes=500,
+        plan_outofcore(config("16M", superbatch=4, feature_cache="64M"), dataset, fixed_bytes=0, batch_nodes=500,
                        batch_edges=1000)
 
 
