@@ -5,13 +5,14 @@ from global id to local id, -1 outside the mega-batch; it is allocated once and 
 cleared per mega-batch in O(M), so assembling a mega-batch never costs O(N).
 """
 
-import numba
 import numpy as np
+
+from loader.jit import kernel
 
 __all__ = ["induce_subgraph", "fill_local_of", "clear_local_of"]
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Keep, for each of the M targets, the in-neighbours inside the mega-batch, mapped to local ids.
@@ -42,7 +43,7 @@ def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: n
     return indptr, indices[:kept].copy()
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def fill_local_of(local_of: np.ndarray, global_ids: np.ndarray) -> None:
     """Set ``local_of[global_ids[i]] = i`` for every i.
 
@@ -62,7 +63,7 @@ def fill_local_of(local_of: np.ndarray, global_ids: np.ndarray) -> None:
         local_of[g] = i
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def clear_local_of(local_of: np.ndarray, global_ids: np.ndarray) -> None:
     """Reset the entries ``fill_local_of`` set back to -1 (ids outside [0, N) are skipped)."""
     num_global = local_of.shape[0]

@@ -6,8 +6,9 @@ kernels are its hot path and trust the shapes and dtypes that ``loader.changeset
 scratch entry is touched, because numba does not bounds-check.
 """
 
-import numba
 import numpy as np
+
+from loader.jit import kernel
 
 __all__ = ["plan_kernel", "copy_hit_rows", "copy_rows", "STATUS_OK", "STATUS_ID_OUT_OF_RANGE",
            "STATUS_DUPLICATE_ID", "STATUS_PRIOR_ID_OUT_OF_RANGE", "STATUS_PRIOR_SLOT_OUT_OF_RANGE",
@@ -30,7 +31,7 @@ STATUS_INTERNAL = 7
 """A broken invariant of the bucket lists (a bug, never bad input); details: (iteration, its hits)."""
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _reset(scratch: np.ndarray, trace_ids: np.ndarray, prior_ids: np.ndarray) -> None:
     """Give ``scratch`` back all -1 on an error path: only trace and prior ids can have been written."""
     for i in range(trace_ids.shape[0]):
@@ -39,7 +40,7 @@ def _reset(scratch: np.ndarray, trace_ids: np.ndarray, prior_ids: np.ndarray) ->
         scratch[prior_ids[j]] = -1
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _push_head(node: int, bucket: int, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray,
                size: np.ndarray) -> None:
     nxt[node] = head[bucket]
@@ -49,7 +50,7 @@ def _push_head(node: int, bucket: int, head: np.ndarray, tail: np.ndarray, nxt: 
     size[bucket] += 1
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _push_tail(node: int, bucket: int, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray,
                size: np.ndarray) -> None:
     nxt[node] = -1
@@ -61,7 +62,7 @@ def _push_tail(node: int, bucket: int, head: np.ndarray, tail: np.ndarray, nxt: 
     size[bucket] += 1
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _make_room(capacity: int, cached: int, pending: int, top: int, head: np.ndarray, tail: np.ndarray,
                nxt: np.ndarray, size: np.ndarray, id_of: np.ndarray, slot_of: np.ndarray, free: np.ndarray,
                num_free: int, evicted_in: np.ndarray) -> tuple[int, int, int]:
@@ -93,7 +94,7 @@ def _make_room(capacity: int, cached: int, pending: int, top: int, head: np.ndar
     return top, cached, num_free
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _settle(capacity: int, pending: int, pending_bucket: np.ndarray, pending_entry: np.ndarray,
             key_ids: np.ndarray, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray, slot_of: np.ndarray,
             id_of: np.ndarray, free: np.ndarray, num_free: int, evicted_in: np.ndarray, out_slots: np.ndarray,
@@ -134,7 +135,7 @@ def _settle(capacity: int, pending: int, pending_bucket: np.ndarray, pending_ent
     return num_free, count
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def plan_kernel(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, prior_ids: np.ndarray,
                 prior_slots: np.ndarray, scratch: np.ndarray, next_iter: np.ndarray, hit_slot: np.ndarray,
                 fill_ids: np.ndarray, fill_slots: np.ndarray, fill_evicted: np.ndarray, update_ptr: np.ndarray,
@@ -317,7 +318,7 @@ def plan_kernel(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, pri
     return STATUS_OK, 0, 0, num_fill, num_hits, length - num_hits, num_updates
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def copy_hit_rows(cache: np.ndarray, hit_slot: np.ndarray, out: np.ndarray) -> None:
     """``out[k] = cache[hit_slot[k]]`` wherever ``hit_slot[k] >= 0``; rows of equal width, any word type.
 
@@ -331,7 +332,7 @@ def copy_hit_rows(cache: np.ndarray, hit_slot: np.ndarray, out: np.ndarray) -> N
                 out[k, j] = cache[s, j]
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows: np.ndarray) -> None:
     """``dst[dst_rows[k]] = src[src_rows[k]]`` for every k, element by element (no temporary)."""
     width = dst.shape[1]

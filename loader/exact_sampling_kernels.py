@@ -14,9 +14,9 @@ is ``cache_lists[p]``, any other is ``read_lists[p - cache_len]``. Cached lists 
 in place, never copied per hop.
 """
 
-import numba
 import numpy as np
 
+from loader.jit import kernel
 from loader.sampling_kernels import GAMMA, _grown, _pick_positions, mix64
 
 __all__ = ["scatter_lists", "first_duplicate_seed", "frontier_union", "sample_group_hop", "append_group",
@@ -27,7 +27,7 @@ STATUS_BAD_NEIGHBOUR = 2
 """An in-neighbour id is outside [0, N); details: (target, neighbour). Same code as ``loader.sampling_kernels``."""
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def scatter_lists(source: np.ndarray, source_offsets: np.ndarray, dest: np.ndarray, dest_offsets: np.ndarray,
                   nbytes: np.ndarray) -> None:
     """Copy ``nbytes[i]`` bytes from ``source[source_offsets[i]:]`` to ``dest[dest_offsets[i]:]`` (uint8 arrays).
@@ -41,7 +41,7 @@ def scatter_lists(source: np.ndarray, source_offsets: np.ndarray, dest: np.ndarr
         dest[d:d + n] = source[s:s + n]
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def first_duplicate_seed(seeds: np.ndarray, batch_size: int, mark: np.ndarray) -> tuple[int, int]:
     """(batch, seed) of the first seed repeated within its batch, or (-1, -1); ``mark`` (all -1) is left all -1."""
     num_seeds = seeds.shape[0]
@@ -61,7 +61,7 @@ def first_duplicate_seed(seeds: np.ndarray, batch_size: int, mark: np.ndarray) -
     return -1, -1
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def frontier_union(gnodes: np.ndarray, begin: int, end: int, slot: np.ndarray) -> np.ndarray:
     """The distinct nodes of ``gnodes[begin:end]``, ascending; sets ``slot[u[k]] = k`` for them.
 
@@ -82,7 +82,7 @@ def frontier_union(gnodes: np.ndarray, begin: int, end: int, slot: np.ndarray) -
     return union
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _relabel_two_sources(src: np.ndarray, cache_lists: np.ndarray, cache_len: int, read_lists: np.ndarray,
                          mark: np.ndarray, out_nodes: np.ndarray, out_at: int, count: int) -> tuple[int, int]:
     """``loader.sampling_kernels._relabel`` over the two-array list space; new nodes go to ``out_nodes[out_at:]``.
@@ -109,7 +109,7 @@ def _relabel_two_sources(src: np.ndarray, cache_lists: np.ndarray, cache_len: in
     return count, -1
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def sample_group_hop(h: int, fanout: int, group_keys: np.ndarray, gnodes: np.ndarray, nptr: np.ndarray,
                      gsrc: np.ndarray, gdst: np.ndarray, eptr: np.ndarray, slot: np.ndarray, list_starts: np.ndarray,
                      list_degrees: np.ndarray, cache_lists: np.ndarray, read_lists: np.ndarray, mark: np.ndarray,
@@ -197,7 +197,7 @@ def sample_group_hop(h: int, fanout: int, group_keys: np.ndarray, gnodes: np.nda
     return STATUS_OK, 0, 0, gnodes, gsrc, gdst
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def append_group(first_batch: int, gnodes: np.ndarray, nptr: np.ndarray, gsrc: np.ndarray, gdst: np.ndarray,
                  eptr: np.ndarray, nodes: np.ndarray, node_used: int, edge_src: np.ndarray, edge_dst: np.ndarray,
                  edge_used: int, node_ptr: np.ndarray, edge_ptr: np.ndarray, num_sampled_nodes: np.ndarray,

@@ -5,13 +5,14 @@ own aligned ``feat_offset``; ``row_offsets_for`` turns global ids into byte offs
 mega-batch, and ``gather_rows`` copies the rows of each batch's nodes into its slot.
 """
 
-import numba
 import numpy as np
+
+from loader.jit import kernel
 
 __all__ = ["gather_rows", "row_offsets_for"]
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _gather(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.ndarray, out: np.ndarray) -> None:
     """The copy of ``gather_rows``; checks every row before copying any, since numba does not bounds-check."""
     num_local = row_offsets.shape[0]

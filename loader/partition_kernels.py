@@ -1,12 +1,13 @@
 """numba kernels for streaming graph partitioning (pure functions on numpy arrays)."""
 
 import numpy as np
-from numba import njit
+
+from loader.jit import kernel
 
 __all__ = ["fennel_assign"]
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def fennel_assign(indptr: np.ndarray, indices: np.ndarray, first_node: int, assignment: np.ndarray,
                   sizes: np.ndarray, alpha: float, gamma: float, capacity: int,
                   counts: np.ndarray) -> int:

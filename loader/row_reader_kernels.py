@@ -11,6 +11,8 @@ import errno as _errno
 import numpy as np
 from numba import njit
 
+from loader.jit import kernel
+
 __all__ = ["STATUS_EOF", "STATUS_OK", "STATUS_OS_ERROR", "RESULT_FIELDS", "plan_spans", "read_groups"]
 
 STATUS_OK = 0
@@ -35,7 +37,7 @@ _errno_location.restype = ctypes.POINTER(ctypes.c_int)
 _EINTR = _errno.EINTR
 
 
-@njit(nogil=True, cache=True)
+@kernel
 def plan_spans(offsets: np.ndarray, row_bytes: int, page: int, merge_gap: int, max_span: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """Page-aligned, disjoint, ascending read spans ``(start, length)`` covering every row.

@@ -4,8 +4,9 @@ The semantics, the RNG and the output layout are specified in ``loader.sampling`
 kernels are its hot path and trust the arrays that ``CSCGraph`` and ``sample_pass`` validated.
 """
 
-import numba
 import numpy as np
+
+from loader.jit import kernel
 
 __all__ = ["GAMMA", "mix64", "sample_pass_kernel", "STATUS_OK", "STATUS_DUPLICATE_SEED", "STATUS_BAD_NEIGHBOUR"]
 
@@ -24,7 +25,7 @@ STATUS_BAD_NEIGHBOUR = 2
 """An in-neighbour id is outside [0, M); details: (target, neighbour)."""
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def mix64(z: np.uint64) -> np.uint64:
     """The splitmix64 finalizer (Stafford's variant 13): a bijection of uint64 with full avalanche."""
     z = (z ^ (z >> _SHIFT30)) * _MUL1
@@ -32,7 +33,7 @@ def mix64(z: np.uint64) -> np.uint64:
     return z ^ (z >> _SHIFT31)
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _grown(buffer: np.ndarray, used: int, need: int, projected: int) -> np.ndarray:
     """``buffer`` itself if it holds ``need`` items, else a larger copy of its first ``used`` items.
 
@@ -47,7 +48,7 @@ def _grown(buffer: np.ndarray, used: int, need: int, projected: int) -> np.ndarr
     return out
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _floyd_positions(degree: int, fanout: int, target_key: np.uint64, table: np.ndarray,
                      chosen: np.ndarray) -> None:
     """Fill ``chosen[:fanout]`` with distinct positions in [0, degree), in Floyd's insertion order.
@@ -78,7 +79,7 @@ def _floyd_positions(degree: int, fanout: int, target_key: np.uint64, table: np.
         chosen[j] = t
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _plan_hop(indptr: np.ndarray, global_ids: np.ndarray, frontier: np.ndarray, fanout: int, hop_key: np.uint64,
               starts: np.ndarray, degrees: np.ndarray, target_keys: np.ndarray) -> int:
     """Return the hop's exact edge count; fill each frontier target's list start, degree and RNG key.
@@ -100,7 +101,7 @@ def _plan_hop(indptr: np.ndarray, global_ids: np.ndarray, frontier: np.ndarray, 
     return hop_edges
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _pick_positions(starts: np.ndarray, degrees: np.ndarray, target_keys: np.ndarray, first_position: int,
                     fanout: int, table: np.ndarray, chosen: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
     """Write the ``indices`` position of every taken in-neighbour of the frontier to ``src``, its target's
@@ -127,7 +128,7 @@ def _pick_positions(starts: np.ndarray, degrees: np.ndarray, target_keys: np.nda
             edge += fanout
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def _relabel(src: np.ndarray, indices: np.ndarray, mark: np.ndarray, batch_nodes: np.ndarray, count: int
              ) -> tuple[int, int]:
     """Replace each ``indices`` position in ``src`` by its neighbour's batch position, appending first-seen
@@ -152,7 +153,7 @@ def _relabel(src: np.ndarray, indices: np.ndarray, mark: np.ndarray, batch_nodes
     return count, -1
 
 
-@numba.njit(nogil=True, cache=True)
+@kernel
 def sample_pass_kernel(indptr: np.ndarray, indices: np.ndarray, global_ids: np.ndarray, seeds: np.ndarray,
                        batch_size: int, fanouts: np.ndarray, keys: np.ndarray, mark: np.ndarray,
                        node_capacity: int, edge_capacity: int
