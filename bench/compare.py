@@ -52,9 +52,9 @@ from bench.harness import (  # noqa: E402
     wait_for_socket,
     warn,
 )
-from loader.sizes import format_size, parse_size  # noqa: E402
 from proto.client import ControlClient  # noqa: E402
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
+from proto.sizes import format_size, parse_size  # noqa: E402
 
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"

@@ -41,9 +41,9 @@ from bench.harness import (  # noqa: E402
 from loader.dataset import open_dataset  # noqa: E402
 from loader.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
 from loader.sampling import sample_pass  # noqa: E402
-from loader.sizes import format_size, parse_size  # noqa: E402
 from proto.client import ControlClient  # noqa: E402
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
+from proto.sizes import format_size, parse_size  # noqa: E402
 
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"

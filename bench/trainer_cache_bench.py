@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import sh, wait_for_socket  # noqa: E402
-from loader.sizes import format_size, parse_size  # noqa: E402
+from proto.sizes import format_size, parse_size  # noqa: E402
 from trainer.daemon_source import DaemonSource  # noqa: E402
 from trainer.device_cache import DeviceFeatureCache  # noqa: E402
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loader.atomic import io_error
-from loader.errors import UserError
 from loader.memory import pin_malloc_thresholds
-from loader.sizes import parse_size
+from proto.atomic import io_error
+from proto.errors import UserError
+from proto.sizes import parse_size
 
 if TYPE_CHECKING:
     from loader.raw import RawDataset

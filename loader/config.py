@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from loader.errors import UserError
-from loader.sizes import parse_size
+from proto.errors import UserError
+from proto.sizes import parse_size
 
 __all__ = [
     "MODES", "DatasetConfig", "ModeConfig", "ExactConfig",

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from loader.errors import UserError
 from loader.npyio import read_npy
+from proto.errors import UserError
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "FeatureDtype", "IndexDtype",

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.errors import UserError
 from loader.fileio import write_all
-from loader.progress import Progress
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = ["EdgeChunkSource", "SortedBucket", "external_sort_edges", "SORT_BYTES_PER_EDGE",
            "DISTRIBUTE_BYTES_PER_EDGE"]

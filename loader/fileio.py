@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from loader.errors import UserError
+from proto.errors import UserError
 
 __all__ = ["write_all", "pread_into", "file_xxh3", "HASH_CHUNK_BYTES"]
 

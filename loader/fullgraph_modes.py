@@ -11,14 +11,14 @@ page cache is the only cache; under a cgroup memory limit it is charged to the d
 import numpy as np
 
 from loader.dataset import Dataset
-from loader.errors import UserError
 from loader.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
 from loader.fullgraph import ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.inmemory import load_in_memory
 from loader.publisher import BatchSource, gather_from
 from loader.sampling import CSCGraph, SampledPass, sample_pass
-from loader.sizes import format_size
+from proto.errors import UserError
+from proto.sizes import format_size
 
 __all__ = ["InMemoryMode", "MmapMode", "inmemory_bytes"]
 

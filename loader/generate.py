@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.errors import UserError
 from loader.npyio import rows_per_chunk
-from loader.progress import Progress
 from loader.raw import FEATURE_DTYPES, RawDataset, RawDatasetWriter
 from loader.splits import stratified_split
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = ["CLASS_SEPARATION", "COMMUNITIES_PER_CLASS", "DEGREE_EXPONENT", "GENERATOR", "INTRA_FRACTION",
            "generate_graph"]

@@ -13,9 +13,9 @@ from typing import NamedTuple
 import numpy as np
 
 from loader.dataset import Dataset
-from loader.errors import UserError
 from loader.fileio import pread_into
 from loader.sampling import CSCGraph, batch_keys, shuffle
+from proto.errors import UserError
 
 __all__ = [
     "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "SPLITS", "InMemoryGraph", "BatchPlan",

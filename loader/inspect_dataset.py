@@ -7,7 +7,7 @@ import numpy as np
 
 from loader.dataset import open_dataset
 from loader.npyio import NpyReader, rows_per_chunk
-from loader.sizes import format_size
+from proto.sizes import format_size
 
 __all__ = ["dataset_summary", "format_summary"]
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from loader.dataset import FEATURE_ALIGNMENT
-from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.fileio import write_all
 from loader.npyio import NpyReader, NpyWriter, rows_per_chunk, write_npy
-from loader.progress import Progress
 from loader.raw import RawDataset, iter_edge_chunks
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = ["Renumbering", "feature_offsets", "write_structure", "write_features"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.errors import UserError
-from loader.sizes import format_size
+from proto.errors import UserError
+from proto.sizes import format_size
 
 __all__ = ["PAGE", "BufferSizes", "MemoryPlan", "plan_memory", "buffer_sizes", "round_up"]
 

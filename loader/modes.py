@@ -2,15 +2,15 @@
 
 from loader.config import LoaderConfig
 from loader.dataset import Dataset
-from loader.errors import UserError
 from loader.fullgraph import FullGraphMode
 from loader.fullgraph_modes import InMemoryMode, MmapMode
 from loader.memplan import NODE_ARRAY_BYTES
 from loader.metrics import DaemonMetrics
 from loader.outofcore import ExactMode, StaticMode, plan_outofcore
 from loader.resident import ResidentData
-from loader.sizes import format_size
 from loader.slot_sizing import PilotSizes
+from proto.errors import UserError
+from proto.sizes import format_size
 
 __all__ = ["open_mode"]
 

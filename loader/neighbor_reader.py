@@ -42,9 +42,9 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 
-from loader.errors import UserError
 from loader.exact_sampling_kernels import scatter_lists
 from loader.npyio import NpyReader
+from proto.errors import UserError
 
 __all__ = ["NeighborLists", "NeighborReader", "ALIGNMENT", "DEFAULT_GAP_BYTES", "DEFAULT_BLOCK_BYTES",
            "DEFAULT_READ_THREADS"]

@@ -42,7 +42,6 @@ from loader.changeset import CachePlan, CachePlanner, CacheState
 from loader.changeset_kernels import copy_rows
 from loader.config import LoaderConfig
 from loader.dataset import Dataset
-from loader.errors import UserError
 from loader.eval_stream import EvalAccess
 from loader.exact_sampling import ExactSampler
 from loader.feature_cache import FeatureCache
@@ -54,7 +53,8 @@ from loader.neighbor_reader import NeighborReader
 from loader.publisher import BatchSource, FillFeatures
 from loader.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.sampling import SampledPass
-from loader.sizes import format_size
+from proto.errors import UserError
+from proto.sizes import format_size
 
 __all__ = ["OutOfCorePlan", "plan_outofcore", "ExactMode", "StaticMode", "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE"]

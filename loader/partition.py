@@ -14,11 +14,11 @@ from typing import ClassVar
 import numpy as np
 import pymetis
 
-from loader.errors import UserError
 from loader.npyio import NpyReader, read_npy, rows_per_chunk
 from loader.partition_kernels import fennel_assign
-from loader.progress import Progress
-from loader.sizes import format_size
+from proto.errors import UserError
+from proto.progress import Progress
+from proto.sizes import format_size
 
 __all__ = ["SymmetricAdjacency", "Partitioner", "MetisPartitioner", "StreamPartitioner",
            "RandomPartitioner", "PARTITIONERS", "make_partitioner"]

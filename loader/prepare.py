@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 import loader
-from loader.atomic import atomic_directory, io_error
 from loader.dataset import (
     FEATURE_ALIGNMENT,
     FILES,
@@ -32,16 +31,17 @@ from loader.dataset import (
     manifest_text,
     open_dataset,
 )
-from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.fileio import file_xxh3, write_all
 from loader.layout import Renumbering, write_features, write_structure
 from loader.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.partition import SymmetricAdjacency, make_partitioner
-from loader.progress import Progress
 from loader.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
-from loader.sizes import format_size
 from loader.splits import stratified_split
+from proto.atomic import atomic_directory, io_error
+from proto.errors import UserError
+from proto.progress import Progress
+from proto.sizes import format_size
 
 __all__ = ["PrepareOptions", "prepare_dataset", "NODE_STATE_BYTES", "MIN_CHUNK_BUDGET", "FIXED_OVERHEAD_BYTES"]
 

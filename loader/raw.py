@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from loader.atomic import atomic_directory, io_error
-from loader.errors import UserError
 from loader.fileio import write_all
 from loader.npyio import NpyReader, NpyWriter, read_npy, rows_per_chunk, write_npy
-from loader.progress import Progress
+from proto.atomic import atomic_directory, io_error
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = [
     "RAW_FORMAT", "RAW_VERSION", "FEATURE_DTYPES", "SPLIT_NAMES", "RawHeader", "RawDataset",

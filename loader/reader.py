@@ -20,11 +20,11 @@ import numpy as np
 
 from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.dataset import Dataset
-from loader.errors import UserError
 from loader.memplan import PAGE, round_up
 from loader.metrics import DaemonMetrics
 from loader.npyio import NpyReader
 from loader.schedule import MegaBatchPlan
+from proto.errors import UserError
 
 __all__ = ["LoadedMegaBatch", "PartitionReader", "ReadRequest"]
 

@@ -30,7 +30,6 @@ from loader import __version__
 from loader.arena import FeatureArena
 from loader.config import LoaderConfig
 from loader.dataset import Dataset, open_dataset
-from loader.errors import UserError
 from loader.eval_stream import EvalAccess, MemmapEval
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.memplan import MemoryPlan, plan_memory
@@ -42,13 +41,13 @@ from loader.resident import ResidentData, load_resident
 from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
-from loader.sizes import format_size
 from loader.slot_sizing import PilotSizes, estimate_slot_bytes, pilot_batch_sizes
 from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
-from proto.errors import ProtocolError, ShmError
+from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, Bye, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
 from proto.shm import create_segment
+from proto.sizes import format_size
 from proto.slots import HEADER_BYTES, SlotRing
 
 __all__ = ["Daemon", "DaemonState", "HANDSHAKE_TIMEOUT"]

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from loader.errors import UserError
+from proto.errors import UserError
 
 __all__ = ["parse_split_ratios", "stratified_split"]
 

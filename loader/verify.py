@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from loader.dataset import FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
-from loader.errors import UserError
 from loader.fileio import file_xxh3
 from loader.npyio import NpyReader, rows_per_chunk
-from loader.progress import Progress
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = ["VerifyReport", "verify_dataset"]
 

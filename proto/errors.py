@@ -1,12 +1,23 @@
-"""Exceptions raised by the ``proto`` package.
+"""Exceptions raised by the ``proto`` package, and ``UserError``, which both programs show the user.
 
 They live in one module so that ``messages``, ``codec``, ``slots``, ``shm`` and ``client`` can raise
 them without importing each other, and so callers can catch them without importing the whole package.
+``UserError`` is here because the daemon's and the trainer's command lines both turn it into a
+one-line message, and ``proto`` is what they share.
 """
 
 __all__ = [
-    "ProtocolError", "ConnectionClosed", "ConnectFailed", "RemoteError", "SlotError", "SlotOverflow", "ShmError",
+    "UserError", "ProtocolError", "ConnectionClosed", "ConnectFailed", "RemoteError", "SlotError", "SlotOverflow",
+    "ShmError",
 ]
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad input, bad option, no space left).
+
+    The CLI prints ``str(err)`` on one line and exits non-zero; it never shows a traceback
+    for these. Messages name the file, field or option and the offending value.
+    """
 
 
 class ProtocolError(ValueError):

@@ -3,7 +3,7 @@
 import pytest
 
 from loader.config import config_from_mapping, load_config
-from loader.errors import UserError
+from proto.errors import UserError
 
 
 def base(**tables):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from loader.dataset import manifest_text, open_dataset
-from loader.errors import UserError
 from loader.prepare import PrepareOptions, prepare_dataset
+from proto.errors import UserError
 from tests.graphs import random_graph, write_raw
 
 

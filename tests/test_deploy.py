@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from loader.sizes import parse_size
+from proto.sizes import parse_size
 
 try:  # not a dependency: when present, it cross-checks the small YAML reader below
     import yaml

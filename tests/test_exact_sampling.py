@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.dataset import open_dataset
-from loader.errors import UserError
 from loader.exact_sampling import ExactSampler
 from loader.importers import import_dataset
 from loader.neighbor_cache import NeighborCache
 from loader.neighbor_reader import ALIGNMENT, NeighborReader
 from loader.prepare import PrepareOptions, prepare_dataset
 from loader.sampling import CSCGraph, SampledPass, batch_keys, sample_pass
+from proto.errors import UserError
 from tests.graphs import generated_dataset, shared_graph
 
 FIELDS = ("node_ptr", "nodes", "edge_ptr", "edge_src", "edge_dst", "num_sampled_nodes", "num_sampled_edges")

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from loader.dataset import open_dataset
-from loader.errors import UserError
 from loader.inmemory import epoch_batches_inmemory, load_in_memory
 from loader.sampling import sample_pass
 from proto.client import ControlClient
+from proto.errors import UserError
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch
 from tests.daemon_harness import daemon_config, running_daemon, small_dataset
 

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from loader.dataset import open_dataset
-from loader.errors import UserError
 from loader.inmemory import (
     STREAM_SHUFFLE,
     STREAM_TEST,
@@ -19,6 +18,7 @@ from loader.inmemory import (
 )
 from loader.prepare import PrepareOptions, prepare_dataset
 from loader.sampling import batch_keys
+from proto.errors import UserError
 from tests.graphs import random_graph, write_raw
 
 

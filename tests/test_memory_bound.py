@@ -14,7 +14,7 @@ BUDGET = 64 << 20
 REPORT = """
 import json, sys
 from loader.cli import main
-from loader.progress import peak_rss_bytes
+from proto.progress import peak_rss_bytes
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "maxrss": peak_rss_bytes()}))
 """

@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from loader.errors import UserError
 from loader.memplan import PAGE, buffer_sizes, plan_memory
+from proto.errors import UserError
 
 
 def table(nodes, edges, row_bytes=64):

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.errors import UserError
 from loader.npyio import NpyReader, NpyWriter, read_npy, write_npy
+from proto.errors import UserError
 
 
 @settings(max_examples=40, deadline=None)

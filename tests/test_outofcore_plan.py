@@ -4,8 +4,8 @@ import pytest
 
 from loader.config import config_from_mapping
 from loader.dataset import open_dataset
-from loader.errors import UserError
 from loader.outofcore import plan_outofcore
+from proto.errors import UserError
 from tests.daemon_harness import small_dataset
 
 

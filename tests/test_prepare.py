@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loader.dataset import FEATURE_ALIGNMENT, open_dataset
-from loader.errors import UserError
 from loader.npyio import read_npy
 from loader.prepare import NODE_STATE_BYTES, PrepareOptions, prepare_dataset
+from proto.errors import UserError
 from tests.graphs import random_graph, shared_graph, write_raw
 
 

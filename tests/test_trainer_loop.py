@@ -9,7 +9,7 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from loader.errors import UserError
+from proto.errors import UserError
 from tests.graphs import generated_dataset
 from trainer.batch import Batch
 from trainer.inmemory_source import InMemorySource

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from loader.atomic import atomic_file, io_error
-from loader.errors import UserError
+from proto.atomic import atomic_file, io_error
+from proto.errors import UserError
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "save_checkpoint", "load_checkpoint",
            "check_compatible", "capture_rng", "restore_rng"]

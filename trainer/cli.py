@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from loader.atomic import atomic_file, io_error
-from loader.errors import UserError
-from loader.sizes import parse_size
+from proto.atomic import atomic_file, io_error
+from proto.errors import UserError
+from proto.sizes import parse_size
 
 __all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler"]
 

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from loader.dataset import Dataset, open_dataset
-from loader.errors import UserError
 from loader.inmemory import (
     BatchPlan,
     InMemoryGraph,
@@ -23,6 +22,7 @@ from loader.inmemory import (
     split_stream,
 )
 from loader.sampling import SampledBatch, sample_pass
+from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
 

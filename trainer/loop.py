@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loader.errors import UserError
-from loader.progress import Progress
+from proto.errors import UserError
+from proto.progress import Progress
 from trainer.batch import Batch
 from trainer.checkpoint import Checkpoint, capture_rng, check_compatible, load_checkpoint, restore_rng, save_checkpoint
 from trainer.device_cache import DeviceFeatureCache

@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from loader.atomic import io_error
-from loader.errors import UserError
 from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.importers.options import ImportOptions
 from loader.npyio import NpyReader, NpyWriter, rows_per_chunk
-from loader.progress import Progress
 from loader.raw import SPLIT_NAMES, RawDataset, RawDatasetWriter, open_raw
 from loader.splits import stratified_split
+from proto.atomic import io_error
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = [
     "ImportSource",

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.errors import UserError
 from loader.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
 from loader.npyio import rows_per_chunk
-from loader.progress import Progress
+from proto.errors import UserError
+from proto.progress import Progress
 
 __all__ = ["read_ogb"]
 

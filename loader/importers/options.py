@@ -4,8 +4,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from loader.errors import UserError
 from loader.raw import FEATURE_DTYPES
+from proto.errors import UserError
 
 __all__ = ["ImportOptions"]
 

@@ -2,7 +2,7 @@
 
 import re
 
-from loader.errors import UserError
+from proto.errors import UserError
 
 __all__ = ["parse_size", "format_size"]
 

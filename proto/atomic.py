@@ -1,8 +1,8 @@
-"""Build an output directory under a temporary name and publish it with one rename.
+"""Write outputs under a temporary name and publish them with one rename (shared by both programs).
 
-A dataset is either complete (every file written, fsynced, checksummed) or absent: a crash,
-Ctrl-C or a full disk leaves at most a ``.NAME.tmp-*`` directory, which this module removes
-on the way out when the process still can.
+A dataset (``atomic_directory``), a checkpoint or a report (``atomic_file``) is either complete
+(every file written, fsynced) or absent: a crash, Ctrl-C or a full disk leaves at most a
+``.NAME.tmp-*`` path, which this module removes on the way out when the process still can.
 """
 
 import contextlib
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from loader.errors import UserError
+from proto.errors import UserError
 
 __all__ = ["atomic_directory", "atomic_file", "fsync_directory", "io_error"]
 

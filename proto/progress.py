@@ -1,4 +1,4 @@
-"""Progress for long offline steps: a bar on a terminal, periodic log lines otherwise.
+"""Progress for long work (offline steps, training epochs): a bar on a terminal, periodic log lines otherwise.
 
 No dependency: a carriage-return bar is a dozen lines, and log lines keep systemd journals
 and CI logs readable.
