@@ -17,7 +17,7 @@ in place, never copied per hop.
 import numpy as np
 
 from loader.jit import kernel
-from loader.sampling_kernels import GAMMA, _grown, _pick_positions, mix64
+from loader.sampling_kernels import GAMMA, _grown, _pick_positions, mix64, number_first_seen
 
 __all__ = ["scatter_lists", "first_duplicate_seed", "frontier_union", "sample_group_hop", "append_group",
            "STATUS_OK", "STATUS_BAD_NEIGHBOUR"]
@@ -90,23 +90,11 @@ def _relabel_two_sources(src: np.ndarray, cache_lists: np.ndarray, cache_len: in
     Returns the batch's new node count and the index in ``src`` of the first neighbour outside
     [0, N), or -1. As there, ids are fetched in a tight loop first, so the CPU overlaps the misses.
     """
-    num_nodes = mark.shape[0]
     for e in range(src.shape[0]):
         p = src[e]
         src[e] = cache_lists[p] if p < cache_len else read_lists[p - cache_len]
-    first_new = count
-    for e in range(src.shape[0]):
-        u = src[e]
-        if u < 0 or u >= num_nodes:
-            return count, e
-        position = mark[u]
-        if position < 0:
-            position = count
-            mark[u] = count
-            out_nodes[out_at + count - first_new] = u
-            count += 1
-        src[e] = position
-    return count, -1
+    # node number ``count`` (the first new one) goes to out_nodes[out_at]
+    return number_first_seen(src, mark, out_nodes, out_at - count, count)
 
 
 @kernel

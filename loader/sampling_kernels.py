@@ -8,7 +8,8 @@ import numpy as np
 
 from loader.jit import kernel
 
-__all__ = ["GAMMA", "mix64", "sample_pass_kernel", "STATUS_OK", "STATUS_DUPLICATE_SEED", "STATUS_BAD_NEIGHBOUR"]
+__all__ = ["GAMMA", "mix64", "number_first_seen", "sample_pass_kernel", "STATUS_OK", "STATUS_DUPLICATE_SEED",
+           "STATUS_BAD_NEIGHBOUR"]
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 """The splitmix64 increment (2^64 / golden ratio, odd)."""
@@ -136,18 +137,29 @@ def _relabel(src: np.ndarray, indices: np.ndarray, mark: np.ndarray, batch_nodes
 
     Returns the new node count and the index in ``src`` of the first neighbour outside [0, M), or -1.
     """
-    num_local = mark.shape[0]
     for e in range(src.shape[0]):
         src[e] = indices[src[e]]
+    return number_first_seen(src, mark, batch_nodes, 0, count)
+
+
+@kernel
+def number_first_seen(src: np.ndarray, mark: np.ndarray, out: np.ndarray, out_base: int, count: int
+                      ) -> tuple[int, int]:
+    """Replace each node id in ``src`` by its batch position (``mark``, -1 = not in the batch yet),
+    numbering first-seen nodes from ``count`` and writing node ``count`` to ``out[out_base + count]``.
+
+    Returns the new node count and the index in ``src`` of the first id outside [0, len(mark)), or -1.
+    """
+    num_nodes = mark.shape[0]
     for e in range(src.shape[0]):
         u = src[e]
-        if u < 0 or u >= num_local:
+        if u < 0 or u >= num_nodes:
             return count, e
         position = mark[u]
         if position < 0:
             position = count
             mark[u] = count
-            batch_nodes[count] = u
+            out[out_base + count] = u
             count += 1
         src[e] = position
     return count, -1
