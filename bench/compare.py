@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import (  # noqa: E402
     DAEMON_OVERHEAD,
     drop_caches,
+    generated_dataset,
     join_before_exec,
     machine_description,
     memory_cgroup,
@@ -61,17 +62,6 @@ RESULTS = ROOT / "bench" / "results"
 MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
 METRICS_PORT = 9461
 
-
-
-def prepare(work: Path, args: argparse.Namespace) -> Path:
-    raw, dataset = work / "raw", work / "dataset"
-    if not raw.exists():
-        sh([PY, "-m", "loader.cli", "-q", "generate", str(raw), "--nodes", str(args.nodes), "--avg-degree",
-            str(args.avg_degree), "--feat-dim", str(args.feat_dim), "--classes", "16", "--memory-budget", "2G"])
-    if not dataset.exists():
-        sh([PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions", str(args.partitions),
-            "--partitioner", "metis", "--memory-budget", "4G"])
-    return dataset
 
 
 def write_config(path: Path, mode: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace,
@@ -327,7 +317,7 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    dataset = prepare(work, args)
+    dataset = generated_dataset(work, args.nodes, args.avg_degree, args.feat_dim, args.partitions)
     features = (dataset / "features.bin").stat().st_size
     if features < 4 * budget:
         warn(f"features ({format_size(features)}) are less than 4x the budget ({format_size(budget)})")

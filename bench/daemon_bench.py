@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import (  # noqa: E402
     DAEMON_OVERHEAD,
     drop_caches,
+    generated_dataset,
     join_before_exec,
     machine_description,
     memory_cgroup,
@@ -112,13 +113,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mb-daemon-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    raw, dataset = work / "raw", work / "dataset"
-    if not raw.exists():
-        sh([PY, "-m", "loader.cli", "-q", "generate", str(raw), "--nodes", str(args.nodes), "--avg-degree",
-            str(args.avg_degree), "--feat-dim", str(args.feat_dim), "--classes", "16", "--memory-budget", "2G"])
-    if not dataset.exists():
-        sh([PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions", str(args.partitions),
-            "--partitioner", "metis", "--memory-budget", "4G"])
+    dataset = generated_dataset(work, args.nodes, args.avg_degree, args.feat_dim, args.partitions)
     features_bytes = (dataset / "features.bin").stat().st_size
     sock, port = work / "bench.sock", 9459
     config = work / "bench.toml"

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
-           "machine_description", "sh", "sequential_rate", "sequential_rates", "scrape", "wait_for_socket",
-           "process_read_bytes", "DAEMON_OVERHEAD"]
+           "machine_description", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape",
+           "wait_for_socket", "process_read_bytes", "DAEMON_OVERHEAD"]
 
 DAEMON_OVERHEAD = 320 << 20
 """What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
@@ -121,6 +121,21 @@ def sh(cmd: list[str]) -> None:
     """Echo and run a setup command; a failure stops the bench."""
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+
+
+def generated_dataset(work: Path, nodes: int, avg_degree: float, feat_dim: int, partitions: int, *,
+                      generate_budget: str | None = "2G", prepare_budget: str = "4G") -> Path:
+    """``work/dataset``: a generated graph (16 classes) prepared with METIS, each step skipped when its
+    output is already there (benches reuse ``--work``)."""
+    raw, dataset = work / "raw", work / "dataset"
+    if not raw.exists():
+        budget = ["--memory-budget", generate_budget] if generate_budget else []
+        sh([sys.executable, "-m", "loader.cli", "-q", "generate", str(raw), "--nodes", str(nodes), "--avg-degree",
+            str(avg_degree), "--feat-dim", str(feat_dim), "--classes", "16", *budget])
+    if not dataset.exists():
+        sh([sys.executable, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions",
+            str(partitions), "--partitioner", "metis", "--memory-budget", prepare_budget])
+    return dataset
 
 
 def sequential_rates(path: Path, limit: int = 512 << 20, repeats: int = 3) -> list[float]:

@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import sh, wait_for_socket  # noqa: E402
+from bench.harness import generated_dataset, wait_for_socket  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402
 from trainer.daemon_source import DaemonSource  # noqa: E402
 from trainer.device_cache import DeviceFeatureCache  # noqa: E402
@@ -80,13 +80,8 @@ def main() -> int:
     fanouts = [int(f) for f in args.fanouts.split(",")]
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mb-trainer-cache-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    raw, dataset = work / "raw", work / "dataset"
-    if not raw.exists():
-        sh([PY, "-m", "loader.cli", "-q", "generate", str(raw), "--nodes", str(args.nodes), "--avg-degree",
-            str(args.avg_degree), "--feat-dim", str(args.feat_dim), "--classes", "16"])
-    if not dataset.exists():
-        sh([PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions", str(args.partitions),
-            "--partitioner", "metis", "--memory-budget", "2G"])
+    dataset = generated_dataset(work, args.nodes, args.avg_degree, args.feat_dim, args.partitions,
+                                generate_budget=None, prepare_budget="2G")
     sock = work / "bench.sock"
     sock.unlink(missing_ok=True)
     config = work / "trainer-cache.toml"
