@@ -53,11 +53,21 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     assert result["config"]["hidden"] == 16 and result["device"] == "cpu"
     train_nodes = open_dataset(dataset).manifest.splits["train"]
     assert [r["samples"] for r in result["epochs"]] == [train_nodes] * 2 and 0 <= result["test_acc_at_best"] <= 1
+    # 4 classes: auto judges by accuracy, so the scores are the accuracies
+    assert result["metric"] == "accuracy" and result["config"]["metric"] == "auto"
+    assert "metric accuracy (auto: 4 classes, not a binary task)" in run.stderr
+    assert [r["val_score"] for r in result["epochs"]] == [r["val_acc"] for r in result["epochs"]]
+    assert (result["best_val_score"], result["test_score_at_best"]) == (result["best_val_acc"],
+                                                                        result["test_acc_at_best"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt", "result.json"]
 
     # the same checkpoint with another width: one line, exit 1, before any training
     bad = trainer("--mode", "inmemory", "--dataset", dataset, "--hidden", 32, "--checkpoint", ckpt, "--resume")
     one_line_error(bad, 1, "hidden 16 in the checkpoint, 32 now")
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--hidden", 16, "--checkpoint", ckpt,
+                           "--resume", "--metric", "roc_auc")
+    assert code == 1 and err == [f"megabatch train: error: {ckpt}: the checkpointed run is judged by accuracy, not "
+                                 "roc_auc (resume with --metric accuracy or auto, or start a new run)"], err
     ckpt.write_bytes(ckpt.read_bytes()[:100])
     code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--hidden", 16, "--checkpoint", ckpt,
                            "--resume")
@@ -76,6 +86,7 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     (["--mode", "inmemory", "--config", "missing.toml"], 1, "missing.toml: config file not found"),
     (["--mode", "inmemory", "--dataset", "x", "--feature-cache", "1M"], 2, "--feature-cache: daemon mode only"),
     (["--socket", "s", "--feature-cache", "lots"], 2, "cannot parse 'lots' as a size"),
+    (["--socket", "s", "--metric", "f1"], 2, "--metric: invalid choice: 'f1'"),
 ])
 def test_bad_arguments_are_one_line_without_traceback(tmp_path, args, code, fragment):
     one_line_error(trainer(*args, cwd=tmp_path), code, fragment)

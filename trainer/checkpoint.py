@@ -3,7 +3,8 @@
 A checkpoint is one ``torch.save`` file of plain containers and tensors (loaded back with
 ``weights_only=True``: no pickled code runs on load). It holds the model and optimizer states,
 the last completed epoch, the early-stopping state, the per-epoch history, the torch, numpy and
-Python RNG states, the training configuration and the model's shape ("signature"). It is
+Python RNG states, the training configuration, the model's shape ("signature") and the metric
+the run is judged by (best epoch, early stopping). It is
 written to a temporary file in the same directory, fsynced and renamed over the old one, so a
 crash leaves either the previous checkpoint or the new one, never a torn file.
 """
@@ -18,12 +19,16 @@ import torch
 
 from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
+from trainer.scores import METRICS
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "save_checkpoint", "load_checkpoint",
-           "check_compatible", "capture_rng", "restore_rng"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "LEGACY_METRIC", "Checkpoint", "save_checkpoint",
+           "load_checkpoint", "check_compatible", "check_metric", "capture_rng", "restore_rng"]
 
 CHECKPOINT_FORMAT = "megabatch-trainer-checkpoint"
 CHECKPOINT_VERSION = 1
+# "metric" was added without a version bump: older files stay readable and mean LEGACY_METRIC
+LEGACY_METRIC = "accuracy"
+"""The metric of a checkpoint written before runs could be judged by another one."""
 
 
 @dataclass
@@ -33,8 +38,10 @@ class Checkpoint:
     ``signature`` is the model's shape (kind, in_dim, hidden, out_dim, num_layers, heads): a
     resume must match it exactly. ``config`` is the training configuration as plain values
     (informational: hyperparameters such as lr may change on resume). ``progress`` holds the
-    early-stopping state (best_val, best_epoch, best_test, bad_evals, stopped_early) and
-    ``history`` one dict per completed epoch.
+    early-stopping state (best_val: the best val score by ``metric``, best_epoch, best_test: the
+    test accuracy there, best_val_acc, best_test_score, bad_evals, stopped_early, metric_reason)
+    and ``history`` one dict per completed epoch. ``metric``: what "best" means (a
+    ``trainer.scores.METRICS`` name; default ``LEGACY_METRIC``, what older checkpoints mean).
     """
 
     epoch: int
@@ -45,12 +52,13 @@ class Checkpoint:
     progress: dict[str, Any]
     history: list[dict[str, Any]]
     rng: dict[str, Any] = field(default_factory=dict)
+    metric: str = LEGACY_METRIC
 
     def payload(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": self.epoch,
                 "model_state": self.model_state, "optimizer_state": self.optimizer_state,
                 "signature": self.signature, "config": self.config, "progress": self.progress,
-                "history": self.history, "rng": self.rng}
+                "history": self.history, "rng": self.rng, "metric": self.metric}
 
 
 def capture_rng() -> dict[str, Any]:
@@ -113,7 +121,11 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     missing = [key for key in _KEYS if key not in data]
     if missing:
         raise UserError(f"{path}: corrupt checkpoint (missing {', '.join(missing)})")
-    return Checkpoint(**{key: data[key] for key in _KEYS})
+    metric = data.get("metric", LEGACY_METRIC)
+    if metric not in METRICS:
+        raise UserError(f"{path}: checkpoint judges its run by an unknown metric {metric!r} "
+                        f"(this trainer knows {', '.join(METRICS)})")
+    return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric)
 
 
 def check_compatible(path: Path | str, checkpoint: Checkpoint, signature: dict[str, Any]) -> None:
@@ -122,3 +134,15 @@ def check_compatible(path: Path | str, checkpoint: Checkpoint, signature: dict[s
              for key, value in signature.items() if checkpoint.signature.get(key) != value]
     if diffs:
         raise UserError(f"{path}: checkpoint is incompatible with this run: {'; '.join(diffs)}")
+
+
+def check_metric(path: Path | str, checkpoint: Checkpoint, requested: str) -> None:
+    """Refuse to resume with ``--metric requested`` when the checkpoint's run is judged by another metric.
+
+    ``auto`` always fits: it was resolved when the run began and the checkpoint keeps that choice.
+    Switching metrics midway would compare the best epoch so far under one metric with later
+    epochs under another.
+    """
+    if requested not in ("auto", checkpoint.metric):
+        raise UserError(f"{path}: the checkpointed run is judged by {checkpoint.metric}, not {requested} "
+                        f"(resume with --metric {checkpoint.metric} or auto, or start a new run)")

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
 from proto.sizes import parse_size
+from trainer.scores import METRIC_CHOICES, MINORITY_SHARE
 
 __all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler"]
 
@@ -108,7 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--epochs", type=_positive_int, default=10, help="(default 10)")
     mod.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N epochs (default 1)")
     mod.add_argument("--patience", type=_positive_int, default=None,
-                     help="stop after N evaluations without a better val accuracy (default: never)")
+                     help="stop after N evaluations without a better val score by --metric (default: never)")
+    mod.add_argument("--metric", choices=METRIC_CHOICES, default="auto",
+                     help="what picks the best epoch and drives --patience; accuracy is reported either way. "
+                          f"auto: roc_auc for a binary task whose minority class is under "
+                          f"{100 * MINORITY_SHARE:.0f}%% of the labelled training nodes, else accuracy. "
+                          "roc_auc on more than two classes is the one-vs-rest macro average; macro_f1 the mean "
+                          "F1 over the classes present (default auto)")
     mod.add_argument("--max-steps", type=_positive_int, default=None,
                      help="stop after N optimizer steps in all, mid-epoch if need be, without evaluating "
                           "the cut epoch (benchmarks; default: no limit)")
@@ -194,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
                       weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                       patience=args.patience, seed=args.seed, device=args.device,
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
-                      heads=args.heads, max_steps=args.max_steps)
+                      heads=args.heads, max_steps=args.max_steps, metric=args.metric)
     source: BatchSource
     if opened is None:
         try:

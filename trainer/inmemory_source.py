@@ -69,10 +69,17 @@ class InMemorySource(BatchSource):
         self.chunk_batches = chunk_batches
         opened = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
         self.data: InMemoryGraph = load_in_memory(opened)
+        train_labels = self.data.labels[self.data.splits["train"]]
+        # every label is in memory already: the class balance costs one bincount, not an epoch of counting
+        counts = np.bincount(train_labels[train_labels >= 0], minlength=self.data.num_classes)
+        if counts.shape[0] > self.data.num_classes:
+            raise UserError(f"{opened.path}: a training label is {counts.shape[0] - 1}, the manifest declares "
+                            f"{self.data.num_classes} classes (megabatch verify checks the whole dataset)")
         self._info = SourceInfo(num_features=self.data.feat_dim, num_classes=self.data.num_classes,
                                 num_hops=len(self.fanouts), batch_size=batch_size,
                                 train_nodes=int(self.data.splits["train"].shape[0]),
-                                description=f"inmemory {opened.path}")
+                                description=f"inmemory {opened.path}",
+                                train_class_counts=tuple(int(c) for c in counts))
 
     @property
     def info(self) -> SourceInfo:

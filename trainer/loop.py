@@ -30,10 +30,28 @@ import torch.nn.functional as F
 from proto.errors import UserError
 from proto.progress import Progress
 from trainer.batch import Batch
-from trainer.checkpoint import Checkpoint, capture_rng, check_compatible, load_checkpoint, restore_rng, save_checkpoint
+from trainer.checkpoint import (
+    LEGACY_METRIC,
+    Checkpoint,
+    capture_rng,
+    check_compatible,
+    check_metric,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from trainer.device_cache import DeviceFeatureCache
 from trainer.metrics import TrainerMetrics
 from trainer.models import MODELS, build_model
+from trainer.scores import (
+    METRIC_CHOICES,
+    SHORT_NAMES,
+    MetricChoice,
+    accuracy_from_confusion,
+    choose_metric,
+    macro_f1_from_confusion,
+    roc_auc,
+)
 from trainer.source import BatchSource
 
 __all__ = ["TrainConfig", "EpochRecord", "TrainResult", "SequenceError", "SequenceCheck", "train", "resolve_device",
@@ -50,13 +68,16 @@ class TrainConfig:
     dropout: between layers (default 0.5). lr: Adam learning rate (default 0.003). weight_decay:
     (default 0). epochs: total epochs, counting those of a resumed run (default 10). eval_every:
     evaluate val and test every this many epochs and after the last (default 1). patience: stop
-    after this many evaluations without a better val accuracy (default None: never). seed: torch,
+    after this many evaluations without a better val score (default None: never). seed: torch,
     numpy and Python RNGs (default 0). device: "auto" (CUDA when available, the default), "cpu" or
     "cuda". checkpoint: file written after every epoch (default None: none). resume: continue from
     ``checkpoint`` (default False). heads: attention heads of gat's hidden layers (default 4).
     max_steps: stop the whole run after this many optimizer steps, mid-epoch if need be, without
     evaluating the cut epoch (default None: no limit). Benchmarks use it to time a fixed amount of
-    training; the cut epoch is recorded with the batches it trained.
+    training; the cut epoch is recorded with the batches it trained. metric: what the run is
+    judged by, the best epoch and early stopping included: "accuracy", "roc_auc", "macro_f1" or
+    "auto" (the default: roc_auc for a binary task whose minority class is under 35% of the
+    labelled training nodes, else accuracy; ``trainer.scores``). Accuracy is reported either way.
     """
 
     model: str = "sage"
@@ -73,6 +94,7 @@ class TrainConfig:
     resume: bool = False
     heads: int = 4
     max_steps: int | None = None
+    metric: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -98,6 +120,8 @@ class TrainConfig:
             raise UserError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}) for gat")
         if self.resume and self.checkpoint is None:
             raise UserError("resume needs a checkpoint path")
+        if self.metric not in METRIC_CHOICES:
+            raise UserError(f"metric must be one of {', '.join(METRIC_CHOICES)}, got {self.metric!r}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -108,6 +132,10 @@ class TrainConfig:
 @dataclass
 class EpochRecord:
     """What one epoch did. ``val_acc``/``test_acc`` are None for epochs without evaluation.
+
+    val_score/test_score: the scores by the run's metric (equal to the accuracies when the metric
+    is accuracy; NaN where the metric is undefined, e.g. AUC of a split holding one class; None
+    without evaluation).
 
     wait_s: time blocked on the source (and on device copies); step_s: forward, backward and
     optimizer steps; data_wait = wait_s / (wait_s + step_s); samples: seed nodes trained on;
@@ -127,11 +155,24 @@ class EpochRecord:
     data_wait: float
     train_s: float
     eval_s: float
+    val_score: float | None = None
+    test_score: float | None = None
+
+
+def _json_float(value: float | None) -> float | None:
+    """NaN (an undefined score) as None: JSON has no NaN and strict parsers reject Python's."""
+    return None if value is None or math.isnan(value) else value
 
 
 @dataclass
 class TrainResult:
-    """Every epoch's record and the best validation epoch (its test accuracy is the headline number)."""
+    """Every epoch's record and the best validation epoch (its test score is the headline number).
+
+    metric: what the run is judged by (a ``trainer.scores.METRICS`` name; None only before the
+    first epoch ends) and metric_reason why. The best epoch has the highest val score by it:
+    best_val_score and test_score_at_best are its scores, best_val_acc and test_acc_at_best its
+    accuracies (the same numbers when the metric is accuracy).
+    """
 
     config: TrainConfig
     device: str
@@ -140,6 +181,10 @@ class TrainResult:
     best_epoch: int | None = None
     best_val_acc: float | None = None
     test_acc_at_best: float | None = None
+    best_val_score: float | None = None
+    test_score_at_best: float | None = None
+    metric: str | None = None
+    metric_reason: str | None = None
     stopped_early: bool = False
     stopped_at_max_steps: bool = False
     resumed_from_epoch: int | None = None
@@ -147,21 +192,35 @@ class TrainResult:
     """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON-serializable values (``json.dumps`` works as is)."""
+        """Plain JSON-serializable values (``json.dumps`` works as is; an undefined score is null)."""
+        epochs = []
+        for record in self.epochs:
+            values = asdict(record)
+            values["val_score"], values["test_score"] = _json_float(record.val_score), _json_float(record.test_score)
+            epochs.append(values)
         return {"config": self.config.to_json(), "device": self.device, "source": self.source,
-                "epochs": [asdict(r) for r in self.epochs], "best_epoch": self.best_epoch,
+                "metric": self.metric, "metric_reason": self.metric_reason,
+                "epochs": epochs, "best_epoch": self.best_epoch,
                 "best_val_acc": self.best_val_acc, "test_acc_at_best": self.test_acc_at_best,
+                "best_val_score": _json_float(self.best_val_score),
+                "test_score_at_best": _json_float(self.test_score_at_best),
                 "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
                 "resumed_from_epoch": self.resumed_from_epoch}
 
     def summary(self) -> str:
-        """The final line: best validation epoch and its test accuracy."""
+        """The final line: best validation epoch and its test score (and accuracy, when that is not the score)."""
+        stop = f" (stopped early after epoch {self.epochs[-1].epoch})" if self.stopped_early and self.epochs else ""
         if self.best_epoch is None:
+            if any(r.val_score is not None for r in self.epochs):
+                return f"no evaluation gave a defined val {self.metric}{stop}"
             steps = f" (stopped at --max-steps {self.config.max_steps})" if self.stopped_at_max_steps else ""
             return f"no evaluation ran{steps}"
-        stop = f" (stopped early after epoch {self.epochs[-1].epoch})" if self.stopped_early and self.epochs else ""
-        return (f"best val {self.best_val_acc:.4f} at epoch {self.best_epoch}: "
-                f"test {self.test_acc_at_best:.4f}{stop}")
+        if self.metric in (None, "accuracy"):
+            return (f"best val {self.best_val_acc:.4f} at epoch {self.best_epoch}: "
+                    f"test {self.test_acc_at_best:.4f}{stop}")
+        name = SHORT_NAMES[self.metric]
+        return (f"best val {name} {self.best_val_score:.4f} at epoch {self.best_epoch}: test {name} "
+                f"{self.test_score_at_best:.4f} (test acc {self.test_acc_at_best:.4f}){stop}")
 
 
 class SequenceError(RuntimeError):
@@ -183,10 +242,23 @@ class SequenceCheck:
         self.last = seq
 
 
-def format_epoch(record: EpochRecord, total: int) -> str:
-    """``epoch 3/10  loss 0.412  train 0.873  val 0.861  test 0.858  1234 samples/s  data-wait 4.1%``."""
-    val = "-" if record.val_acc is None else f"{record.val_acc:.3f}"
-    test = "-" if record.test_acc is None else f"{record.test_acc:.3f}"
+def _split_column(accuracy: float | None, score: float | None, metric: str) -> str:
+    if accuracy is None:
+        return "-"
+    if metric == "accuracy":
+        return f"{accuracy:.3f}"
+    shown = math.nan if score is None else score
+    return f"{SHORT_NAMES[metric]} {shown:.3f} acc {accuracy:.3f}"
+
+
+def format_epoch(record: EpochRecord, total: int, metric: str = "accuracy") -> str:
+    """``epoch 3/10  loss 0.412  train 0.873  val 0.861  test 0.858  1234 samples/s  data-wait 4.1%``.
+
+    With another ``metric`` than accuracy (default accuracy), val and test show both:
+    ``val auc 0.912 acc 0.951  test auc 0.905 acc 0.948``.
+    """
+    val = _split_column(record.val_acc, record.val_score, metric)
+    test = _split_column(record.test_acc, record.test_score, metric)
     return (f"epoch {record.epoch}/{total}  loss {record.loss:.3f}  train {record.train_acc:.3f}  val {val}  "
             f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%")
 
@@ -310,6 +382,19 @@ def _prefetched(batches: Iterator[Batch], stager: _Stager, check: SequenceCheck
             close()
 
 
+@dataclass(frozen=True)
+class _Evaluation:
+    """One split's evaluation: accuracy (0 without a labelled node) and the score by the run's metric."""
+
+    accuracy: float
+    score: float
+    """NaN where the metric is undefined (e.g. AUC of a split holding one class)."""
+
+
+def _score(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
 def _model_signature(cfg: TrainConfig, in_dim: int, out_dim: int, num_layers: int) -> dict[str, Any]:
     signature: dict[str, Any] = {"model": cfg.model, "in_dim": in_dim, "hidden": cfg.hidden, "out_dim": out_dim,
                                  "num_layers": num_layers}
@@ -345,22 +430,49 @@ class _Run:
         self.bad_evals = 0
         self.next_epoch = 1
         self.steps = 0
+        self.metric = "accuracy"  # set_metric replaces it before the first evaluation
+        self.label_counts: torch.Tensor | None = None
+        """Labels per class of the training batches seen so far, while ``auto`` waits for the class balance."""
         if metrics is not None:
             metrics.set_build_info(cfg.model, str(self.device))
+        if not cfg.resume:  # a resumed run keeps the metric its checkpoint records (resume)
+            self.first_metric()
+
+    def first_metric(self) -> None:
+        """Resolve ``cfg.metric`` now, or arrange to count the training labels ``auto`` needs for it."""
+        cfg, info = self.cfg, self.info
+        if cfg.metric != "auto" or info.num_classes != 2:
+            self.set_metric(choose_metric(cfg.metric, info.num_classes, None))
+        elif info.train_class_counts is not None:
+            self.set_metric(choose_metric("auto", 2, info.train_class_counts), "from the source's training labels")
+        else:
+            # the daemon's handshake has no class balance: count the first epoch's labels, decided before its evaluation
+            self.label_counts = torch.zeros(2, dtype=torch.int64, device=self.device)
+
+    def set_metric(self, choice: MetricChoice, origin: str | None = None) -> None:
+        reason = choice.reason if origin is None else f"{choice.reason}; {origin}"
+        self.metric = choice.metric
+        self.result.metric, self.result.metric_reason = choice.metric, reason
+        log_.info("metric %s (%s)", choice.metric, reason)
 
     def resume(self) -> None:
         path = self.cfg.checkpoint
         assert path is not None  # TrainConfig refuses resume without a checkpoint
         ckpt = load_checkpoint(path)
         check_compatible(path, ckpt, self.signature)
+        check_metric(path, ckpt, self.cfg.metric)
         try:
             self.model.load_state_dict(ckpt.model_state)
             self.optimizer.load_state_dict(ckpt.optimizer_state)
-            history = [EpochRecord(**record) for record in ckpt.history]
+            # a checkpoint from before metrics were selectable: its scores are its accuracies
+            history = [EpochRecord(**{"val_score": record["val_acc"], "test_score": record["test_acc"], **record})
+                       for record in ckpt.history]
             progress = ckpt.progress
             self.result.best_epoch = progress["best_epoch"]
-            self.result.best_val_acc = progress["best_val"]
+            self.result.best_val_score = progress["best_val"]
             self.result.test_acc_at_best = progress["best_test"]
+            self.result.best_val_acc = progress.get("best_val_acc", progress["best_val"])
+            self.result.test_score_at_best = progress.get("best_test_score", progress["best_test"])
             self.result.stopped_early = bool(progress["stopped_early"])
             self.bad_evals = int(progress["bad_evals"])
             restore_rng(ckpt.rng)
@@ -373,6 +485,8 @@ class _Run:
         self.result.resumed_from_epoch = ckpt.epoch
         self.next_epoch = ckpt.epoch + 1
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")
+        reason = progress.get("metric_reason") or f"written before checkpoints recorded a metric: {LEGACY_METRIC}"
+        self.set_metric(MetricChoice(ckpt.metric, "as in the checkpoint"), reason)
 
     def train_epoch(self, epoch: int) -> EpochRecord:
         self.model.train()
@@ -393,6 +507,8 @@ class _Run:
                 self.optimizer.step()
                 mask = batch.y >= 0
                 batch_correct = int((logits.argmax(1)[mask] == batch.y[mask]).sum())  # also waits for the GPU
+                if self.label_counts is not None:
+                    self.label_counts += torch.bincount(batch.y[mask], minlength=2)[:2]
                 batch_labelled = int(mask.sum())
                 total_loss += loss.item() * batch_labelled
                 batch.release()
@@ -417,33 +533,71 @@ class _Run:
                            samples_per_s=samples / train_s if train_s > 0 else 0.0, wait_s=wait_s, step_s=step_s,
                            data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s, eval_s=0.0)
 
+    def decide_metric(self, epoch: int) -> None:
+        """Resolve ``auto`` from the labels counted in this epoch's training batches (first epoch only)."""
+        if self.label_counts is None:
+            return
+        counts = [int(c) for c in self.label_counts.tolist()]
+        self.label_counts = None
+        self.set_metric(choose_metric("auto", 2, counts), f"counted in the training batches of epoch {epoch}")
+
     @torch.no_grad()
-    def evaluate(self, split: str) -> float:
+    def evaluate(self, split: str) -> _Evaluation:
+        """Accuracy and the score by ``self.metric`` over the labelled nodes of ``split``.
+
+        Every metric gets the confusion matrix (accumulated on the device, C x C counts); roc_auc
+        also keeps each labelled node's log-probabilities on the host (n x C float32), ranked
+        the same as softmax probabilities but without float32 rounding near-certain ones to 1.
+        """
         self.model.eval()
-        correct = labelled = 0
+        classes = self.info.num_classes
+        confusion = torch.zeros(classes * classes, dtype=torch.int64, device=self.device)
+        scores: list[torch.Tensor] = []
+        labels: list[torch.Tensor] = []
         check = SequenceCheck(f"{split} evaluation")
         with contextlib.closing(_prefetched(iter(self.source.eval_batches(split)), self.stager, check)) as stream:
             for batch, _ in stream:
                 logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
                 mask = batch.y >= 0
-                correct += int((logits.argmax(1)[mask] == batch.y[mask]).sum())
-                labelled += int(mask.sum())
+                y = batch.y[mask]
+                counts = torch.bincount(y * classes + logits.argmax(1)[mask], minlength=classes * classes)
+                if counts.numel() != classes * classes:
+                    raise ValueError(f"a {split} label is not below num_classes {classes}")
+                confusion += counts
+                if self.metric == "roc_auc":
+                    scores.append(torch.log_softmax(logits[mask].float(), dim=1).cpu())
+                    labels.append(y.cpu())
                 batch.release()
-        return correct / labelled if labelled else 0.0
+        matrix = confusion.view(classes, classes).cpu().numpy()
+        # no labelled node: accuracy 0 as before, so dashboards and scripts keep a number
+        acc = accuracy_from_confusion(matrix) if matrix.sum() else 0.0
+        if self.metric == "roc_auc":
+            score = roc_auc(torch.cat(scores).numpy() if scores else np.zeros((0, classes), np.float32),
+                            torch.cat(labels).numpy() if labels else np.zeros(0, np.int64))
+        elif self.metric == "macro_f1":
+            score = macro_f1_from_confusion(matrix)
+        else:
+            score = acc
+        return _Evaluation(accuracy=acc, score=score)
 
     def run_epoch(self, epoch: int) -> bool:
         """Train, maybe evaluate, record, checkpoint; True when early stopping says stop."""
         cfg = self.cfg
         record = self.train_epoch(epoch)
         cut = self.result.stopped_at_max_steps
+        self.decide_metric(epoch)
         if not cut and (epoch % cfg.eval_every == 0 or epoch == cfg.epochs):
             started = time.perf_counter()
-            record.val_acc, record.test_acc = self.evaluate("val"), self.evaluate("test")
+            val, test = self.evaluate("val"), self.evaluate("test")
+            record.val_acc, record.test_acc, record.val_score, record.test_score = (val.accuracy, test.accuracy,
+                                                                                    val.score, test.score)
             record.eval_s = time.perf_counter() - started
-            best = self.result.best_val_acc
-            if best is None or record.val_acc > best:
-                self.result.best_epoch, self.result.best_val_acc = epoch, record.val_acc
-                self.result.test_acc_at_best = record.test_acc
+            best = self.result.best_val_score
+            # NaN (an undefined score) is never an improvement: it compares false either way
+            if not math.isnan(val.score) and (best is None or val.score > best):
+                self.result.best_epoch = epoch
+                self.result.best_val_score, self.result.test_score_at_best = val.score, test.score
+                self.result.best_val_acc, self.result.test_acc_at_best = val.accuracy, test.accuracy
                 self.bad_evals = 0
             else:
                 self.bad_evals += 1
@@ -454,22 +608,25 @@ class _Run:
         if self.metrics is not None:
             self.metrics.observe_epoch(epoch, record.loss, record.train_acc, record.samples_per_s, record.data_wait)
             if record.val_acc is not None and record.test_acc is not None:
-                self.metrics.observe_eval("val", record.val_acc)
-                self.metrics.observe_eval("test", record.test_acc)
-        self.log(format_epoch(record, cfg.epochs))
+                self.metrics.observe_eval("val", record.val_acc, self.metric, _score(record.val_score))
+                self.metrics.observe_eval("test", record.test_acc, self.metric, _score(record.test_score))
+        self.log(format_epoch(record, cfg.epochs, self.metric))
         if cfg.checkpoint is not None:
             self.save(epoch)
         return stop
 
     def save(self, epoch: int) -> None:
         assert self.cfg.checkpoint is not None
-        progress = {"best_epoch": self.result.best_epoch, "best_val": self.result.best_val_acc,
-                    "best_test": self.result.test_acc_at_best, "bad_evals": self.bad_evals,
-                    "stopped_early": self.result.stopped_early}
+        # best_val/best_test keep their first meaning (best score, test accuracy there): with metric
+        # accuracy, a checkpoint reads the same to a trainer from before metrics were selectable
+        progress = {"best_epoch": self.result.best_epoch, "best_val": self.result.best_val_score,
+                    "best_test": self.result.test_acc_at_best, "best_val_acc": self.result.best_val_acc,
+                    "best_test_score": self.result.test_score_at_best, "bad_evals": self.bad_evals,
+                    "stopped_early": self.result.stopped_early, "metric_reason": self.result.metric_reason}
         save_checkpoint(self.cfg.checkpoint, Checkpoint(
             epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
             signature=self.signature, config=self.cfg.to_json(), progress=progress,
-            history=[asdict(r) for r in self.result.epochs], rng=capture_rng()))
+            history=[asdict(r) for r in self.result.epochs], rng=capture_rng(), metric=self.metric))
 
 
 def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metrics: TrainerMetrics | None = None,

@@ -41,6 +41,9 @@ class TrainerMetrics:
         self.loss = Gauge("megabatch_trainer_loss", "Mean training loss of the last epoch", registry=reg)
         self.accuracy = Gauge("megabatch_trainer_accuracy", "Accuracy of the last evaluation", ["split"],
                               registry=reg)
+        # accuracy stays as it was for dashboards; the score is what the run is judged by (--metric)
+        self.score = Gauge("megabatch_trainer_score", "Score of the last evaluation by the run's metric "
+                           "(accuracy, roc_auc or macro_f1)", ["split", "metric"], registry=reg)
         self.epoch = Gauge("megabatch_trainer_epoch", "Last completed epoch", registry=reg)
         self.data_wait_ratio = Gauge("megabatch_trainer_data_wait_ratio",
                                      "Share of the last epoch's training time spent waiting for data "
@@ -90,5 +93,7 @@ class TrainerMetrics:
         self.samples_per_second.set(samples_per_second)
         self.data_wait_ratio.set(data_wait_ratio)
 
-    def observe_eval(self, split: str, accuracy: float) -> None:
+    def observe_eval(self, split: str, accuracy: float, metric: str, score: float) -> None:
+        """One split's evaluation: its accuracy, and its score by ``metric`` (NaN when undefined)."""
         self.accuracy.labels(split=split).set(accuracy)
+        self.score.labels(split=split, metric=metric).set(score)

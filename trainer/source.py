@@ -27,6 +27,19 @@ class SourceInfo:
     feature_cache_rows: int = 0
     """Rows of the trainer-side feature cache the source plans for (0 = none; only the daemon has one).
     When > 0, training batches may carry a ``cache_plan`` and the loop keeps a ``DeviceFeatureCache``."""
+    train_class_counts: tuple[int, ...] | None = None
+    """Labelled training nodes per class (index = class id), when the source knows them up front (the
+    in-memory source does; the daemon's handshake does not carry them). None: the training loop counts
+    the labels of the first epoch's training batches where it needs the class balance (``--metric auto``)."""
+
+    def __post_init__(self) -> None:
+        counts = self.train_class_counts
+        if counts is not None:
+            normalized = tuple(int(c) for c in counts)
+            if len(normalized) != self.num_classes or any(c < 0 for c in normalized):
+                raise ValueError(f"train_class_counts must hold {self.num_classes} non-negative counts (one per "
+                                 f"class), got {list(normalized)}")
+            object.__setattr__(self, "train_class_counts", normalized)  # frozen: normalize once, here
 
 
 class BatchSource(abc.ABC):
