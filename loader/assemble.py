@@ -33,6 +33,8 @@ class MegaBatch:
     """int64 (M,): arena byte offset of each local node's feature row."""
     labels: np.ndarray
     """int64 (M,)."""
+    full_degree: np.ndarray
+    """int64 (M,): each local node's in-degree over the full graph (neighbour coverage compares with it)."""
     train_seeds: np.ndarray
     """int64: local ids of the mega-batch's training nodes, ascending."""
     static_extra: int
@@ -70,8 +72,9 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     boundaries = np.cumsum(counts + 1)[:-1] - 1  # the diff across two partitions' slices is meaningless
     deg_mb = np.delete(deg_all, boundaries)
     static_deg = np.diff(static.indptr)[extra]
+    full_degree = np.concatenate([deg_mb, static_deg]).astype(np.int64, copy=False)
     raw_indptr = np.zeros(len(global_ids) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate([deg_mb, static_deg]), out=raw_indptr[1:])
+    np.cumsum(full_degree, out=raw_indptr[1:])
 
     # static extras' lists go after the partitions' lists, gathered from the resident copy
     if len(extra):
@@ -101,5 +104,5 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     labels = resident.labels[global_ids]
     train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)
     graph = CSCGraph(indptr=indptr, indices=indices, global_ids=global_ids)
-    return MegaBatch(plan, buf, graph, row_offsets, labels, train_seeds, len(extra), loaded.bytes_read,
+    return MegaBatch(plan, buf, graph, row_offsets, labels, full_degree, train_seeds, len(extra), loaded.bytes_read,
                      loaded.seconds + time.perf_counter() - t0)

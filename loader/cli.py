@@ -116,6 +116,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from loader.status import format_status, scrape
+
+    url = args.url
+    if url is None:
+        from loader.config import load_config
+
+        metrics = load_config(args.config).metrics
+        if metrics.port <= 0:
+            raise UserError(f"{args.config}: [metrics] port is 0, so the daemon serves no metrics for status to read")
+        url = f"http://{metrics.address}:{metrics.port}/metrics"
+    print(format_status(scrape(url)))
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     # The trainer imports torch; the loader never does, so it runs in its own interpreter.
     flags = [f for f, on in (("--debug", args.debug), ("-q", args.quiet), ("--no-progress", not args.progress)) if on]
@@ -183,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="run the loader daemon (see docs/CONFIG.md)")
     srv.add_argument("--config", required=True, help="TOML configuration file")
     srv.set_defaults(handler=_cmd_serve)
+
+    sts = sub.add_parser("status", help="what a running daemon is doing (epoch, coverage, caches), from its metrics")
+    where = sts.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", help="the daemon's TOML configuration (its [metrics] address and port)")
+    where.add_argument("--url", help="the daemon's metrics URL, e.g. http://127.0.0.1:9450/metrics")
+    sts.set_defaults(handler=_cmd_status)
 
     trn = sub.add_parser("train", help="train a GNN on batches from the daemon or in memory (python -m trainer)",
                          add_help=False, prefix_chars="\0")

@@ -16,7 +16,7 @@ from proto.errors import UserError
 from proto.sizes import parse_size
 
 __all__ = [
-    "MODES", "DatasetConfig", "ModeConfig", "ExactConfig",
+    "MODES", "SCHEDULES", "DatasetConfig", "ModeConfig", "ExactConfig",
     "MemoryConfig", "HierarchyConfig", "SamplerConfig", "IOConfig", "PublisherConfig",
     "ServerConfig", "MetricsConfig", "LogConfig", "LoaderConfig", "load_config", "config_from_mapping",
 ]
@@ -29,6 +29,9 @@ class DatasetConfig:
 
 
 MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
+
+SCHEDULES = ("balanced", "random")
+"""How the hierarchical mode groups partitions into mega-batches (``loader.schedule``)."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,14 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class HierarchyConfig:
-    megabatch_fraction: float | None = 0.25
-    """N_d / N_p: the share of partitions loaded per mega-batch, or None ("auto": the largest N_d the
-    memory budget holds, at most half the partitions; default 0.25)."""
+    megabatch_fraction: float | None = None
+    """N_d / N_p: the share of partitions loaded per mega-batch, or None ("auto", the default: the largest
+    N_d the memory budget holds, all partitions included, since more partitions per mega-batch keep more
+    neighbours and mix more labels at the same bytes read per epoch)."""
+    schedule: str = "balanced"
+    """How partitions are grouped into mega-batches (default "balanced"): "balanced" deals a seeded
+    shuffle so each group's training labels mix like the epoch's; "random" cuts the shuffle in order
+    (HierBatching's Algorithm 1)."""
     static_cache: bool = True
     """Keep the prepared static nodes (highest degree) in RAM for every mega-batch (default true)."""
     passes: int | None = 1
@@ -213,7 +221,7 @@ def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
     _check_keys("hierarchy", t, HierarchyConfig)
     d = HierarchyConfig()
-    fraction = t.get("megabatch_fraction", d.megabatch_fraction)
+    fraction = t.get("megabatch_fraction", "auto")
     if fraction == "auto":
         fraction = None
     elif isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
@@ -229,7 +237,10 @@ def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
     max_passes = _int("hierarchy", "max_passes", t.get("max_passes", d.max_passes), minimum=1)
     if passes is not None and passes > max_passes:
         raise _fail("hierarchy", "passes", f"{passes} exceeds max_passes = {max_passes}")
-    return HierarchyConfig(megabatch_fraction=None if fraction is None else float(fraction),
+    schedule = t.get("schedule", d.schedule)
+    if schedule not in SCHEDULES:
+        raise _fail("hierarchy", "schedule", f"expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    return HierarchyConfig(megabatch_fraction=None if fraction is None else float(fraction), schedule=schedule,
                            static_cache=_bool("hierarchy", "static_cache", t.get("static_cache", d.static_cache)),
                            passes=passes, max_passes=max_passes)
 

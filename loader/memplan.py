@@ -9,7 +9,9 @@ bound we enforce is
         <= budget
 
 where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest of each kind),
-so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits.
+so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits, up to
+every partition: at the same bytes read per epoch, a larger mega-batch keeps more neighbours and mixes
+more labels (docs/PERFORMANCE.md, "Training quality of the hierarchical mode").
 """
 
 from dataclasses import dataclass
@@ -29,8 +31,8 @@ NODE_ARRAY_BYTES = 8 + 4 + 1
 PASSES_IN_FLIGHT = 3
 """Sampled passes alive at once: one being sampled, one queued, one being published."""
 
-PER_LOCAL_NODE_BYTES = 8 * 5
-"""Per mega-batch node: global id, row offset, raw indptr, induced indptr, label/seed scratch."""
+PER_LOCAL_NODE_BYTES = 8 * 6
+"""Per mega-batch node: global id, row offset, raw indptr, induced indptr, full degree, label/seed scratch."""
 
 
 def round_up(value: int, multiple: int = PAGE) -> int:
@@ -140,7 +142,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction
                 f"lower [hierarchy] megabatch_fraction, [publisher] slots or [server] max_clients, "
                 f"or set static_cache = false")
         return plan
-    lo, hi = 1, max(1, num_partitions // 2)
+    lo, hi = 1, num_partitions
     if make(lo).total > budget:
         raise UserError(f"memory budget {format_size(budget)} cannot hold even one partition per mega-batch: "
                         f"{make(lo).describe()}")

@@ -96,6 +96,23 @@ class DaemonMetrics:
         self.feature_cache_bytes = Gauge("megabatch_feature_cache_bytes", "Bytes of the feature cache", registry=r)
         self.neighbor_cache_bytes = Gauge("megabatch_neighbor_cache_bytes", "Bytes of the neighbour cache",
                                           registry=r)
+        self.mb_coverage = Gauge("megabatch_megabatch_neighbour_coverage_ratio",
+                                 "Share of the neighbour slots full-graph sampling fills that the last mega-batch's "
+                                 "first pass filled", registry=r)
+        self.mb_label_skew = Gauge("megabatch_megabatch_label_skew",
+                                   "Total variation distance between the last mega-batch's training labels and the "
+                                   "epoch's", registry=r)
+        self.epoch_coverage = Gauge("megabatch_epoch_neighbour_coverage_ratio",
+                                    "Neighbour coverage of the last complete epoch (warned below the documented "
+                                    "threshold)", registry=r)
+        self.epoch_label_skew = Gauge("megabatch_epoch_label_skew",
+                                      "Seed-weighted label skew of the last complete epoch's mega-batches", registry=r)
+        self.neighbour_slots = Counter("megabatch_neighbour_slots",
+                                       "Neighbour slots of sampled targets: filled inside the mega-batch and static "
+                                       "cache, or lost to the cut", ["result"], registry=r)
+        self.quality_warnings = Counter("megabatch_quality_warnings",
+                                        "Epochs whose coverage or label skew crossed its threshold", ["kind"],
+                                        registry=r)
         self.passes = Gauge("megabatch_passes_per_megabatch", "Passes run over the last mega-batch", registry=r)
         self.published = Counter("megabatch_batches_published", "Batches written to slots", ["kind"], registry=r)
         self.published_bytes = Counter("megabatch_published_bytes", "Payload bytes written to slots", registry=r)
@@ -112,6 +129,10 @@ class DaemonMetrics:
             self.feature_cache_lookups.labels(result)
             self.neighbor_cache_lookups.labels(result)
         self.feature_cache_lookups.labels("fill")
+        for result in ("filled", "lost"):
+            self.neighbour_slots.labels(result)
+        for kind in ("coverage", "skew"):
+            self.quality_warnings.labels(kind)
         for result in ("hit", "shipped"):
             self.trainer_cache_rows.labels(result)
         r.register(_ScrapeCollector(self._probes))

@@ -24,13 +24,14 @@ import numpy as np
 from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.assemble import MegaBatch, assemble
 from loader.config import LoaderConfig
+from loader.coverage import EpochQuality, NeighbourSlots, neighbour_slots
 from loader.inmemory import STREAM_TRAIN
 from loader.metrics import DaemonMetrics
 from loader.publisher import BatchSource, gather_from
 from loader.reader import LoadedMegaBatch, PartitionReader
 from loader.resident import ResidentData
-from loader.sampling import SampledPass, batch_keys, sample_pass, shuffle
-from loader.schedule import MegaBatchPlan, schedule_epoch
+from loader.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+from loader.schedule import MegaBatchPlan, label_skew, schedule_epoch
 
 __all__ = ["SampledWork", "EpochDone", "run_timed", "run_in_pool", "PipelineContext", "TrainPipeline",
            "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
@@ -84,6 +85,8 @@ class PipelineContext:
     metrics: DaemonMetrics
     cpu_pool: ThreadPoolExecutor
     partitions_per_megabatch: int
+    label_counts: np.ndarray
+    """float64 (P, C): training labels per partition; the balanced schedule and the label skew read it."""
 
 
 @dataclass
@@ -160,7 +163,9 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Que
     cfg = ctx.config
     for epoch in itertools.count(start_epoch):
         t0 = time.perf_counter()
-        schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch)
+        balanced = ctx.label_counts if cfg.hierarchy.schedule == "balanced" else None
+        schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch,
+                                  balanced)
         if cfg.hierarchy.passes is not None:
             total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes)
             schedule = [dataclasses.replace(plan, epoch_batches=total) for plan in schedule]
@@ -204,6 +209,24 @@ def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> BatchSource:
                        int(static.shape[1]), static.dtype, fills_any_subset=True)
 
 
+def _sample_measured(graph: CSCGraph, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...],
+                     keys: np.ndarray, full_degree: np.ndarray | None) -> tuple[SampledPass, NeighbourSlots | None]:
+    """``sample_pass``, plus the pass's neighbour slots when ``full_degree`` is given (the first pass)."""
+    sampled = sample_pass(graph, seeds, batch_size, fanouts, keys)
+    return sampled, None if full_degree is None else neighbour_slots(sampled, full_degree, fanouts)
+
+
+def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> None:
+    m = ctx.metrics
+    m.epoch_coverage.set(quality.coverage)
+    m.epoch_label_skew.set(quality.skew)
+    log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %d mega-batches of %d partitions",
+             epoch, quality.coverage, quality.skew, quality.megabatches, ctx.partitions_per_megabatch)
+    for kind, warning in quality.warnings().items():
+        m.quality_warnings.labels(kind).inc()
+        log.warning("epoch %d: %s", epoch, warning)
+
+
 async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",
                    output: "asyncio.Queue[SampledWork | EpochDone]",
                    release: Callable[[MegaBatchBuffer], None]) -> None:
@@ -211,6 +234,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
     fixed_passes = cfg.hierarchy.passes
     batch_size = cfg.sampler.batch_size
     epoch, batch_in_epoch, passes_in_epoch = start_epoch, 0, 0
+    quality = EpochQuality()
     while True:
         mb = await ready.get()
         if mb.plan.epoch != epoch:
@@ -224,8 +248,16 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
             seeds = shuffle(mb.train_seeds, key)
             n_batches = -(-len(seeds) // batch_size)
             keys = batch_keys(cfg.sampler.seed, STREAM_TRAIN, epoch, 0, batch_in_epoch, n_batches)
-            sampled = await _timed(ctx, "sampler", sample_pass, mb.graph, seeds, batch_size,
-                                   cfg.sampler.fanouts, keys)
+            # later passes over the same mega-batch lose what the first did: measure once per mega-batch
+            sampled, slots = await _timed(ctx, "sampler", _sample_measured, mb.graph, seeds, batch_size,
+                                          cfg.sampler.fanouts, keys, mb.full_degree if pass_index == 0 else None)
+            if slots is not None:
+                skew = label_skew(ctx.label_counts, mb.plan.partitions)
+                quality.add(slots, skew, len(seeds))
+                ctx.metrics.mb_coverage.set(slots.filled / slots.full if slots.full else 1.0)
+                ctx.metrics.mb_label_skew.set(skew)
+                ctx.metrics.neighbour_slots.labels("filled").inc(slots.filled)
+                ctx.metrics.neighbour_slots.labels("lost").inc(slots.full - slots.filled)
             if fixed_passes is not None:
                 last = pass_index + 1 >= fixed_passes
             else:
@@ -241,8 +273,10 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
                 ctx.metrics.passes.set(pass_index + 1)
                 break
         if mb.plan.is_last:
+            _report_epoch(ctx, epoch, quality)
             await output.put(EpochDone(epoch, batch_in_epoch, passes_in_epoch))
             epoch, batch_in_epoch, passes_in_epoch = epoch + 1, 0, 0
+            quality = EpochQuality()
 
 
 def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipeline:

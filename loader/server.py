@@ -38,6 +38,7 @@ from loader.modes import open_mode
 from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
 from loader.reader import PartitionReader
 from loader.resident import ResidentData, load_resident
+from loader.schedule import train_label_counts
 from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
@@ -175,7 +176,8 @@ class Daemon:
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
         reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
                                  threads=cfg.io.read_threads, read_block=cfg.io.read_block)
-        ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions)
+        ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions,
+                              train_label_counts(parts, train, resident.labels))
         self._ctx, self.memory_plan = ctx, plan
         self._start_pipeline = functools.partial(start_train_pipeline, ctx)
         self.metrics.static_nodes.set(resident.static.num_nodes)

@@ -10,14 +10,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import uvloop
 
 from loader.config import LoaderConfig, config_from_mapping
 from loader.generate import generate_graph
 from loader.prepare import PrepareOptions, prepare_dataset
 from loader.server import Daemon
+from proto.client import ControlClient
+from proto.messages import BatchReady, Credit, Message, Release
 
-__all__ = ["small_dataset", "daemon_config", "running_daemon"]
+__all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume"]
 
 
 def small_dataset(root: Path, *, nodes: int = 3000, partitions: int = 16, feat_dim: int = 16, classes: int = 4,
@@ -86,3 +89,27 @@ def running_daemon(config: LoaderConfig) -> Iterator[Daemon]:
         thread.join(timeout=60)
         if failure:
             raise failure[0]
+
+
+def connect(config: LoaderConfig) -> ControlClient:
+    """A client of the daemon of ``config`` that has granted all its slots."""
+    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+    client.send(Credit(count=client.welcome.slots.count))
+    return client
+
+
+def consume(client: ControlClient, request: Message, end_type: type
+            ) -> tuple[list[tuple[BatchReady, dict[str, np.ndarray]]], Any]:
+    """All batches of one stream as copies: (ready, arrays); releases every slot after reading it."""
+    client.send(request)
+    batches = []
+    while True:
+        msg = client.recv(timeout=60)
+        if isinstance(msg, BatchReady):
+            arrays = {k: np.array(v) for k, v in client.read_batch(msg).arrays.items()}
+            batches.append((msg, arrays))
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+        else:
+            assert isinstance(msg, end_type), msg
+            assert msg.batches == len(batches)
+            return batches, msg

@@ -8,7 +8,6 @@ import pytest
 
 from loader.dataset import open_dataset
 from loader.inmemory import load_in_memory
-from proto.client import ControlClient
 from proto.codec import FrameDecoder, encode
 from proto.errors import RemoteError
 from proto.messages import (
@@ -24,7 +23,7 @@ from proto.messages import (
     Stats,
     StatsRequest,
 )
-from tests.daemon_harness import daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +34,6 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(dataset):
     return load_in_memory(open_dataset(dataset))
-
-
-def connect(config):
-    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
-    client.send(Credit(count=client.welcome.slots.count))
-    return client
-
-
-def consume(client, request, end_type):
-    """All batches of one stream as copies: (ready, arrays); releases every slot after reading it."""
-    client.send(request)
-    batches = []
-    while True:
-        msg = client.recv(timeout=60)
-        if isinstance(msg, BatchReady):
-            arrays = {k: np.array(v) for k, v in client.read_batch(msg).arrays.items()}
-            batches.append((msg, arrays))
-            client.send(Release(slot=msg.slot, seq=msg.seq))
-        else:
-            assert isinstance(msg, end_type), msg
-            assert msg.batches == len(batches)
-            return batches, msg
 
 
 def check_batch(arrays, ref):

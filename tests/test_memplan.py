@@ -49,10 +49,11 @@ def test_refuses_a_budget_that_cannot_fit():
 
 
 def test_auto_fraction_picks_the_largest_fitting():
-    plan = plan_memory(**kwargs(fraction=None, budget=(4 << 20) + 200_000))
+    plan = plan_memory(**kwargs(fraction=None, budget=(4 << 20) + 260_000))
     assert 1 <= plan.buffer.partitions <= 2 and plan.total <= plan.budget
+    assert plan_memory(**kwargs(fraction=None, budget=plan.total)).buffer.partitions == plan.buffer.partitions
     bigger = plan_memory(**kwargs(fraction=None, budget=1 << 30))
-    assert bigger.buffer.partitions == 2  # capped at half the partitions
+    assert bigger.buffer.partitions == 5  # every partition: the whole graph fits twice
     with pytest.raises(UserError, match="cannot hold even one partition"):
         plan_memory(**kwargs(fraction=None, budget=1 << 20))
 

@@ -1,0 +1,59 @@
+"""Neighbour coverage of a sampled pass against a plain reference, and the epoch's warnings."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.coverage import COVERAGE_WARN, SKEW_WARN, EpochQuality, NeighbourSlots, neighbour_slots
+from loader.sampling import CSCGraph, batch_keys, sample_pass
+
+
+def reference_slots(sampled, full_degree, fanouts):
+    """Per batch, per hop: the targets are the block of nodes first reached one hop earlier."""
+    full = 0
+    for b in range(sampled.num_batches):
+        nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
+        start = 0
+        for hop, fanout in enumerate(fanouts):
+            block = nodes[start:start + sampled.num_sampled_nodes[b, hop]]
+            start += sampled.num_sampled_nodes[b, hop]
+            for v in block.tolist():
+                d = int(full_degree[v])
+                full += d if fanout < 0 else min(fanout, d)
+    return full
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 60), st.integers(0, 300), st.integers(1, 20), st.lists(st.integers(-1, 6), min_size=1,
+                                                                               max_size=3),
+       st.integers(0, 2**32), st.integers(0, 5))
+def test_slots_match_the_reference(n, e, batch_size, fanouts, seed, cut_extra):
+    rng = np.random.default_rng(seed)
+    dst = np.sort(rng.integers(0, n, e))
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    graph = CSCGraph(indptr, rng.integers(0, n, e), np.arange(n, dtype=np.int64))
+    # the full graph had up to cut_extra more in-neighbours per node than the mega-batch kept
+    full_degree = np.diff(indptr) + rng.integers(0, cut_extra + 1, n)
+    seeds = rng.permutation(n)[:max(1, n // 2)]
+    keys = batch_keys(seed, 0, 0, 0, 0, -(-len(seeds) // batch_size))
+    sampled = sample_pass(graph, seeds, batch_size, fanouts, keys)
+    slots = neighbour_slots(sampled, full_degree, tuple(fanouts))
+    assert slots.filled == int(sampled.num_sampled_edges.sum())
+    assert slots.full == reference_slots(sampled, full_degree, fanouts)
+    assert slots.filled <= slots.full
+    if cut_extra == 0:
+        assert slots.filled == slots.full  # nothing cut, nothing lost
+
+
+def test_epoch_quality_weights_and_warnings():
+    quality = EpochQuality()
+    assert quality.coverage == 1.0 and quality.skew == 0.0 and quality.warnings() == {}
+    quality.add(NeighbourSlots(90, 100), 0.1, 300)
+    quality.add(NeighbourSlots(10, 100), 0.4, 100)
+    assert quality.coverage == 0.5 and abs(quality.skew - (0.1 * 300 + 0.4 * 100) / 400) < 1e-12
+    assert quality.coverage < COVERAGE_WARN and quality.skew < SKEW_WARN
+    assert set(quality.warnings()) == {"coverage"} and "megabatch_fraction" in quality.warnings()["coverage"]
+    skewed = EpochQuality()
+    skewed.add(NeighbourSlots(100, 100), 0.9, 10)
+    assert set(skewed.warnings()) == {"skew"} and "schedule" in skewed.warnings()["skew"]
