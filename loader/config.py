@@ -106,8 +106,9 @@ class IOConfig:
 
 @dataclass(frozen=True)
 class PublisherConfig:
-    slots: int = 4
-    """Shared-memory slots per client: batches in flight between daemon and trainer (default 4)."""
+    slots: int | None = None
+    """Shared-memory slots per client: batches in flight between daemon and trainer, or None ("auto", the
+    default: 4, fewer (not under 2) where 4 slots of one client would take over half the budget)."""
     slot_bytes: int | None = None
     """Bytes per slot, or None ("auto") to size from the largest batch of the first pass (default auto)."""
 
@@ -118,8 +119,9 @@ class ServerConfig:
     """Control socket path (default /run/megabatch/loader.sock)."""
     socket_mode: int = 0o660
     """Permissions of the socket file, octal string in TOML (default "0660")."""
-    max_clients: int = 8
-    """Connections served at once; more are refused with an error message (default 8)."""
+    max_clients: int | None = None
+    """Connections served at once; more are refused with an error message. None ("auto", the default): as
+    many as half the budget holds slots for, at least 1, at most 8."""
     max_frame_bytes: int = 64 << 10
     """Largest control message accepted; bigger frames disconnect the client (default 64K)."""
     drain_timeout: float = 10.0
@@ -211,6 +213,11 @@ def _check_keys(table: str, data: Mapping[str, Any], cls: type) -> None:
             raise _fail(table, key, f"unknown option (known: {', '.join(sorted(allowed))})")
 
 
+def _int_or_auto(table: str, key: str, value: Any, *, minimum: int, maximum: int | None = None) -> int | None:
+    """None for "auto", else ``_int``'s checked integer."""
+    return None if value == "auto" else _int(table, key, value, minimum=minimum, maximum=maximum)
+
+
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     value = data.get(name, {})
     if not isinstance(value, dict):
@@ -300,7 +307,7 @@ def _server(t: Mapping[str, Any], base: Path) -> ServerConfig:
         raise _fail("server", "drain_timeout", f"expected a positive number of seconds, got {drain!r}")
     return ServerConfig(
         socket=_path(base, _str("server", "socket", t.get("socket", str(d.socket)))), socket_mode=mode,
-        max_clients=_int("server", "max_clients", t.get("max_clients", d.max_clients), minimum=1),
+        max_clients=_int_or_auto("server", "max_clients", t.get("max_clients", "auto"), minimum=1),
         max_frame_bytes=_size("server", "max_frame_bytes", t.get("max_frame_bytes", d.max_frame_bytes)),
         drain_timeout=float(drain))
 
@@ -335,7 +342,7 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     _check_keys("publisher", pub, PublisherConfig)
     slot_bytes_value = pub.get("slot_bytes", "auto")
     publisher = PublisherConfig(
-        slots=_int("publisher", "slots", pub.get("slots", PublisherConfig().slots), minimum=1, maximum=256),
+        slots=_int_or_auto("publisher", "slots", pub.get("slots", "auto"), minimum=1, maximum=256),
         slot_bytes=None if slot_bytes_value == "auto" else _size("publisher", "slot_bytes", slot_bytes_value))
 
     met = _table(data, "metrics")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loader.slot_sizing import SessionSizing
 from proto.errors import UserError
 from proto.sizes import format_size
 
@@ -70,13 +71,11 @@ class MemoryPlan:
     static_nodes: int
     static_bytes: int
     buffer: BufferSizes
-    slots: int
-    slot_bytes: int
-    max_clients: int
+    sessions: SessionSizing
 
     @property
     def slots_bytes(self) -> int:
-        return self.slots * self.slot_bytes * self.max_clients
+        return self.sessions.total
 
     @property
     def total(self) -> int:
@@ -89,7 +88,7 @@ class MemoryPlan:
                 f" + 2 x mega-batch buffer ({self.buffer.partitions} partitions, "
                 f"{format_size(self.buffer.total)} each)"
                 f" + {PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}"
-                f" + {self.max_clients} clients x {self.slots} slots x {format_size(self.slot_bytes)}"
+                f" + {self.sessions.describe()}"
                 f" = {format_size(self.total)} used")
 
 
@@ -120,7 +119,7 @@ def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edg
 
 def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
-                slots: int, slot_bytes: int, max_clients: int, train_counts: np.ndarray | None = None,
+                sessions: SessionSizing, train_counts: np.ndarray | None = None,
                 batch_size: int = 1, batch_bytes: int = 0) -> MemoryPlan:
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``."""
     num_partitions = len(partitions)
@@ -131,7 +130,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction
         return MemoryPlan(budget, node_bytes, static_nodes, static_bytes,
                           buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize, train_counts,
                                        batch_size, batch_bytes),
-                          slots, slot_bytes, max_clients)
+                          sessions)
 
     if fraction is not None:
         n_d = min(num_partitions, max(1, round(fraction * num_partitions)))

@@ -8,23 +8,22 @@ from loader.memplan import NODE_ARRAY_BYTES
 from loader.metrics import DaemonMetrics
 from loader.outofcore import ExactMode, StaticMode, plan_outofcore
 from loader.resident import ResidentData
-from loader.slot_sizing import PilotSizes
+from loader.slot_sizing import PilotSizes, SessionSizing
 from proto.errors import UserError
 from proto.sizes import format_size
 
 __all__ = ["open_mode"]
 
 
-def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, slot_bytes: int, pilot: PilotSizes,
-              metrics: DaemonMetrics) -> FullGraphMode:
+def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
+              pilot: PilotSizes, metrics: DaemonMetrics) -> FullGraphMode:
     """The ``[loader] mode`` backend; UserError when the budget cannot hold its fixed part."""
     m = dataset.manifest
-    fixed = m.num_nodes * NODE_ARRAY_BYTES + config.server.max_clients * config.publisher.slots * slot_bytes
+    fixed = m.num_nodes * NODE_ARRAY_BYTES + sessions.total
     budget = config.memory.budget
     if fixed > budget:
         raise UserError(f"memory budget {format_size(budget)} is too small: node arrays and "
-                        f"{config.server.max_clients} clients x {config.publisher.slots} slots x "
-                        f"{format_size(slot_bytes)} need {format_size(fixed)}; raise [memory] budget or lower "
+                        f"{sessions.describe()} need {format_size(fixed)}; raise [memory] budget or lower "
                         f"[publisher] slots / [server] max_clients")
     mode = config.loader.mode
     if mode == "inmemory":

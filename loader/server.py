@@ -42,7 +42,7 @@ from loader.schedule import train_label_counts
 from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
 from loader.session import ControlProtocol, Session
-from loader.slot_sizing import PilotSizes, estimate_slot_bytes, pilot_batch_sizes
+from loader.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
@@ -93,7 +93,8 @@ class Daemon:
         self._start_pipeline: Callable[[int], TrainPipeline] | None = None
         self._dataset: Dataset | None = None
         self._welcome_info: DatasetInfo | None = None
-        self._slot_bytes = 0
+        self.sessions = SessionSizing(0, 0, 0)
+        """Clients served at once and their slots, resolved at startup (nobody connects before)."""
         self.memory_plan: MemoryPlan | None = None
         self.ready = asyncio.Event()
         """Set once the socket accepts connections (tests and embedders wait on it)."""
@@ -137,14 +138,15 @@ class Daemon:
             slot_bytes = cfg.publisher.slot_bytes
         else:
             slot_bytes = estimate_slot_bytes(dataset, pilot, cfg.sampler)
+        sessions = size_sessions(cfg.memory.budget, slot_bytes, cfg.publisher.slots, cfg.server.max_clients)
         cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
         self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
                                        np.dtype(m.feat_dtype.value))
-        self._dataset, self._slot_bytes = dataset, slot_bytes
+        self._dataset, self.sessions = dataset, sessions
         if hierarchical:
-            where = self._setup_hierarchical(dataset, resident, slot_bytes, cpu_pool, pilot)
+            where = self._setup_hierarchical(dataset, resident, sessions, cpu_pool, pilot)
         else:
-            where = self._setup_fullgraph(dataset, resident, slot_bytes, pilot)
+            where = self._setup_fullgraph(dataset, resident, sessions, pilot)
         self._welcome_info = self._dataset_info(dataset, resident)
         self.metrics.set_build(dataset.path.name, cfg.loader.mode)
         self.metrics.memory_budget.set(cfg.memory.budget)
@@ -156,7 +158,7 @@ class Daemon:
         notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
         self.ready.set()
 
-    def _setup_hierarchical(self, dataset: Dataset, resident: ResidentData, slot_bytes: int,
+    def _setup_hierarchical(self, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
                             cpu_pool: ThreadPoolExecutor, pilot: PilotSizes) -> str:
         cfg, m = self.config, dataset.manifest
         index_itemsize = np.dtype(m.index_dtype.value).itemsize
@@ -167,8 +169,7 @@ class Daemon:
         plan = plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=resident.static.num_nodes,
                            static_row_bytes=m.row_bytes, static_edges=len(resident.static.indices),
-                           index_itemsize=index_itemsize, slots=cfg.publisher.slots, slot_bytes=slot_bytes,
-                           max_clients=cfg.server.max_clients, train_counts=train_counts,
+                           index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
         log.info("%s", plan.describe())
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
@@ -184,9 +185,10 @@ class Daemon:
         self.metrics.static_bytes.set(arena.static_bytes)
         return f"{m.num_partitions} partitions, {plan.buffer.partitions} per mega-batch"
 
-    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, slot_bytes: int, pilot: PilotSizes) -> str:
+    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
+                         pilot: PilotSizes) -> str:
         cfg = self.config
-        mode = open_mode(cfg, dataset, resident, slot_bytes, pilot, self.metrics)
+        mode = open_mode(cfg, dataset, resident, sessions, pilot, self.metrics)
         log.info("%s", mode.describe())
         serving = self._serving
         assert serving is not None
@@ -322,11 +324,11 @@ class Daemon:
         # a disconnected session's slots are memory until its dispose has unmapped them: a new client
         # waits for that rather than push the daemon past the max_clients x slots it budgeted
         while self.state.disposing and len(self.state.sessions) + len(self.state.disposing) >= \
-                self.config.server.max_clients:
+                self.sessions.clients:
             await asyncio.gather(*list(self.state.disposing), return_exceptions=True)
-        if self.should_exit.is_set() or len(self.state.sessions) >= self.config.server.max_clients:
+        if self.should_exit.is_set() or len(self.state.sessions) >= self.sessions.clients:
             await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
-                                                     f"(max_clients = {self.config.server.max_clients})")
+                                                     f"(max_clients = {self.sessions.clients})")
             return
         session = self._new_session(peer, hello)
         if session is None:
@@ -361,7 +363,7 @@ class Daemon:
 
     def _new_session(self, peer: str, hello: Hello) -> Session | None:
         assert self._serving is not None
-        count, slot_bytes = self.config.publisher.slots, self._slot_bytes
+        count, slot_bytes = self.sessions.slots, self.sessions.slot_bytes
         try:
             segment = create_segment(count * slot_bytes, name=f"megabatch-session{self.state.next_session}")
         except ShmError as err:

@@ -35,6 +35,13 @@ def test_auto_values():
     assert cfg.hierarchy.passes is None and cfg.hierarchy.megabatch_fraction is None
     assert cfg.publisher.slot_bytes is None
     assert config_from_mapping(base(publisher={"slot_bytes": "64M"})).publisher.slot_bytes == 64 << 20
+    # auto is the default of the fraction, the slots per client and the clients; explicit values stay
+    default = config_from_mapping(base())
+    assert default.hierarchy.megabatch_fraction is None and default.hierarchy.schedule == "balanced"
+    assert default.publisher.slots is None and default.server.max_clients is None
+    explicit = config_from_mapping(base(publisher={"slots": 3}, server={"max_clients": 2},
+                                        hierarchy={"schedule": "random"}))
+    assert (explicit.publisher.slots, explicit.server.max_clients, explicit.hierarchy.schedule) == (3, 2, "random")
 
 
 @pytest.mark.parametrize("tables, needle", [
@@ -43,6 +50,9 @@ def test_auto_values():
     ({"sampler": {"fanouts": "10,5"}}, "[sampler] fanouts"),
     ({"sampler": {"eval_fanouts": [5]}}, "[sampler] eval_fanouts: needs one entry per hop"),
     ({"sampler": {"batch_size": 0}}, "[sampler] batch_size: must be >= 1"),
+    ({"hierarchy": {"schedule": "sorted"}}, "[hierarchy] schedule: expected one of balanced, random"),
+    ({"publisher": {"slots": "many"}}, "[publisher] slots: expected an integer"),
+    ({"server": {"max_clients": 0}}, "[server] max_clients: must be >= 1"),
     ({"sampler": {"batch_size": True}}, "[sampler] batch_size: expected an integer"),
     ({"sampler": {"batchsize": 3}}, "[sampler] batchsize: unknown option"),
     ({"hierarchy": {"megabatch_fraction": 1.5}}, "[hierarchy] megabatch_fraction"),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from loader.memplan import PAGE, buffer_sizes, plan_memory
+from loader.slot_sizing import SessionSizing
 from proto.errors import UserError
 
 
@@ -31,8 +32,8 @@ def test_buffer_bounds_every_choice():
 
 def kwargs(**over):
     args = dict(budget=64 << 20, num_nodes=747, partitions=table([10, 500, 30, 200, 7], [100, 10, 3000, 40, 70]),
-                fraction=0.4, static_nodes=5, static_row_bytes=64, static_edges=50, index_itemsize=4, slots=2,
-                slot_bytes=1 << 20, max_clients=2)
+                fraction=0.4, static_nodes=5, static_row_bytes=64, static_edges=50, index_itemsize=4,
+                sessions=SessionSizing(clients=2, slots=2, slot_bytes=1 << 20))
     args.update(over)
     return args
 

@@ -1,0 +1,42 @@
+"""Automatic session sizing: slots and clients from the budget; slot bounds from the pilot batches."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.slot_sizing import AUTO_CLIENTS, AUTO_SLOTS, HEADROOM, SIGMAS, _allowance, size_sessions
+
+MiB = 1 << 20
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(64 * MiB, 64 << 30), st.integers(4096, 4 << 30))
+def test_auto_sessions_stay_in_half_the_budget_or_take_the_minimum(budget, slot_bytes):
+    s = size_sessions(budget, slot_bytes, None, None)
+    assert AUTO_SLOTS[0] <= s.slots <= AUTO_SLOTS[1] and 1 <= s.clients <= AUTO_CLIENTS
+    if s.total > budget // 2:
+        # only the minimum (one client with the fewest slots) may exceed the share
+        assert (s.clients, s.slots) == (1, AUTO_SLOTS[0])
+    else:
+        # as many clients as fit, then more would not
+        assert s.clients == AUTO_CLIENTS or (s.clients + 1) * s.slots * slot_bytes > budget // 2
+
+
+def test_explicit_values_are_kept_and_examples():
+    assert size_sessions(1 << 30, 600 * MiB, 3, 2).total == 6 * 600 * MiB  # the plans refuse it, not this
+    # coauthor-physics' 650 MiB batches under the default 2 GiB: one client, two slots
+    s = size_sessions(2 << 30, 650 * MiB, None, None)
+    assert (s.clients, s.slots) == (1, 2)
+    # the demo's 16 MiB slots under 512 MiB: 4 slots each, 4 clients (256 MiB)
+    s = size_sessions(512 * MiB, 16 * MiB, None, None)
+    assert (s.clients, s.slots) == (4, 4)
+
+
+def test_allowance_adds_six_sigmas_of_full_batches_capped_at_the_headroom():
+    sizes = np.array([1000, 1010, 990, 1005, 300])  # the short last batch is not a sample of the spread
+    full = np.array([True, True, True, True, False])
+    spread = sizes[full].std()
+    assert _allowance(sizes, full) == int(1010 + SIGMAS * spread) + 64
+    wild = np.array([100, 1000, 10, 500])
+    assert _allowance(wild, np.ones(4, bool)) == int(1000 * HEADROOM) + 64
+    assert _allowance(np.array([700]), np.array([True])) == int(700 * HEADROOM) + 64  # one batch: the cap
