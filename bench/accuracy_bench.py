@@ -12,6 +12,8 @@ trains for up to ``--max-epochs`` epochs with early stopping on validation accur
           [sampler] seed/batch/fanouts, [server] socket and [metrics] port = 0)
     HB25  the same plus [hierarchy] megabatch_fraction = 0.25
     EX    the same plus [loader] mode = "exact" (full-graph sampling, Ginex)
+    HB25r, HB25s, HB50 (not run by default; the remedy study): HB25 with schedule = "random" (the
+          grouping before the balanced one), HB25 without the static cache, megabatch_fraction = 0.5
     FULL  full-batch GraphSAGE on the whole graph (bench/fullgraph_reference.py; no sampling,
           evaluation with every neighbour)
 
@@ -71,8 +73,13 @@ PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "results"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs", "coauthor-physics")
-MODES = ("NS", "HB", "HB25", "EX", "FULL")
-DAEMON_EXTRA = {"HB": "", "HB25": "[hierarchy]\nmegabatch_fraction = 0.25\n", "EX": '[loader]\nmode = "exact"\n'}
+MODES = ("NS", "HB", "HB25", "EX", "FULL", "HB25r", "HB25s", "HB50")
+DEFAULT_MODES = ("NS", "HB", "HB25", "EX", "FULL")
+DAEMON_EXTRA = {"HB": "", "HB25": "[hierarchy]\nmegabatch_fraction = 0.25\n", "EX": '[loader]\nmode = "exact"\n',
+                # the remedy study (docs/PERFORMANCE.md): the old default grouping, no static cache, a half
+                "HB25r": '[hierarchy]\nmegabatch_fraction = 0.25\nschedule = "random"\n',
+                "HB25s": "[hierarchy]\nmegabatch_fraction = 0.25\nstatic_cache = false\n",
+                "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n"}
 """What each daemon mode adds to the default config."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
 TARGET_MARGIN = 0.01
@@ -158,7 +165,9 @@ class DatasetReport:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: all five)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"comma-separated subset of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})")
+    parser.add_argument("--tag", default="", help="appended to the result files' names (keeps other studies' results)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--max-epochs", type=int, default=200)
     parser.add_argument("--patience", type=int, default=20)
@@ -450,7 +459,8 @@ def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> d
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "accuracy-" + "-".join(args.datasets)  # one file per dataset set, so runs of other sets are kept
+    # one file per dataset set (and tag), so runs of other sets are kept
+    stem = "accuracy-" + "-".join(args.datasets) + (f"-{args.tag}" if args.tag else "")
     reports: list[DatasetReport] = []
     with (tempfile.TemporaryDirectory(prefix="mb-acc-", dir=os.environ.get("TMPDIR")) as tmp,
           tempfile.TemporaryDirectory(prefix="mb-sock-", dir="/tmp") as sockets):  # short path: sun_path <= 107 B
@@ -461,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.datasets:
             reports.append(analyse(name, run_dataset(name, dirs, args), args.min_budget))
             write_outputs(stem, reports, args)
-            if not plot_curves(reports[-1], RESULTS / f"accuracy-{name}.png"):
+            if not plot_curves(reports[-1], RESULTS / f"accuracy-{name}{f'-{args.tag}' if args.tag else ''}.png"):
                 print("bench: matplotlib not importable (pip install -e '.[bench]'); no accuracy curve", flush=True)
         print((RESULTS / f"{stem}.md").read_text())
     print(f"results: {RESULTS / (stem + '.md')}, {RESULTS / (stem + '.json')}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from loader.sampling import SampledPass
 
-__all__ = ["COVERAGE_WARN", "SKEW_WARN", "NeighbourSlots", "neighbour_slots", "EpochQuality"]
+__all__ = ["COVERAGE_WARN", "SKEW_WARN", "NeighbourSlots", "neighbour_slots", "EpochQuality", "expected_edge_coverage"]
 
 COVERAGE_WARN = 0.70
 """An epoch whose neighbour coverage falls below this is warned about."""
@@ -100,3 +100,15 @@ class EpochQuality:
                          "raise megabatch_fraction, or prepare with more --partitions (more, smaller partitions "
                          "mix better at the same fraction)")
         return found
+
+
+def expected_edge_coverage(edge_cut: float, partitions: int, per_megabatch: int) -> float:
+    """The share of a mega-batch's in-edges whose source it holds, before the static cache, on average.
+
+    An uncut edge always stays; a cut one stays when its source's partition is among the other
+    ``per_megabatch - 1`` of the ``partitions - 1``. Slot coverage is at least this where degrees
+    exceed the fanouts (a node keeps its fanout from fewer neighbours), so startup logs it as a floor.
+    """
+    if partitions <= 1:
+        return 1.0
+    return 1.0 - edge_cut * (1.0 - (per_megabatch - 1) / (partitions - 1))

@@ -29,6 +29,7 @@ import uvloop
 from loader import __version__
 from loader.arena import FeatureArena
 from loader.config import LoaderConfig
+from loader.coverage import expected_edge_coverage
 from loader.dataset import Dataset, open_dataset
 from loader.eval_stream import EvalAccess, MemmapEval
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
@@ -172,6 +173,12 @@ class Daemon:
                            index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
         log.info("%s", plan.describe())
+        cut = float(m.edge_cut.get("fraction", 0.0))
+        expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions)
+        # a floor, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
+        # exceed the fanouts, so this line informs and never warns
+        log.info("mega-batches of %d of %d partitions with %.1f%% of edges cut keep about %.2f of their in-edges "
+                 "(before the static cache)", plan.buffer.partitions, m.num_partitions, 100 * cut, expected)
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))

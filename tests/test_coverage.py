@@ -57,3 +57,11 @@ def test_epoch_quality_weights_and_warnings():
     skewed = EpochQuality()
     skewed.add(NeighbourSlots(100, 100), 0.9, 10)
     assert set(skewed.warnings()) == {"skew"} and "schedule" in skewed.warnings()["skew"]
+
+
+def test_expected_edge_coverage():
+    from loader.coverage import expected_edge_coverage
+    assert expected_edge_coverage(0.4, 32, 32) == 1.0  # every partition: nothing cut away
+    assert expected_edge_coverage(0.0, 32, 1) == 1.0  # nothing cut
+    assert abs(expected_edge_coverage(1.0, 33, 9) - 0.25) < 1e-12  # all cut: the other 8 of 32 partitions
+    assert expected_edge_coverage(0.5, 1, 1) == 1.0
