@@ -172,6 +172,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-epochs", type=int, default=200)
     parser.add_argument("--patience", type=int, default=20)
     parser.add_argument("--partitions", type=int, default=32)
+    parser.add_argument("--partitioner", choices=("metis", "stream", "random"), default="metis",
+                        help="prepare's partitioner (default metis; random isolates label skew from the cut)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--fanouts", default="10,5")
     parser.add_argument("--min-budget", type=int, default=10, help="smallest epoch budget E of the gap (default 10)")
@@ -199,17 +201,18 @@ def _build(out: Path, command: Callable[[Path], list[str]]) -> None:
     partial.rename(out)
 
 
-def prepare(name: str, work: Path, partitions: int) -> Path:
-    """``work/data/NAME-pP``: NAME imported and prepared, each step skipped when already done."""
+def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis") -> Path:
+    """``work/data/NAME-pP[-PARTITIONER]``: NAME imported and prepared, each step skipped when already done."""
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    raw, out = data / f"{name}-raw", data / f"{name}-p{partitions}"
+    suffix = "" if partitioner == "metis" else f"-{partitioner}"
+    raw, out = data / f"{name}-raw", data / f"{name}-p{partitions}{suffix}"
     if not raw.exists():
         _build(raw, lambda to: [PY, "-m", "loader.cli", "-q", "import", str(SHARED / f"{name}.npz"), str(to),
                                 "--format", "npz", "--split", "0.6,0.2,0.2", "--split-seed", "0"])
     if not out.exists():
         _build(out, lambda to: [PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(to), "--partitions",
-                                str(partitions), "--partitioner", "metis", "--memory-budget", "2G"])
+                                str(partitions), "--partitioner", partitioner, "--memory-budget", "2G"])
     return out
 
 
@@ -433,7 +436,7 @@ def write_outputs(stem: str, reports: list[DatasetReport], args: argparse.Namesp
     """``RESULTS/STEM.{json,md}`` with every graph finished so far."""
     machine = machine_description()
     header = (f"# Accuracy to convergence\n\n{machine}; seeds {args.seeds}, max {args.max_epochs} epochs, "
-              f"patience {args.patience}, {args.partitions} METIS partitions, fanouts {args.fanouts}, "
+              f"patience {args.patience}, {args.partitions} {args.partitioner} partitions, fanouts {args.fanouts}, "
               f"batch {args.batch_size}, device {args.device}; `bench/accuracy_bench.py`.\n\n")
     (RESULTS / f"{stem}.md").write_text(header + "\n".join(dataset_markdown(r, args.min_budget) for r in reports))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
@@ -442,7 +445,7 @@ def write_outputs(stem: str, reports: list[DatasetReport], args: argparse.Namesp
 
 
 def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> dict[str, list[Run]]:
-    dataset = prepare(name, dirs["work"], args.partitions)
+    dataset = prepare(name, dirs["work"], args.partitions, args.partitioner)
     runs: dict[str, list[Run]] = {}
     for mode in args.modes:
         for seed in args.seeds:
