@@ -167,6 +167,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: all five)")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"comma-separated subset of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read runs whose result is already in --work instead of rerunning them (an "
+                        "interrupted bench resumes; wall seconds of reused runs are unknown)")
     parser.add_argument("--tag", default="", help="appended to the result files' names (keeps other studies' results)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--max-epochs", type=int, default=200)
@@ -276,8 +279,10 @@ def one_run(name: str, dataset: Path, mode: str, seed: int, dirs: dict[str, Path
     """Train once in ``mode`` and read the result back."""
     stem = f"{name}-{mode}-seed{seed}"
     out = dirs["runs"] / f"{stem}.json"
-    out.unlink(missing_ok=True)
     trainer_log, daemon_log = dirs["logs"] / f"{stem}.trainer.log", dirs["logs"] / f"{stem}.daemon.log"
+    if args.reuse and out.exists():  # the json is written atomically once a run ends: a finished run
+        return read_run(name, mode, seed, out, daemon_log if mode in DAEMON_EXTRA else None, float("nan"))
+    out.unlink(missing_ok=True)
     trainer_log.unlink(missing_ok=True)
     started = time.monotonic()
     if mode == "NS":

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from loader.dataset import open_dataset
 from loader.inmemory import SPLITS, load_in_memory
+from proto.atomic import atomic_file
 from trainer.loop import resolve_device, seed_everything
 from trainer.models import SampledGNN, build_model
 
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = FullConfig(seed=args.seed, max_epochs=args.max_epochs, patience=args.patience or None, hidden=args.hidden,
                      dropout=args.dropout, lr=args.lr, layers=args.layers, device=args.device)
     result = train_full_graph(load_full_graph(args.dataset), cfg)
-    args.json_out.write_text(json.dumps(result, indent=2))
+    with atomic_file(args.json_out, "w") as out:  # a reader (accuracy_bench --reuse) never sees half a file
+        out.write(json.dumps(result, indent=2))
     print(f"full graph: best epoch {result['best_epoch']}: val {result['best_val_acc']:.4f}, "
           f"test {result['test_acc_at_best']:.4f}")
     return 0
