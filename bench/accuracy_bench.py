@@ -82,6 +82,9 @@ DAEMON_EXTRA = {"HB": "", "HB25": "[hierarchy]\nmegabatch_fraction = 0.25\n", "E
                 "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n"}
 """What each daemon mode adds to the default config."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
+SKEW = re.compile(r"neighbour coverage [0-9.]+, label skew ([0-9.]+)")
+CURVE_EPOCHS = (5, 10, 20)
+"""Epochs whose mean validation accuracy the table shows (how fast a mode converges)."""
 TARGET_MARGIN = 0.01
 """Time to accuracy counts until validation accuracy reaches NS's mean best minus this (1 point)."""
 
@@ -109,6 +112,8 @@ class Run:
     wall_seconds: float
     coverage: list[float]
     """Every "neighbour coverage" value the daemon logged (empty without a daemon or such lines)."""
+    skew: list[float]
+    """Every "label skew" value the daemon logged."""
 
     def best(self, budget: int | None = None) -> EpochPoint:
         """The first epoch of the highest validation accuracy among epochs 1..budget (default all)."""
@@ -137,6 +142,9 @@ class ModeSummary:
     mean_epochs_run: float
     seconds_to_target: list[float | None]
     mean_coverage: float | None
+    mean_skew: float | None
+    val_at: dict[int, float | None]
+    """Mean validation accuracy at each of CURVE_EPOCHS over the seeds that evaluated it."""
 
 
 @dataclass(frozen=True)
@@ -315,14 +323,15 @@ def read_run(name: str, mode: str, seed: int, out: Path, daemon_log: Path | None
               for e in data["epochs"] if e.get("val_acc") is not None]
     if not points:
         raise SystemExit(f"bench: {out}: no evaluated epoch")
-    return Run(name, mode, seed, points, bool(data.get("stopped_early")), wall, parse_coverage(daemon_log))
+    return Run(name, mode, seed, points, bool(data.get("stopped_early")), wall, parse_values(daemon_log, COVERAGE),
+               parse_values(daemon_log, SKEW))
 
 
-def parse_coverage(log: Path | None) -> list[float]:
-    """Every ``neighbour coverage X`` value in the daemon's log, in order."""
+def parse_values(log: Path | None, pattern: re.Pattern[str]) -> list[float]:
+    """Every value ``pattern`` captures in the daemon's log, in order."""
     if log is None or not log.exists():
         return []
-    return [float(m.group(1)) for m in COVERAGE.finditer(log.read_text(errors="replace"))]
+    return [float(m.group(1)) for m in pattern.finditer(log.read_text(errors="replace"))]
 
 
 # ---------------------------------------------------------------- analysis
@@ -334,12 +343,17 @@ def mean(values: list[float]) -> float:
 def summarize(mode: str, runs: list[Run], ns_mean: float | None, target: float | None) -> ModeSummary:
     tests = [r.best().test_acc for r in runs]
     coverage = [c for r in runs for c in r.coverage]
+    skew = [c for r in runs for c in r.skew]
+    val_at: dict[int, float | None] = {}
+    for epoch in CURVE_EPOCHS:
+        values = [p.val_acc for r in runs for p in r.epochs if p.epoch == epoch]
+        val_at[epoch] = mean(values) if values else None
     return ModeSummary(
         mode=mode, test_acc=tests, mean_test_acc=mean(tests),
         vs_ns_points=None if ns_mean is None else 100 * (mean(tests) - ns_mean),
         mean_best_epoch=mean([r.best().epoch for r in runs]), mean_epochs_run=mean([r.epochs[-1].epoch for r in runs]),
         seconds_to_target=[None if target is None else r.seconds_to(target) for r in runs],
-        mean_coverage=mean(coverage) if coverage else None)
+        mean_coverage=mean(coverage) if coverage else None, mean_skew=mean(skew) if skew else None, val_at=val_at)
 
 
 def worst_gap(mode: str, runs: list[Run], ns: list[Run], min_budget: int) -> BudgetGap:
@@ -393,13 +407,16 @@ def dataset_markdown(report: DatasetReport, min_budget: int) -> str:
     if target is not None:
         lines += [f"Time to accuracy: until validation accuracy >= {target:.4f} "
                   f"(NS's mean best validation accuracy - 1 point).", ""]
+    curve = " | ".join(f"val @{e}" for e in CURVE_EPOCHS)
     lines += ["| mode | test acc at best val (mean) | per seed | vs NS (pt) | best epoch (mean) | epochs run (mean) | "
-              "time to accuracy (s) | neighbour coverage |", "|---|---|---|---|---|---|---|---|"]
+              f"time to accuracy (s) | {curve} | neighbour coverage | label skew |",
+              "|---|---|---|---|---|---|---|" + "---|" * len(CURVE_EPOCHS) + "---|---|"]
     for s in report.summaries:
+        at = " | ".join(_optional(s.val_at[e], ".3f") for e in CURVE_EPOCHS)
         lines.append(f"| {s.mode} | {s.mean_test_acc:.4f} | {', '.join(f'{a:.4f}' for a in s.test_acc)} | "
                      f"{_optional(s.vs_ns_points, '+.2f')} | {s.mean_best_epoch:.1f} | {s.mean_epochs_run:.1f} | "
-                     f"{'-' if target is None else _seconds(s.seconds_to_target)} | "
-                     f"{_optional(s.mean_coverage, '.3f')} |")
+                     f"{'-' if target is None else _seconds(s.seconds_to_target)} | {at} | "
+                     f"{_optional(s.mean_coverage, '.3f')} | {_optional(s.mean_skew, '.3f')} |")
     if report.gaps:
         lines += ["", f"Worst gap over epoch budgets E >= {min_budget} (NS - mode, test accuracy at the best "
                   "validation epoch within 1..E, mean over seeds; positive = below NS):", ""]
