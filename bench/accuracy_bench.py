@@ -483,6 +483,8 @@ def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> d
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: subprocess.run kills the trainer and ``daemon`` stops its daemon on the way
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     RESULTS.mkdir(parents=True, exist_ok=True)
     # one file per dataset set (and tag), so runs of other sets are kept
     stem = "accuracy-" + "-".join(args.datasets) + (f"-{args.tag}" if args.tag else "")
