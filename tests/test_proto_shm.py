@@ -1,6 +1,8 @@
 """proto.shm and proto.client: memfd segments shared across processes, fd passing, the client handshake."""
 
+import ctypes
 import dataclasses
+import errno
 import fcntl
 import gc
 import json
@@ -35,7 +37,7 @@ from proto.messages import (
     StatsRequest,
     Welcome,
 )
-from proto.shm import Segment, create_segment, map_segment, recv_with_fds, send_with_fds
+from proto.shm import SEALS, Segment, create_segment, map_segment, recv_with_fds, send_with_fds
 from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +77,7 @@ def test_memfd_segment_has_no_name_in_dev_shm():
 
 CHILD = r"""
 import dataclasses, json, os, socket, sys
+from proto.errors import ShmError
 from proto.shm import map_segment, recv_with_fds
 from proto.slots import SlotRing
 sock = socket.socket(fileno=int(sys.argv[1]))
@@ -88,10 +91,13 @@ try:
     readonly = False
 except ValueError:
     readonly = True
-rw = map_segment(os.dup(seg.fd), info["nbytes"], writable=True)
-rw.mapping[0:5] = b"child"
-out = {"readonly": readonly, "header": dataclasses.asdict(contents.header), "fds": len(fds),
-       "target": os.readlink(f"/proc/self/fd/{seg.fd}"),
+try:
+    map_segment(os.dup(seg.fd), info["nbytes"], writable=True).mapping[0:5] = b"child"
+    map_error = None
+except ShmError as err:
+    map_error = str(err)
+out = {"readonly": readonly, "map_error": map_error, "header": dataclasses.asdict(contents.header),
+       "fds": len(fds), "target": os.readlink(f"/proc/self/fd/{seg.fd}"),
        "arrays": {name: arr.tolist() for name, arr in contents.arrays.items()}}
 sock.sendall(json.dumps(out).encode())
 """
@@ -106,7 +112,7 @@ def test_segment_passed_to_a_child_process_over_a_socketpair():
                                 pass_fds=[child_sock.fileno()], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         child_sock.close()
         info = {"nbytes": seg.nbytes, "count": LAYOUT.count, "slot_bytes": LAYOUT.slot_bytes, "slot": 2, "seq": 9}
-        send_with_fds(parent_sock, json.dumps(info).encode(), [seg.fd])
+        send_with_fds(parent_sock, json.dumps(info).encode(), [seg.reader_fd])  # as the daemon does
         reply = b""
         while chunk := parent_sock.recv(65536):
             reply += chunk
@@ -118,7 +124,9 @@ def test_segment_passed_to_a_child_process_over_a_socketpair():
                                  "num_batches": 2}
         for name, arr in expected.items():
             np.testing.assert_array_equal(np.array(out["arrays"][name], dtype=arr.dtype), arr)
-        assert seg.mapping[0:5] == b"child"  # and the child's writes reach the parent
+        # the child got a read-only descriptor: it cannot write into the parent's memory at all
+        assert out["map_error"] is not None and "cannot map" in out["map_error"]
+        assert seg.mapping[0:5] != b"child"
         ring.close()
 
 
@@ -146,8 +154,8 @@ def test_segment_size_errors():
 
 def test_prefault_reserves_or_explains():
     with create_segment(64 * 1024) as seg:
-        seg.prefault()
-        assert os.fstat(seg.fd).st_blocks * 512 >= 64 * 1024  # the pages are allocated now
+        seg.prefault()  # the seals allow reserving pages inside the size, so this still works
+        assert os.fstat(seg.fd).st_blocks * 512 >= 64 * 1024
     with create_segment(8192) as seg, map_segment(os.dup(seg.fd), 8192) as ro, \
             pytest.raises(ShmError, match="writable"):
         ro.prefault()
@@ -158,6 +166,132 @@ def test_prefault_reserves_or_explains():
     with Segment(fd, 8192, mmap.mmap(-1, 8192), writable=True) as seg, \
             pytest.raises(ShmError, match="cannot reserve 8.0 KiB of shared memory for the slot ring"):
         seg.prefault()
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+    """fallocate(2), which Python's os module lacks: 0, or the errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return 0 if libc.fallocate(fd, mode, offset, length) == 0 else ctypes.get_errno()
+
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+def test_segment_is_reserved_and_sealed():
+    with create_segment(64 * 1024) as seg:
+        assert os.fstat(seg.fd).st_blocks * 512 >= 64 * 1024  # reserved at creation, not at first write
+        seals = fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS)
+        assert seals == SEALS
+        for bit in (fcntl.F_SEAL_SHRINK, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SEAL):
+            assert seals & bit
+        # even the daemon's own read-write descriptor can no longer resize it or change the seals
+        for size in (0, 4096, 128 * 1024):
+            with pytest.raises(PermissionError):
+                os.ftruncate(seg.fd, size)
+        with pytest.raises(PermissionError):
+            os.posix_fallocate(seg.fd, 0, 128 * 1024)
+        with pytest.raises(PermissionError):
+            fcntl.fcntl(seg.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        # F_SEAL_FUTURE_WRITE: no writer but the mapping made before sealing, and no hole punching
+        with pytest.raises(PermissionError):
+            os.pwrite(seg.fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(seg.fd, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        assert _fallocate(seg.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == errno.EPERM
+        seg.mapping[4096:4100] = b"ours"
+        assert os.pread(seg.fd, 4, 4096) == b"ours"
+        assert os.fstat(seg.fd).st_size == 64 * 1024
+
+
+def test_reader_fd_is_a_read_only_view_of_the_same_memory():
+    with create_segment(8192) as seg:
+        reader = seg.reader_fd
+        assert reader != seg.fd
+        assert fcntl.fcntl(reader, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        assert not os.get_inheritable(reader)
+        assert os.fstat(reader).st_ino == os.fstat(seg.fd).st_ino
+        assert fcntl.fcntl(reader, fcntl.F_GET_SEALS) == SEALS  # seals belong to the memfd, not the descriptor
+        for size in (0, 16384):
+            with pytest.raises(OSError) as info:
+                os.ftruncate(reader, size)
+            assert info.value.errno in (errno.EINVAL, errno.EBADF)
+        with pytest.raises(PermissionError):
+            mmap.mmap(reader, 8192, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(ShmError, match="cannot map"):
+            map_segment(os.dup(reader), 8192, writable=True)
+        with map_segment(os.dup(reader), 8192) as ro:
+            seg.mapping[0:4] = b"abcd"
+            assert ro.mapping[0:4] == b"abcd"
+            with pytest.raises(TypeError):
+                ro.mapping[0:1] = b"x"
+            with pytest.raises(ShmError, match="no read-only descriptor"):
+                ro.reader_fd  # noqa: B018
+
+
+def test_a_writable_reopen_of_the_reader_fd_meets_the_seals():
+    with create_segment(8192) as seg:
+        try:
+            rw = os.open(f"/proc/self/fd/{seg.reader_fd}", os.O_RDWR)
+        except PermissionError:
+            return  # refused outright (another uid, a hardened /proc): nothing more to break
+        try:
+            for size in (0, 16384):
+                with pytest.raises(PermissionError):
+                    os.ftruncate(rw, size)
+            with pytest.raises(PermissionError):
+                os.pwrite(rw, b"x", 0)
+            with pytest.raises(PermissionError):
+                mmap.mmap(rw, 8192, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            assert _fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192) == errno.EPERM
+        finally:
+            os.close(rw)
+        assert os.fstat(seg.fd).st_size == 8192
+
+
+def test_create_segment_failures_are_clean_and_leak_nothing(monkeypatch):
+    before = open_fds()
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "posix_fallocate", full)
+        with pytest.raises(ShmError, match=r"^cannot reserve 64\.0 KiB of shared memory for the slot ring: "
+                                           r"No space left on device; use fewer or smaller slots"):
+            create_segment(64 * 1024)
+    assert not open_fds() - before
+
+    real_open = os.open
+
+    def no_proc(path: str, flags: int, *args: int) -> int:
+        if str(path).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+        return real_open(path, flags, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "open", no_proc)
+        with pytest.raises(ShmError, match=r"^cannot open a read-only descriptor of 8\.0 KiB of shared memory"):
+            create_segment(8192)
+    assert not open_fds() - before
+
+
+def test_seals_without_future_write_on_an_old_kernel(monkeypatch):
+    real_fcntl = fcntl.fcntl
+    future_write = 0x0010
+    calls = []
+
+    def old_kernel(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fcntl.F_ADD_SEALS:
+            calls.append(arg)
+            if arg & future_write:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_fcntl(fd, cmd, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", old_kernel)
+    with create_segment(8192) as seg:
+        assert calls == [SEALS, SEALS & ~future_write]
+        assert real_fcntl(seg.fd, fcntl.F_GET_SEALS) == fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 def test_close_is_idempotent_and_keeps_live_views_valid():
@@ -266,7 +400,8 @@ def test_handshake_batch_and_session(sock_path):
             write_batch(ring, slot=1, seq=0)
             ring.close()
             # The first BatchReady shares the Welcome's chunk: the client must keep it for recv().
-            send_with_fds(peer.conn, encode(WELCOME) + encode(BatchReady(1, 0, "train", 0, 0, 0, 2)), [seg.fd])
+            send_with_fds(peer.conn, encode(WELCOME) + encode(BatchReady(1, 0, "train", 0, 0, 0, 2)),
+                          [seg.reader_fd])
         # The daemon's own descriptor and mapping are gone now; the client's keep the memory alive.
         for _ in range(3):
             received.append(peer.next())
@@ -313,7 +448,7 @@ def _expect_handshake_failure(sock_path: str, script: Callable[[Peer], None], ex
 def _send_welcome(peer: Peer, welcome: Welcome = WELCOME, nbytes: int = LAYOUT.segment_bytes) -> None:
     peer.next()
     with create_segment(nbytes) as seg:
-        send_with_fds(peer.conn, encode(welcome), [seg.fd])
+        send_with_fds(peer.conn, encode(welcome), [seg.reader_fd])
 
 
 def test_daemon_replies_error(sock_path):
