@@ -126,6 +126,19 @@ class ServerConfig:
     """Largest control message accepted; bigger frames disconnect the client (default 64K)."""
     drain_timeout: float = 10.0
     """Seconds a shutdown waits for stages to finish before cancelling them (default 10)."""
+    allow_uids: tuple[int, ...] = ()
+    """Peer uids (``SO_PEERCRED``) admitted on the socket; empty (the default) = the daemon's own uid."""
+    allow_gids: tuple[int, ...] = ()
+    """Peer gids admitted (the peer's primary or a supplementary group); empty (the default) = the group of
+    the socket file."""
+    stall_timeout: float = 30.0
+    """Seconds a stream may wait for its client to release a slot or grant a credit before the daemon evicts
+    the session; also how long a client may leave the daemon's replies unread (default 30)."""
+    idle_timeout: float = 60.0
+    """Seconds the owner of the training pipeline may sit after a stream ended without starting the next
+    epoch (or an evaluation) before the daemon evicts it, freeing the pipeline (default 60)."""
+    max_pending: int = 16
+    """Connections accepted but not yet past their Hello; more are closed at once (default 16)."""
 
 
 @dataclass(frozen=True)
@@ -302,14 +315,29 @@ def _server(t: Mapping[str, Any], base: Path) -> ServerConfig:
         raise _fail("server", "socket_mode", f"expected an octal string such as \"0660\", got {mode_text!r}") from None
     if not 0 <= mode <= 0o777:
         raise _fail("server", "socket_mode", f"not a permission mode: {mode_text!r}")
-    drain = t.get("drain_timeout", d.drain_timeout)
-    if isinstance(drain, bool) or not isinstance(drain, int | float) or drain <= 0:
-        raise _fail("server", "drain_timeout", f"expected a positive number of seconds, got {drain!r}")
     return ServerConfig(
         socket=_path(base, _str("server", "socket", t.get("socket", str(d.socket)))), socket_mode=mode,
         max_clients=_int_or_auto("server", "max_clients", t.get("max_clients", "auto"), minimum=1),
         max_frame_bytes=_size("server", "max_frame_bytes", t.get("max_frame_bytes", d.max_frame_bytes)),
-        drain_timeout=float(drain))
+        drain_timeout=_seconds("server", "drain_timeout", t.get("drain_timeout", d.drain_timeout)),
+        allow_uids=_ids("server", "allow_uids", t.get("allow_uids", list(d.allow_uids))),
+        allow_gids=_ids("server", "allow_gids", t.get("allow_gids", list(d.allow_gids))),
+        stall_timeout=_seconds("server", "stall_timeout", t.get("stall_timeout", d.stall_timeout)),
+        idle_timeout=_seconds("server", "idle_timeout", t.get("idle_timeout", d.idle_timeout)),
+        max_pending=_int("server", "max_pending", t.get("max_pending", d.max_pending), minimum=1, maximum=65536))
+
+
+def _seconds(table: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise _fail(table, key, f"expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _ids(table: str, key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _fail(table, key, f"expected a list of numeric ids such as [1000], got {value!r}")
+    # (uid_t)-1 is the kernel's "no id" (setresuid's "unchanged"), never a peer's
+    return tuple(sorted({_int(table, key, v, minimum=0, maximum=2**32 - 2) for v in value}))
 
 
 def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> LoaderConfig:

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from loader import __version__
 
-__all__ = ["DaemonMetrics", "QueueProbe", "READ_LATENCY_BUCKETS", "STAGES"]
+__all__ = ["DaemonMetrics", "QueueProbe", "READ_LATENCY_BUCKETS", "STAGES", "REFUSAL_REASONS", "EVICTION_REASONS"]
 
 READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3,
                         500e-3, 1.0, 2.5, 5.0)
@@ -24,6 +24,15 @@ READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval")
+
+REFUSAL_REASONS = ("forbidden", "pending", "busy")
+"""Why a connection was closed before it became a session: a peer outside ``[server] allow_uids`` /
+``allow_gids``, too many connections waiting for their Hello (``max_pending``), or ``max_clients`` reached."""
+
+EVICTION_REASONS = ("stall", "idle", "unread")
+"""Why a session was evicted: its stream waited ``[server] stall_timeout`` for a release or credit, the
+training pipeline's owner sat ``idle_timeout`` between epochs, or it left the replies unread for
+``stall_timeout``."""
 
 
 @dataclass
@@ -121,6 +130,13 @@ class DaemonMetrics:
         self.clients = Gauge("megabatch_clients", "Connected clients", registry=r)
         self.protocol_errors = Counter("megabatch_protocol_errors", "Clients disconnected for protocol errors",
                                        ["code"], registry=r)
+        self.refused_connections = Counter("megabatch_refused_connections",
+                                           "Connections closed before they became sessions, by reason",
+                                           ["reason"], registry=r)
+        self.evictions = Counter("megabatch_evictions", "Sessions the daemon closed because their client stalled "
+                                 "or idled, by reason", ["reason"], registry=r)
+        self.accept_errors = Counter("megabatch_accept_errors", "Failed accept calls on the control socket "
+                                     "(EMFILE, ENFILE, ...)", registry=r)
         for stage in STAGES:
             self.stage_busy.labels(stage)
         for kind in ("train", "val", "test"):
@@ -135,6 +151,10 @@ class DaemonMetrics:
             self.quality_warnings.labels(kind)
         for result in ("hit", "shipped"):
             self.trainer_cache_rows.labels(result)
+        for reason in REFUSAL_REASONS:
+            self.refused_connections.labels(reason)
+        for reason in EVICTION_REASONS:
+            self.evictions.labels(reason)
         r.register(_ScrapeCollector(self._probes))
         ProcessCollector(registry=r)  # process_resident_memory_bytes etc. (not on a private registry by default)
 

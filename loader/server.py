@@ -4,10 +4,16 @@ run -> serve -> startup -> main_loop -> shutdown. Signals: the first SIGINT/SIGT
 (stop accepting, say Bye to clients, stop the stages, unmap the slots, remove the socket), a
 second one skips the waiting. Shared runtime state (sessions, the training pipeline) lives in
 ``DaemonState``; the read-only resources in ``PipelineContext``.
+
+A connection is admitted in steps, each cheaper than the next: the peer's credentials against
+``[server] allow_uids`` / ``allow_gids`` (right after accept), the ``max_pending`` cap on connections
+still owing their Hello, the Hello itself, then ``max_clients``; only then is a session's memory made.
 """
 
 import asyncio
+import collections
 import contextlib
+import errno
 import functools
 import gc
 import logging
@@ -17,6 +23,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -42,7 +49,7 @@ from loader.resident import ResidentData, load_resident
 from loader.schedule import train_label_counts
 from loader.sdnotify import notify, watchdog_interval
 from loader.serving import ServingContext
-from loader.session import ControlProtocol, Session
+from loader.session import ControlProtocol, Session, loggable
 from loader.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
@@ -52,7 +59,7 @@ from proto.shm import create_segment
 from proto.sizes import format_size
 from proto.slots import HEADER_BYTES, SlotRing
 
-__all__ = ["Daemon", "DaemonState", "HANDSHAKE_TIMEOUT"]
+__all__ = ["Daemon", "DaemonState", "PeerCredentials", "HANDSHAKE_TIMEOUT", "ACCEPT_BACKOFF", "LOG_INTERVAL"]
 
 log = logging.getLogger("megabatch.server")
 
@@ -60,6 +67,19 @@ HANDSHAKE_TIMEOUT = 10.0
 """Seconds a new connection has to send its Hello."""
 
 SOCKET_PATH_MAX = 107
+
+ACCEPT_BACKOFF = 0.5
+"""Seconds the daemon stops accepting after a failed accept (EMFILE, ENFILE: out of descriptors)."""
+
+LOG_INTERVAL = 10.0
+"""Seconds between two log lines about the same repeating event (refused peers, failing accepts)."""
+
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+"""Linux >= 4.13: the peer's supplementary groups (Python's socket module lacks the constant; 59 on
+x86 and arm)."""
+
+NGROUPS_MAX = 65536
+"""Linux's limit on a process's supplementary groups."""
 
 
 @dataclass
@@ -76,6 +96,10 @@ class DaemonState:
     disposing: set["asyncio.Task[None]"] = field(default_factory=set)
     """Disconnected sessions whose slots are not unmapped yet (they still count against max_clients)."""
     """Pipelines being stopped; a new one starts only once they are gone."""
+    pending: set[socket.socket] = field(default_factory=set)
+    """Accepted connections whose Hello has not arrived yet (capped by ``[server] max_pending``)."""
+    refusing: set[socket.socket] = field(default_factory=set)
+    """Refused connections kept open until their client has read why (capped by ``max_pending`` too)."""
 
 
 class Daemon:
@@ -99,6 +123,10 @@ class Daemon:
         self.memory_plan: MemoryPlan | None = None
         self.ready = asyncio.Event()
         """Set once the socket accepts connections (tests and embedders wait on it)."""
+        self.allow_uids: frozenset[int] = frozenset()
+        self.allow_gids: frozenset[int] = frozenset()
+        """Peers admitted, resolved at startup from ``[server] allow_uids`` / ``allow_gids`` and their defaults."""
+        self._throttles: collections.defaultdict[str, _Throttle] = collections.defaultdict(_Throttle)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -154,6 +182,11 @@ class Daemon:
         self.metrics.watch_slots(self._slot_usage)
         self.metrics.serve(cfg.metrics.address, cfg.metrics.port)
         self._listener = self._listen(cfg.server.socket, cfg.server.socket_mode)
+        # the defaults admit whom the socket's mode admits (owner and group), root excepted
+        self.allow_uids = frozenset(cfg.server.allow_uids or (os.geteuid(),))
+        self.allow_gids = frozenset(cfg.server.allow_gids or (os.stat(cfg.server.socket).st_gid,))
+        log.info("admitting peers of uid %s or group %s ([server] allow_uids, allow_gids)",
+                 ", ".join(map(str, sorted(self.allow_uids))), ", ".join(map(str, sorted(self.allow_gids))))
         self._spawn(self._accept_loop(), "accept")
         log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", where, cfg.server.socket)
         notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
@@ -220,7 +253,8 @@ class Daemon:
         for session in list(self.state.sessions.values()):
             with contextlib.suppress(Exception):
                 session.handle(Bye("daemon shutting down"))
-        if self.state.pipeline is not None:
+        # closed sessions may have handed their pipeline to a stop task already: it must end before the pools
+        if self.state.pipeline is not None or self.state.stopping:
             await self._stop_pipeline()
         for task in list(self.state.tasks):
             task.cancel()
@@ -282,19 +316,80 @@ class Daemon:
             raise UserError(f"[server] socket: cannot listen on {path} ({err.strerror})") from None
         return sock
 
+    async def _accept(self) -> socket.socket:
+        """The next connection (a method of its own so that tests can inject accept failures)."""
+        assert self._listener is not None
+        conn, _ = await asyncio.get_running_loop().sock_accept(self._listener)
+        return conn
+
     async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._listener is not None
         while not self.should_exit.is_set():
             try:
-                conn, _ = await loop.sock_accept(self._listener)
+                conn = await self._accept()
             except OSError as err:
                 if self._listener is None:
                     return
-                log.warning("accept failed: %s", err)
+                # out of descriptors (EMFILE, ENFILE) the connection stays queued and the listener readable,
+                # so retrying at once fails at once, forever: pause until sessions have closed some
+                self.metrics.accept_errors.inc()
+                self._throttles["accept"].warn("accept failed: %s; not accepting for %g s", err, ACCEPT_BACKOFF)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.should_exit.wait(), ACCEPT_BACKOFF)
                 continue
             conn.setblocking(False)
-            self._spawn(self._handshake(conn), "handshake")
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Start the handshake of ``conn``, or close it at once: a peer outside the allow lists, or one
+        connection too many waiting for its Hello, costs no task, no buffer and no shared memory."""
+        peer = _peer_credentials(conn)
+        if peer is None or not self.admits(peer):
+            who = peer.describe() if peer is not None else "a peer without credentials"
+            self._refuse_now(conn, "forbidden", ErrorCode.FORBIDDEN,
+                             f"{who} may not use this daemon (not in [server] allow_uids or allow_gids)")
+            return
+        limit = self.config.server.max_pending
+        if len(self.state.pending) >= limit:
+            self._refuse_now(conn, "pending", ErrorCode.BUSY,
+                             f"{limit} connections are waiting for their hello ([server] max_pending)")
+            return
+        self.state.pending.add(conn)
+        self._spawn(self._handshake(conn), "handshake")
+
+    def admits(self, peer: "PeerCredentials") -> bool:
+        """Whether ``peer``'s uid, primary group or a supplementary group is on the allow lists."""
+        return peer.uid in self.allow_uids or not self.allow_gids.isdisjoint((peer.gid, *peer.groups))
+
+    def _refuse_now(self, conn: socket.socket, reason: str, code: str, message: str) -> None:
+        self.metrics.refused_connections.labels(reason).inc()
+        self._throttles[reason].warn("refusing a connection: %s: %s", code, message)
+        try:
+            # a new connection's send buffer is empty: the short frame goes whole, without waiting
+            conn.send(encode(Error(str(code), message)))
+        except OSError:
+            conn.close()
+            return
+        if len(self.state.refusing) >= self.config.server.max_pending:
+            conn.close()
+            return
+        self.state.refusing.add(conn)
+        self._spawn(self._linger(conn), "refuse")
+
+    async def _linger(self, conn: socket.socket) -> None:
+        """Close a refused connection once the client hangs up (at most ``HANDSHAKE_TIMEOUT`` later):
+        closed at once, a client whose Hello is still on its way fails to send it (EPIPE) and never
+        reads the Error that says why."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                while await loop.sock_recv(conn, 65536):
+                    pass
+        except (TimeoutError, OSError):
+            pass
+        finally:
+            self.state.refusing.discard(conn)
+            conn.close()
 
     async def _handshake(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -319,6 +414,9 @@ class Daemon:
         except OSError:
             conn.close()
             return
+        finally:
+            # past its Hello (or gone), a connection no longer counts against max_pending
+            self.state.pending.discard(conn)
         hello, rest = messages[0], messages[1:]
         if not isinstance(hello, Hello):
             self.metrics.protocol_errors.labels(ErrorCode.BAD_MESSAGE).inc()
@@ -334,6 +432,7 @@ class Daemon:
                 self.sessions.clients:
             await asyncio.gather(*list(self.state.disposing), return_exceptions=True)
         if self.should_exit.is_set() or len(self.state.sessions) >= self.sessions.clients:
+            self.metrics.refused_connections.labels("busy").inc()
             await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
                                                      f"(max_clients = {self.sessions.clients})")
             return
@@ -349,8 +448,9 @@ class Daemon:
                                            segment_bytes=session.segment.nbytes),
                           feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0)
         try:
-            # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole
-            socket.send_fds(conn, [encode(welcome)], [session.segment.fd])
+            # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole.
+            # The client gets the read-only descriptor: with ours it could resize the memfd under our writes.
+            socket.send_fds(conn, [encode(welcome)], [session.segment.reader_fd])
             _, protocol = await loop.connect_accepted_socket(
                 lambda: ControlProtocol(session, decoder, self._session_lost), conn)
         except OSError as err:
@@ -358,12 +458,11 @@ class Daemon:
             conn.close()
             self._session_lost(session)
             return
-        log.info("session %d: %s connected (%s)", session.id, hello.client, peer)
-        for msg in rest:
-            session.handle(msg)  # type: ignore[arg-type]
+        log.info("session %d: %s connected (%s)", session.id, loggable(hello.client), peer)
+        protocol.received(rest)  # type: ignore[arg-type]
 
     async def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
-        log.warning("refusing a connection: %s: %s", code, message)
+        self._throttles[f"refuse-{code}"].warn("refusing a connection: %s: %s", code, loggable(message))
         with contextlib.suppress(OSError):
             await asyncio.get_running_loop().sock_sendall(conn, encode(Error(str(code), message)))
         conn.close()
@@ -444,6 +543,17 @@ class Daemon:
         st.pipeline_next_epoch = None
         return st.pipeline
 
+    def owns_pipeline(self, session: Session) -> bool:
+        return self.state.pipeline_owner is session
+
+    def release_pipeline(self, session: Session) -> None:
+        st = self.state
+        if st.pipeline_owner is not session:
+            return
+        pipeline, st.pipeline, st.pipeline_owner, st.pipeline_next_epoch = st.pipeline, None, None, None
+        if pipeline is not None:
+            self._stop_later(pipeline)
+
     def _stop_later(self, pipeline: TrainPipeline) -> None:
         task = asyncio.ensure_future(pipeline.stop())
         task.set_name("megabatch-stop-pipeline")
@@ -477,6 +587,61 @@ class Daemon:
                            fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
                            train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
                            test_nodes=len(resident.split_ids["test"]), mode=self.config.loader.mode)
+
+
+class _Throttle:
+    """At most one log line per ``LOG_INTERVAL`` for an event that can repeat fast (a flood of refused
+    peers, accept failing for want of descriptors); the next line says how many were left out."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._left_out = 0
+
+    def warn(self, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._left_out += 1
+            return
+        self._next = now + LOG_INTERVAL
+        if self._left_out:
+            fmt += " (and %d more not logged in the last %g s)"
+            args += (self._left_out, LOG_INTERVAL)
+            self._left_out = 0
+        log.warning(fmt, *args)
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """Who is on the other end of a Unix socket, as the kernel saw it at ``connect``."""
+
+    pid: int
+    uid: int
+    gid: int
+    """Primary (effective) group."""
+    groups: tuple[int, ...]
+    """Supplementary groups (``SO_PEERGROUPS``); empty where the kernel cannot tell (before Linux 4.13)."""
+
+    def describe(self) -> str:
+        return f"pid {self.pid} uid {self.uid} gid {self.gid}"
+
+
+def _peer_credentials(conn: socket.socket) -> PeerCredentials | None:
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("iII", raw)  # uid_t and gid_t are unsigned
+    groups: tuple[int, ...] = ()
+    for size in (64, NGROUPS_MAX):  # most peers have a few groups: ask for room for all only if needed
+        try:
+            data = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
+        except OSError as err:
+            if err.errno == errno.ERANGE:
+                continue
+            break  # before Linux 4.13: the primary group only
+        groups = struct.unpack(f"{len(data) // 4}I", data)
+        break
+    return PeerCredentials(pid, uid, gid, groups)
 
 
 def _peer_description(conn: socket.socket) -> str:

@@ -3,10 +3,14 @@
 ``ControlProtocol`` is the asyncio.Protocol around the sans-IO ``proto.codec`` decoder;
 ``Session`` holds the per-client state and runs at most one stream (a training epoch or an
 evaluation split) at a time. A malformed or unknown message gets an ``Error`` reply and a
-disconnect; nothing a client sends can stop the daemon or the other sessions.
+disconnect; nothing a client sends can stop the daemon or the other sessions. A client that stops
+consuming is bounded too: a stream that waits ``[server] stall_timeout`` for a slot, an owner of the
+training pipeline idle for ``idle_timeout`` between streams, and a client that leaves the replies
+unread (the write buffer is capped and reading pauses meanwhile) are evicted with ``Error("timeout")``.
 """
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -40,12 +44,48 @@ from proto.messages import (
 from proto.shm import Segment
 from proto.slots import SlotHeader, SlotRing
 
-__all__ = ["Session", "ControlProtocol", "TrainCoordinator", "EVAL_CHUNK_BATCHES"]
+__all__ = ["Session", "ControlProtocol", "TrainCoordinator", "EVAL_CHUNK_BATCHES", "WRITE_BUFFER_HIGH",
+           "WRITE_BUFFER_LOW", "CLOSE_GRACE", "LOGGABLE_CHARS", "loggable"]
 
 log = logging.getLogger("megabatch.session")
 
 EVAL_CHUNK_BATCHES = 32
 """Evaluation batches sampled per kernel call (bounds the sampled-but-unpublished memory)."""
+
+WRITE_BUFFER_HIGH = 64 * 1024
+"""Unsent bytes of one session at which the daemon stops reading that client (asyncio's default high-water
+mark). A client that reads its messages never gets near it: the daemon sends at most one BatchReady per
+slot plus the replies to its requests."""
+WRITE_BUFFER_LOW = 16 * 1024
+"""Unsent bytes below which reading resumes."""
+
+CLOSE_GRACE = 5.0
+"""Seconds a closing connection may take to flush its last messages before it is aborted."""
+
+LOGGABLE_CHARS = 120
+"""Characters of a client-provided string (its name, an error text) kept in a log line."""
+
+
+def loggable(text: str, limit: int = LOGGABLE_CHARS) -> str:
+    """``text`` from a client made safe for one log line: backslashes and every non-printable character
+    (control, format, line and paragraph separators) escaped, so a newline or a terminal escape in a
+    client's name cannot forge or repaint log lines, and cut after ``limit`` characters of output."""
+    out: list[str] = []
+    size = 0
+    for i, ch in enumerate(text):
+        if ch == "\\":
+            piece = "\\\\"
+        elif ch.isprintable():
+            piece = ch
+        else:
+            code = ord(ch)
+            piece = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+        if size + len(piece) > limit:
+            out.append(f"... ({len(text) - i} more characters)")
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
 
 
 class TrainCoordinator(Protocol):
@@ -54,6 +94,11 @@ class TrainCoordinator(Protocol):
     async def acquire_pipeline(self, session: "Session", epoch: int) -> TrainPipeline | str: ...
 
     def finish_pipeline(self, session: "Session", pipeline: TrainPipeline, next_epoch: int | None) -> None: ...
+
+    def owns_pipeline(self, session: "Session") -> bool: ...
+
+    def release_pipeline(self, session: "Session") -> None:
+        """``session`` closes: if it owns the pipeline, stop it now so the next trainer can have it."""
 
 
 class Session:
@@ -76,8 +121,18 @@ class Session:
         self._send: Callable[[Message], None] = lambda msg: None
         self._close: Callable[[], None] = lambda: None
         self._stream: asyncio.Task[None] | None = None
+        self._training = False
+        """Whether ``_stream`` is a training stream (it reads the pipeline's data, and hands it back)."""
         self._seq = 0
         self._last_epoch = 0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.stall_timeout = ctx.config.server.stall_timeout
+        self.idle_timeout = ctx.config.server.idle_timeout
+        self.output_paused = False
+        """True while the daemon has more than ``WRITE_BUFFER_HIGH`` bytes unsent to this client and has
+        stopped reading from it (``ControlProtocol.pause_writing``)."""
+        self.output_pauses = 0
+        """Times the session's output went over ``WRITE_BUFFER_HIGH``."""
         self.closed = False
 
     def attach(self, send: Callable[[Message], None], close: Callable[[], None]) -> None:
@@ -90,17 +145,20 @@ class Session:
         elif isinstance(msg, Release):
             problem = self.flow.release(msg.slot, msg.seq)
             if problem:
-                self.fail(ErrorCode.BAD_MESSAGE, problem)
+                # PROTOCOL.md: well-formed but wrong now; the slots the client does hold are untouched
+                log.debug("session %d: %s", self.id, problem)
+                self._send(Error(ErrorCode.BAD_REQUEST, problem))
         elif isinstance(msg, StartEpoch):
-            self._start(self._train_stream(msg.epoch), f"epoch {msg.epoch}")
+            self._start(self._train_stream(msg.epoch), f"epoch {msg.epoch}", training=True)
         elif isinstance(msg, EvalRequest):
-            self._start(self._eval_stream(msg.split), f"eval {msg.split}")
+            self._start(self._eval_stream(msg.split), f"eval {msg.split}", training=False)
         elif isinstance(msg, StatsRequest):
             self._send(Stats(self.stats()))
         elif isinstance(msg, Bye):
             self.close()
         elif isinstance(msg, Error):
-            log.warning("session %d (%s) reported: %s %s", self.id, self.peer, msg.code, msg.message)
+            log.warning("session %d (%s) reported: %s %s", self.id, self.peer, loggable(msg.code),
+                        loggable(msg.message))
             if msg.fatal:
                 self.close()
         else:
@@ -111,15 +169,16 @@ class Session:
                 "batches_sent": float(self._seq),
                 "trainer_cache_rows": float(self.trainer_cache.rows if self.trainer_cache is not None else 0)}
 
-    def _start(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+    def _start(self, coro: Coroutine[Any, Any, None], what: str, *, training: bool) -> None:
         if self._stream is not None and not self._stream.done():
             coro.close()
             self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start {what}: a stream is still running"))
             return
+        self._cancel_idle_timer()
         stream = asyncio.ensure_future(coro)
         stream.set_name(f"megabatch-session{self.id}-{what}")
         stream.add_done_callback(self._stream_done)
-        self._stream = stream
+        self._stream, self._training = stream, training
 
     def _stream_done(self, task: "asyncio.Task[None]") -> None:
         if task.cancelled() or self.closed:
@@ -128,13 +187,39 @@ class Session:
         if err is not None:
             log.error("session %d: stream failed: %s", self.id, err, exc_info=err)
             self.fail(ErrorCode.INTERNAL, f"stream failed: {err}")
+        elif self._coordinator.owns_pipeline(self):
+            # an epoch ended and the pipeline runs ahead for this session alone: another trainer waits
+            # until it starts the next epoch, evaluates or leaves
+            self._idle_timer = asyncio.get_running_loop().call_later(self.idle_timeout, self._idle_expired)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if not self.closed and self._coordinator.owns_pipeline(self) and \
+                (self._stream is None or self._stream.done()):
+            self.evict("idle", f"no StartEpoch for {self.idle_timeout:g} s after the last stream ended while this "
+                               f"session held the training pipeline ([server] idle_timeout); it goes to the next "
+                               f"trainer")
 
     def fail(self, code: str, message: str) -> None:
         """Send a fatal error and disconnect."""
         if code != ErrorCode.INTERNAL:
             self._ctx.metrics.protocol_errors.labels(str(code)).inc()
-        log.warning("session %d (%s): %s: %s; disconnecting", self.id, self.peer, code, message)
+        log.warning("session %d (%s): %s: %s; disconnecting", self.id, self.peer, code, loggable(message))
         self._send(Error(str(code), message))
+        self.close()
+
+    def evict(self, reason: str, message: str) -> None:
+        """Tell the client why (``Error("timeout")``), count it under ``reason`` and disconnect."""
+        if self.closed:
+            return
+        self._ctx.metrics.evictions.labels(reason).inc()
+        log.warning("session %d (%s): evicted (%s): %s", self.id, self.peer, reason, message)
+        self._send(Error(ErrorCode.TIMEOUT, f"evicted: {message}"))
         self.close()
 
     # -- outgoing streams ------------------------------------------------------------------------
@@ -144,7 +229,15 @@ class Session:
         """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
         feature cache) only the rows the client's cache does not hold are shipped."""
         seq = self._seq
-        slot = await self.flow.acquire(seq)
+        try:
+            # only the client frees slots and grants credit: one that stops doing both would hold this
+            # stream, and the training pipeline if it owns it, forever
+            async with asyncio.timeout(self.stall_timeout):
+                slot = await self.flow.acquire(seq)
+        except TimeoutError:
+            self.evict("stall", f"no slot released and no credit granted for {self.stall_timeout:g} s while "
+                                f"{self.flow.in_use} of {self.flow.count} slots were held ([server] stall_timeout)")
+            return False
         header = SlotHeader(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
                             num_batches=num_batches)
         t0 = time.perf_counter()
@@ -235,9 +328,16 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        self._cancel_idle_timer()
         self.flow.close()
-        if self._stream is not None:
+        stream_hands_back = False
+        if self._stream is not None and not self._stream.done():
             self._stream.cancel()
+            # a training stream hands the pipeline back itself, once its job in the pool is over
+            # (run_in_pool waits): that job may still read what the pipeline produced
+            stream_hands_back = self._training
+        if not stream_hands_back:
+            self._coordinator.release_pipeline(self)
         self._close()
 
     async def dispose(self) -> None:
@@ -253,25 +353,68 @@ class Session:
 
 
 class ControlProtocol(asyncio.Protocol):
-    """Bytes in -> messages -> ``Session.handle``; messages out -> ``transport.write``."""
+    """Bytes in -> messages -> ``Session.handle``; messages out -> ``transport.write``.
+
+    Flow control, after uvicorn's ``FlowControl``: past ``WRITE_BUFFER_HIGH`` unsent bytes the transport
+    calls ``pause_writing``; the protocol then stops reading the socket and keeps the messages already
+    decoded in a backlog until ``resume_writing``. A client that sends requests and never reads the
+    replies so fills its own socket, not the daemon's memory, and is evicted after ``stall_timeout``.
+    """
 
     def __init__(self, session: Session, decoder: FrameDecoder, on_lost: Callable[[Session], None]) -> None:
         self.session = session
         self._decoder = decoder
         self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
+        self._backlog: collections.deque[Message] = collections.deque()
+        self._unread_timer: asyncio.TimerHandle | None = None
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        assert self._transport is not None
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
         self.session.attach(self._write, self._close)
+
+    def write_buffer_size(self) -> int:
+        """Bytes written to the transport and not yet sent."""
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
 
     def _write(self, msg: Message) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(encode(msg))
 
     def _close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None:
+            return
+        if self.session.output_paused:
+            # close() would wait for a flush that a client which does not read never allows
+            transport.abort()
+            return
+        transport.close()
+        self._abort_timer = asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+
+    def pause_writing(self) -> None:
+        self.session.output_paused = True
+        self.session.output_pauses += 1
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+        self._unread_timer = asyncio.get_running_loop().call_later(self.session.stall_timeout, self._unread)
+
+    def resume_writing(self) -> None:
+        self.session.output_paused = False
+        self._cancel(self._unread_timer)
+        self._unread_timer = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+        # this runs inside the transport's write callback: handle the backlog (which writes) after it
+        asyncio.get_running_loop().call_soon(self._drain)
+
+    def _unread(self) -> None:
+        self._unread_timer = None
+        self.session.evict("unread", f"{self.write_buffer_size()} bytes of messages to the client stayed unread "
+                                     f"for {self.session.stall_timeout:g} s ([server] stall_timeout)")
 
     def data_received(self, data: bytes) -> None:
         if self.session.closed:
@@ -281,15 +424,30 @@ class ControlProtocol(asyncio.Protocol):
         except ProtocolError as err:
             self.session.fail(err.code, err.message)
             return
-        for msg in messages:
-            if self.session.closed:
-                break
-            self.session.handle(msg)
+        self.received(messages)
+
+    def received(self, messages: list[Message]) -> None:
+        """Handle ``messages`` in order, or queue them while the client's output is paused."""
+        self._backlog.extend(messages)
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._backlog and not self.session.closed and not self.session.output_paused:
+            self.session.handle(self._backlog.popleft())
 
     def eof_received(self) -> bool:
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._backlog.clear()
+        for timer in (self._unread_timer, self._abort_timer):
+            self._cancel(timer)
+        self._unread_timer = self._abort_timer = None
         self.session.close()
         self._on_lost(self.session)
+
+    @staticmethod
+    def _cancel(timer: asyncio.TimerHandle | None) -> None:
+        if timer is not None:
+            timer.cancel()

@@ -48,6 +48,12 @@ class ErrorCode(enum.StrEnum):
     """A well-formed request that is wrong in the current state; the daemon ignores it, the session goes on."""
     INTERNAL = "internal"
     """The sender failed (a bug or an I/O error); the message says what happened."""
+    FORBIDDEN = "forbidden"
+    """The daemon does not admit this peer (its uid and groups are outside the daemon's allow lists).
+    Added in a compatible revision of version 1: older clients treat it, like any unknown code, as fatal."""
+    TIMEOUT = "timeout"
+    """The daemon evicts a session that stalled a stream, sat idle holding the training pipeline, or left
+    its replies unread for too long (compatible revision of version 1, like ``FORBIDDEN``)."""
 
 
 SPLITS = ("val", "test")
