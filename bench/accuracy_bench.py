@@ -120,6 +120,11 @@ class Run:
         points = [p for p in self.epochs if budget is None or p.epoch <= budget]
         return max(points, key=lambda p: (p.val_acc, -p.epoch))
 
+    def epochs_to(self, target: float) -> int | None:
+        """The first epoch whose validation accuracy reaches ``target`` (None: never); unlike seconds, it does
+        not depend on what else shared the machine."""
+        return next((p.epoch for p in self.epochs if p.val_acc >= target), None)
+
     def seconds_to(self, target: float) -> float | None:
         """Cumulative seconds until validation accuracy first reaches ``target`` (None: never)."""
         total = 0.0
@@ -141,6 +146,7 @@ class ModeSummary:
     mean_best_epoch: float
     mean_epochs_run: float
     seconds_to_target: list[float | None]
+    epochs_to_target: list[int | None]
     mean_coverage: float | None
     mean_skew: float | None
     val_at: dict[int, float | None]
@@ -353,6 +359,7 @@ def summarize(mode: str, runs: list[Run], ns_mean: float | None, target: float |
         vs_ns_points=None if ns_mean is None else 100 * (mean(tests) - ns_mean),
         mean_best_epoch=mean([r.best().epoch for r in runs]), mean_epochs_run=mean([r.epochs[-1].epoch for r in runs]),
         seconds_to_target=[None if target is None else r.seconds_to(target) for r in runs],
+        epochs_to_target=[None if target is None else r.epochs_to(target) for r in runs],
         mean_coverage=mean(coverage) if coverage else None, mean_skew=mean(skew) if skew else None, val_at=val_at)
 
 
@@ -389,7 +396,7 @@ def analyse(name: str, runs: dict[str, list[Run]], min_budget: int) -> DatasetRe
 
 # ---------------------------------------------------------------- reports
 
-def _seconds(values: list[float | None]) -> str:
+def _seconds(values: list[float | None] | list[int | None]) -> str:
     reached = [v for v in values if v is not None]
     if not reached:
         return "never"
@@ -409,13 +416,14 @@ def dataset_markdown(report: DatasetReport, min_budget: int) -> str:
                   f"(NS's mean best validation accuracy - 1 point).", ""]
     curve = " | ".join(f"val @{e}" for e in CURVE_EPOCHS)
     lines += ["| mode | test acc at best val (mean) | per seed | vs NS (pt) | best epoch (mean) | epochs run (mean) | "
-              f"time to accuracy (s) | {curve} | neighbour coverage | label skew |",
-              "|---|---|---|---|---|---|---|" + "---|" * len(CURVE_EPOCHS) + "---|---|"]
+              f"time to accuracy (s) | epochs to accuracy | {curve} | neighbour coverage | label skew |",
+              "|---|---|---|---|---|---|---|---|" + "---|" * len(CURVE_EPOCHS) + "---|---|"]
     for s in report.summaries:
         at = " | ".join(_optional(s.val_at[e], ".3f") for e in CURVE_EPOCHS)
         lines.append(f"| {s.mode} | {s.mean_test_acc:.4f} | {', '.join(f'{a:.4f}' for a in s.test_acc)} | "
                      f"{_optional(s.vs_ns_points, '+.2f')} | {s.mean_best_epoch:.1f} | {s.mean_epochs_run:.1f} | "
-                     f"{'-' if target is None else _seconds(s.seconds_to_target)} | {at} | "
+                     f"{'-' if target is None else _seconds(s.seconds_to_target)} | "
+                     f"{'-' if target is None else _seconds(s.epochs_to_target)} | {at} | "
                      f"{_optional(s.mean_coverage, '.3f')} | {_optional(s.mean_skew, '.3f')} |")
     if report.gaps:
         lines += ["", f"Worst gap over epoch budgets E >= {min_budget} (NS - mode, test accuracy at the best "
