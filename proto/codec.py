@@ -37,6 +37,14 @@ def encode(msg: Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
     return data
 
 
+def _message(obj: Any) -> Message:
+    try:
+        return message_from_map(obj)
+    except RecursionError:
+        # msgpack nests up to 1023 levels; describing a wrong value that deep (its repr) passes Python's limit
+        raise ProtocolError(ErrorCode.BAD_MESSAGE.value, "invalid frame: values nested too deeply") from None
+
+
 class FrameDecoder:
     """Turns the bytes of a stream, fed in pieces of any size, into messages.
 
@@ -92,7 +100,7 @@ class FrameDecoder:
                                     f"frame exceeds {self.max_frame_bytes} bytes")
             chunk, data = data[:room], data[room:]
             for obj in self._unpack(chunk):
-                out.append(message_from_map(obj))
+                out.append(_message(obj))
         return out
 
     def _unpack(self, chunk: memoryview) -> list[Any]:
