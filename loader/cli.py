@@ -1,7 +1,13 @@
 """The ``megabatch`` command line: one entry point, one subcommand per tool.
 
-User errors print one line and exit 1; Ctrl-C exits 130; argparse usage errors exit 2;
-an unexpected exception prints one line (``--debug`` shows the traceback) and exits 70.
+User errors print one line and exit 1; ``serve`` exits ``EX_CONFIG`` (78) instead when its
+configuration or dataset is unusable before it serves (systemd's ``RestartPreventExitStatus=78``
+then stops the restart loop); Ctrl-C exits 130; argparse usage errors exit 2; an unexpected
+exception prints one line (``--debug`` shows the traceback) and exits 70.
+
+Log lines go to stderr as ``megabatch: message``; under journald (``JOURNAL_STREAM`` names stderr)
+each line starts with its syslog priority, ``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>``
+debug (``JournalFormatter``), which journald strips and records as the entry's priority.
 """
 
 import argparse
@@ -23,9 +29,78 @@ from proto.sizes import parse_size
 if TYPE_CHECKING:
     from loader.raw import RawDataset
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "EX_CONFIG", "JournalFormatter", "to_journal", "syslog_priority", "error_line",
+           "configure_logging"]
 
 log = logging.getLogger("megabatch")
+
+EX_CONFIG = 78
+"""sysexits.h: configuration error. ``serve`` exits with it when the config or the dataset is unusable at
+start-up (before serving): restarting cannot help, so the unit sets ``RestartPreventExitStatus=78``."""
+
+LOG_FORMAT = "megabatch: %(message)s"
+
+
+def syslog_priority(levelno: int) -> int:
+    """The syslog priority of a logging level: 2 critical, 3 error, 4 warning, 6 info, 7 debug."""
+    if levelno >= logging.CRITICAL:
+        return 2
+    if levelno >= logging.ERROR:
+        return 3
+    if levelno >= logging.WARNING:
+        return 4
+    if levelno >= logging.INFO:
+        return 6
+    return 7
+
+
+def to_journal(stream: object) -> bool:
+    """Whether ``stream`` is connected to journald: ``JOURNAL_STREAM`` (set by systemd) names its
+    ``device:inode`` (a child that inherited the variable but writes elsewhere gets no prefixes)."""
+    value = os.environ.get("JOURNAL_STREAM")
+    fileno = getattr(stream, "fileno", None)
+    if not value or fileno is None:
+        return False
+    try:
+        st = os.fstat(fileno())
+    except (OSError, ValueError):
+        return False
+    return value == f"{st.st_dev}:{st.st_ino}"
+
+
+class JournalFormatter(logging.Formatter):
+    """``fmt`` lines, each line of a record (a traceback too) prefixed with the record's syslog priority
+    ``<N>`` when ``journal`` is true (default: ``to_journal(sys.stderr)``)."""
+
+    def __init__(self, fmt: str = LOG_FORMAT, journal: bool | None = None) -> None:
+        super().__init__(fmt)
+        self.journal = to_journal(sys.stderr) if journal is None else journal
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if not self.journal:
+            return text
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.split("\n"))
+
+
+def configure_logging(level: int) -> None:
+    """The root logger: one stderr handler with ``JournalFormatter`` at ``level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JournalFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def error_line(text: str) -> str:
+    """A one-line error for stderr (printed, not logged), at priority error under journald."""
+    return f"<3>{text}" if to_journal(sys.stderr) else text
+
+
+class _ConfigError(Exception):
+    """``serve`` could not start: its config or dataset is unusable (exit ``EX_CONFIG``)."""
+
+    def __init__(self, err: UserError) -> None:
+        super().__init__(str(err))
 
 
 def _positive_int(text: str) -> int:
@@ -109,10 +184,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from loader.config import load_config
     from loader.server import Daemon
 
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except UserError as err:
+        raise _ConfigError(err) from None
     if not args.quiet:
         logging.getLogger().setLevel(config.log.level.upper())
-    Daemon(config).run()
+    daemon = Daemon(config)
+    try:
+        daemon.run()
+    except UserError as err:
+        if daemon.ready.is_set():
+            raise
+        raise _ConfigError(err) from None  # the dataset or the socket path: found unusable before serving
     return 0
 
 
@@ -215,8 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="megabatch: %(message)s", stream=sys.stderr, force=True)
+    configure_logging(logging.WARNING if args.quiet else logging.INFO)
     if args.quiet:
         args.progress = False
     pin_malloc_thresholds()
@@ -225,20 +308,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return handler(args)
+    except _ConfigError as err:
+        print(error_line(f"megabatch: error: {err} (configuration error: not retried, exit {EX_CONFIG})"),
+              file=sys.stderr)
+        return EX_CONFIG
     except UserError as err:
-        print(f"megabatch: error: {err}", file=sys.stderr)
+        print(error_line(f"megabatch: error: {err}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("megabatch: interrupted; no output was left behind", file=sys.stderr)
         return 130
     except OSError as err:
         where = f"{args.command}{f' ({err.filename})' if err.filename else ''}"
-        print(f"megabatch: error: {io_error(err, where)}", file=sys.stderr)
+        print(error_line(f"megabatch: error: {io_error(err, where)}"), file=sys.stderr)
         return 1
     except Exception as err:  # the user interface is never a traceback
         if args.debug:
             traceback.print_exc()
-        print(f"megabatch: internal error: {type(err).__name__}: {err} (rerun with --debug for details)",
+        print(error_line(f"megabatch: internal error: {type(err).__name__}: {err} (rerun with --debug for details)"),
               file=sys.stderr)
         return 70
     finally:

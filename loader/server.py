@@ -1,8 +1,10 @@
 """``megabatch serve``: the daemon's lifecycle, in the uvicorn shape.
 
-run -> serve -> startup -> main_loop -> shutdown. Signals: the first SIGINT/SIGTERM drains
-(stop accepting, say Bye to clients, stop the stages, unmap the slots, remove the socket), a
-second one skips the waiting. Shared runtime state (sessions, the training pipeline) lives in
+run -> serve -> startup -> main_loop -> shutdown. Signals: the first SIGINT/SIGTERM drains (stop
+accepting; end every stream and send every session ``Shutdown``; wait up to ``[server] drain_timeout``
+for the clients to release the batches already published and for the pipeline's stages to stop;
+then close the connections, cancel what is left, unmap the slots, remove the socket); a second one
+cuts the wait. Shared runtime state (sessions, the training pipeline) lives in
 ``DaemonState``; the read-only resources in ``PipelineContext``.
 
 A connection is admitted in steps, each cheaper than the next: the peer's credentials against
@@ -54,7 +56,7 @@ from loader.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, p
 from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
-from proto.messages import PROTOCOL_VERSION, Bye, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
+from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
 from proto.shm import create_segment
 from proto.sizes import format_size
 from proto.slots import HEADER_BYTES, SlotRing
@@ -111,6 +113,11 @@ class Daemon:
         self.metrics = DaemonMetrics()
         self.should_exit = asyncio.Event()
         self.force_exit = False
+        self._forced = asyncio.Event()
+        """Set with ``force_exit`` by a second signal: it cuts the drain short."""
+        self.exit_reason = "the daemon is stopping"
+        """What ``Shutdown`` tells the clients (``handle_exit`` names the signal)."""
+        self._accepting: asyncio.Task[None] | None = None
         self._listener: socket.socket | None = None
         self._ctx: PipelineContext | None = None
         self._serving: ServingContext | None = None
@@ -147,11 +154,16 @@ class Daemon:
                 loop.remove_signal_handler(sig)
 
     def handle_exit(self, sig: int) -> None:
+        """Signal handler (on the loop): the first signal drains, a second one cuts the drain."""
+        name = signal.Signals(sig).name
         if self.should_exit.is_set():
-            log.warning("second %s: shutting down without waiting", signal.Signals(sig).name)
+            log.warning("second %s: shutting down without waiting", name)
             self.force_exit = True
+            self._forced.set()
         else:
-            log.info("%s: draining (send it again to stop at once)", signal.Signals(sig).name)
+            log.info("%s: draining for up to %g s ([server] drain_timeout; send it again to stop at once)", name,
+                     self.config.server.drain_timeout)
+            self.exit_reason = f"{name} received"
         self.should_exit.set()
 
     async def startup(self) -> None:
@@ -187,7 +199,7 @@ class Daemon:
         self.allow_gids = frozenset(cfg.server.allow_gids or (os.stat(cfg.server.socket).st_gid,))
         log.info("admitting peers of uid %s or group %s ([server] allow_uids, allow_gids)",
                  ", ".join(map(str, sorted(self.allow_uids))), ", ".join(map(str, sorted(self.allow_gids))))
-        self._spawn(self._accept_loop(), "accept")
+        self._accepting = self._spawn(self._accept_loop(), "accept")
         log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", where, cfg.server.socket)
         notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
         self.ready.set()
@@ -246,24 +258,35 @@ class Daemon:
                 notify("WATCHDOG=1")
 
     async def shutdown(self) -> None:
-        notify("STOPPING=1\nSTATUS=shutting down")
+        """Drain, then stop, in this order (docs/DEPLOY.md, "Stopping"):
+
+        1. stop accepting (refuse handshakes still on their way with ``busy``);
+        2. every session ends its stream (no new batch) and is sent ``Shutdown(exit_reason)``;
+        3. wait up to ``[server] drain_timeout`` (a second signal cuts it) until every client has
+           released the batches it was sent, or left, and the pipeline's stages have stopped;
+        4. close the connections, cancel what is left and wait for it (a job already in a thread
+           cannot be interrupted: it lands first), shut the pools down, unmap the slots;
+        5. remove the socket file.
+        """
+        notify("STOPPING=1\nSTATUS=draining")
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        if self._accepting is not None:
+            self._accepting.cancel()
+        sessions = list(self.state.sessions.values())
+        for session in sessions:
+            session.begin_shutdown(self.exit_reason)
+        await self._drain(sessions)
         for session in list(self.state.sessions.values()):
-            with contextlib.suppress(Exception):
-                session.handle(Bye("daemon shutting down"))
-        # closed sessions may have handed their pipeline to a stop task already: it must end before the pools
-        if self.state.pipeline is not None or self.state.stopping:
-            await self._stop_pipeline()
-        for task in list(self.state.tasks):
+            session.close()
+        # closed streams have handed their pipeline to a stop task: it must end before the pools
+        await self._stop_pipeline()
+        for task in list(self.state.tasks - self.state.disposing):
             task.cancel()
-        timeout = 0.0 if self.force_exit else self.config.server.drain_timeout
         pending = [s.dispose() for s in self.state.sessions.values()] + list(self.state.tasks)
-        if pending:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout or None)
         self.state.sessions.clear()
+        await asyncio.gather(*pending, return_exceptions=True)
         if self._serving is not None:
             self._serving.cpu_pool.shutdown(wait=True, cancel_futures=True)
         if self._ctx is not None:
@@ -278,12 +301,41 @@ class Daemon:
                 os.unlink(self.config.server.socket)
         log.info("stopped")
 
+    async def _drain(self, sessions: list[Session]) -> None:
+        """Step 3 of ``shutdown``: wait for ``sessions`` to drain and the pipeline to stop, at most
+        ``[server] drain_timeout`` seconds, less if a second signal comes (``force_exit``)."""
+        if not sessions and self.state.pipeline is None and not self.state.stopping:
+            return
+
+        async def drained() -> None:
+            await asyncio.gather(*(s.drained.wait() for s in sessions))
+            await self._stop_pipeline()  # every stream is over: nothing reads the pipeline's data any more
+
+        timeout = self.config.server.drain_timeout
+        drain = asyncio.ensure_future(drained())
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            await asyncio.wait({drain, forced}, timeout=0.0 if self.force_exit else timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+            if not drain.done():
+                held = sum(s.flow.in_use for s in sessions if not s.closed)
+                why = "a second signal" if self.force_exit else f"[server] drain_timeout = {timeout:g} s"
+                log.warning("drain cut short by %s: %d published batches not released, %d sessions still "
+                            "connected", why, held, sum(not s.closed for s in sessions))
+                drain.cancel()
+            await asyncio.gather(drain, forced, return_exceptions=True)
+        if drain.done() and not drain.cancelled():
+            log.info("drained: every published batch released, the pipeline stopped")
+
     # -- connections ---------------------------------------------------------------------------------
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> "asyncio.Task[None]":
         task = asyncio.ensure_future(coro)
         task.set_name(f"megabatch-{name}")
         self.state.tasks.add(task)
         task.add_done_callback(self.state.tasks.discard)
+        return task
 
     def _listen(self, path: Path, mode: int) -> socket.socket:
         if len(os.fsencode(path)) > SOCKET_PATH_MAX:
@@ -451,15 +503,15 @@ class Daemon:
             # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole.
             # The client gets the read-only descriptor: with ours it could resize the memfd under our writes.
             socket.send_fds(conn, [encode(welcome)], [session.segment.reader_fd])
-            _, protocol = await loop.connect_accepted_socket(
-                lambda: ControlProtocol(session, decoder, self._session_lost), conn)
+            log.info("session %d: %s connected (%s)", session.id, loggable(hello.client), peer)
+            # the messages that came with the Hello are handled in connection_made, before any later byte
+            await loop.connect_accepted_socket(
+                lambda: ControlProtocol(session, decoder, self._session_lost, rest), conn)  # type: ignore[arg-type]
         except OSError as err:
             log.warning("session %d: handshake failed: %s", session.id, err)
             conn.close()
             self._session_lost(session)
             return
-        log.info("session %d: %s connected (%s)", session.id, loggable(hello.client), peer)
-        protocol.received(rest)  # type: ignore[arg-type]
 
     async def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
         self._throttles[f"refuse-{code}"].warn("refusing a connection: %s: %s", code, loggable(message))
@@ -578,7 +630,8 @@ class Daemon:
         if pipeline is not None:
             self._stop_later(pipeline)
         while st.stopping:
-            await asyncio.gather(*list(st.stopping), return_exceptions=True)
+            # wait, not gather: a cancelled caller (a drain cut short) must not cancel the stops themselves
+            await asyncio.wait(list(st.stopping))
 
     def _dataset_info(self, dataset: Dataset, resident: ResidentData) -> DatasetInfo:
         m, s = dataset.manifest, self.config.sampler

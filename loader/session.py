@@ -7,13 +7,15 @@ disconnect; nothing a client sends can stop the daemon or the other sessions. A 
 consuming is bounded too: a stream that waits ``[server] stall_timeout`` for a slot, an owner of the
 training pipeline idle for ``idle_timeout`` between streams, and a client that leaves the replies
 unread (the write buffer is capped and reading pauses meanwhile) are evicted with ``Error("timeout")``.
+When the daemon stops, ``begin_shutdown`` ends the stream and sends ``Shutdown``; the batches already
+announced stay valid until the client releases them (``drained`` tells the daemon when none is held).
 """
 
 import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from loader.changeset import CachePlan
@@ -37,6 +39,7 @@ from proto.messages import (
     EvalRequest,
     Message,
     Release,
+    Shutdown,
     StartEpoch,
     Stats,
     StatsRequest,
@@ -134,6 +137,11 @@ class Session:
         self.output_pauses = 0
         """Times the session's output went over ``WRITE_BUFFER_HIGH``."""
         self.closed = False
+        self.shutting_down = False
+        """Set by ``begin_shutdown``: no new stream starts and no new batch is published."""
+        self.drained = asyncio.Event()
+        """Set once the daemon's drain need not wait for this session: it is closed, or it is shutting down,
+        its stream is over and the client holds no slot."""
 
     def attach(self, send: Callable[[Message], None], close: Callable[[], None]) -> None:
         self._send, self._close = send, close
@@ -148,6 +156,9 @@ class Session:
                 # PROTOCOL.md: well-formed but wrong now; the slots the client does hold are untouched
                 log.debug("session %d: %s", self.id, problem)
                 self._send(Error(ErrorCode.BAD_REQUEST, problem))
+            self._check_drained()
+        elif isinstance(msg, StartEpoch | EvalRequest) and self.shutting_down:
+            self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start a {msg.TAG} stream: the daemon is shutting down"))
         elif isinstance(msg, StartEpoch):
             self._start(self._train_stream(msg.epoch), f"epoch {msg.epoch}", training=True)
         elif isinstance(msg, EvalRequest):
@@ -178,6 +189,7 @@ class Session:
         stream = asyncio.ensure_future(coro)
         stream.set_name(f"megabatch-session{self.id}-{what}")
         stream.add_done_callback(self._stream_done)
+        stream.add_done_callback(lambda _: self._check_drained())
         self._stream, self._training = stream, training
 
     def _stream_done(self, task: "asyncio.Task[None]") -> None:
@@ -257,6 +269,9 @@ class Session:
             self.flow.abandon(slot)
             self.fail(ErrorCode.INTERNAL, overflow_message(err))
             return False
+        except asyncio.CancelledError:
+            self.flow.abandon(slot)  # never announced: the client does not hold it (the drain waits for held ones)
+            raise
         finally:
             self._ctx.metrics.stage_busy.labels("publisher" if kind == "train" else "eval").inc(
                 time.perf_counter() - t0)
@@ -323,6 +338,24 @@ class Session:
             access.close()
 
     # -- teardown ----------------------------------------------------------------------------------
+    def begin_shutdown(self, reason: str) -> None:
+        """The daemon drains: end the stream (no new batch) and send ``Shutdown(reason)``. The connection
+        stays open, so the client can still read and release the batches it was sent; ``drained`` is set
+        once the stream is over and none is held (or the session closes)."""
+        if self.closed or self.shutting_down:
+            return
+        self.shutting_down = True
+        self._cancel_idle_timer()
+        if self._stream is not None and not self._stream.done():
+            self._stream.cancel()
+        self._send(Shutdown(reason))
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.closed or (self.shutting_down and self.flow.in_use == 0
+                           and (self._stream is None or self._stream.done())):
+            self.drained.set()
+
     def close(self) -> None:
         """Stop the stream, wake the publisher, close the connection; the segment goes in ``dispose``."""
         if self.closed:
@@ -339,6 +372,7 @@ class Session:
         if not stream_hands_back:
             self._coordinator.release_pipeline(self)
         self._close()
+        self.drained.set()
 
     async def dispose(self) -> None:
         """Wait for the stream to stop, then unmap the slots (the memfd is freed with the last mapping)."""
@@ -361,12 +395,14 @@ class ControlProtocol(asyncio.Protocol):
     replies so fills its own socket, not the daemon's memory, and is evicted after ``stall_timeout``.
     """
 
-    def __init__(self, session: Session, decoder: FrameDecoder, on_lost: Callable[[Session], None]) -> None:
+    def __init__(self, session: Session, decoder: FrameDecoder, on_lost: Callable[[Session], None],
+                 pending: Iterable[Message] = ()) -> None:
         self.session = session
         self._decoder = decoder
         self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
-        self._backlog: collections.deque[Message] = collections.deque()
+        self._backlog: collections.deque[Message] = collections.deque(pending)
+        """Decoded messages not handled yet; first those that came with the Hello (``pending``)."""
         self._unread_timer: asyncio.TimerHandle | None = None
         self._abort_timer: asyncio.TimerHandle | None = None
 
@@ -375,6 +411,8 @@ class ControlProtocol(asyncio.Protocol):
         assert self._transport is not None
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
         self.session.attach(self._write, self._close)
+        # before the transport reads: what came with the Hello precedes any later byte (and the client's EOF)
+        self._drain()
 
     def write_buffer_size(self) -> int:
         """Bytes written to the transport and not yet sent."""

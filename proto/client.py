@@ -4,7 +4,8 @@
 segment descriptor), maps the slot segment read-only and exposes it as a ``SlotRing``. After that the
 caller drives the session with ``send`` and ``recv``; ``read_batch`` turns a ``BatchReady`` into views of
 its slot. ``send`` may be called from any thread (frames are never interleaved); ``recv`` from one
-thread at a time.
+thread at a time. A daemon that stops sends ``Shutdown``: ``recv`` raises ``DaemonShuttingDown`` for
+it, and so does a ``send`` that fails because the daemon then closed the connection.
 """
 
 import collections
@@ -17,16 +18,25 @@ import time
 
 from proto.codec import FrameDecoder, encode
 from proto.errors import ConnectFailed, ConnectionClosed, ProtocolError, RemoteError, SlotError
-from proto.messages import PROTOCOL_VERSION, BatchReady, Bye, Error, ErrorCode, Hello, Message, Welcome
+from proto.messages import PROTOCOL_VERSION, BatchReady, Bye, Error, ErrorCode, Hello, Message, Shutdown, Welcome
 from proto.shm import Segment, map_segment, recv_with_fds
 from proto.slots import SlotContents, SlotRing
 
-__all__ = ["DEFAULT_TIMEOUT", "RECV_BYTES", "ControlClient"]
+__all__ = ["DEFAULT_TIMEOUT", "RECV_BYTES", "ControlClient", "DaemonShuttingDown"]
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds ``connect`` waits for the connection and the Welcome by default."""
 RECV_BYTES = 64 * 1024
 """Bytes asked of one ``recv`` call."""
+
+
+class DaemonShuttingDown(ConnectionClosed):
+    """The daemon sent ``Shutdown``: it is stopping and closes the session once the batches already
+    announced are released (or its drain timeout passes). ``reason`` is the daemon's text."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the loader daemon is shutting down: {reason or 'no reason given'}")
+        self.reason = reason
 
 
 def _connect_error(path: str, err: OSError) -> ConnectFailed:
@@ -59,7 +69,10 @@ class ControlClient:
         self._decoder = decoder
         self._pending = collections.deque(pending)
         self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
         self.closed = False
+        self.shutdown_reason: str | None = None
+        """The reason of the daemon's ``Shutdown`` once one was received (None before)."""
 
     @classmethod
     def connect(cls, path: str, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
@@ -141,31 +154,70 @@ class ControlClient:
             try:
                 self._sock.sendall(frame)
             except (BrokenPipeError, ConnectionResetError) as err:
-                raise ConnectionClosed(f"the loader daemon closed the connection: {err}") from None
+                raise self._closed_error(err) from None
+
+    def _closed_error(self, err: OSError) -> ConnectionClosed:
+        """Why the connection is gone: ``DaemonShuttingDown`` if the daemon said ``Shutdown`` before
+        closing (also among the bytes not read yet, when no other thread is in ``recv``)."""
+        if self.shutdown_reason is None and self._recv_lock.acquire(blocking=False):
+            try:
+                while self.shutdown_reason is None:
+                    try:
+                        data = self._sock.recv(RECV_BYTES, socket.MSG_DONTWAIT)
+                    except OSError:
+                        break
+                    if not data:
+                        break
+                    try:
+                        self._pending.extend(self._decoder.feed(data))
+                    except ProtocolError:
+                        break
+                    self._note_shutdown()
+            finally:
+                self._recv_lock.release()
+        if self.shutdown_reason is not None:
+            return DaemonShuttingDown(self.shutdown_reason)
+        return ConnectionClosed(f"the loader daemon closed the connection: {err}")
+
+    def _note_shutdown(self) -> None:
+        for msg in self._pending:
+            if isinstance(msg, Shutdown):
+                self.shutdown_reason = msg.reason
+                return
 
     def recv(self, timeout: float | None = None) -> Message:
         """The next message from the daemon, waiting up to ``timeout`` seconds (default None: forever).
 
         Raises ``RemoteError`` for an ``Error`` message (the session goes on only if ``not err.fatal``),
+        ``DaemonShuttingDown`` for a ``Shutdown`` (and at end of stream after one; the batches already
+        announced stay readable and ``send(Release(...))`` still works until the daemon closes),
         ``ConnectionClosed`` at end of stream, ``ProtocolError`` for an invalid frame, ``TimeoutError``
         when nothing complete arrives in time. A ``Bye`` is returned like any message.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._pending:
-            if self._decoder.error is not None:
-                raise self._decoder.error
-            if deadline is not None and not self._wait_readable(deadline - time.monotonic()):
-                raise TimeoutError(f"no message from the loader daemon within {timeout} s")
-            try:
-                data = self._sock.recv(RECV_BYTES)
-            except ConnectionResetError as err:
-                raise ConnectionClosed(f"the loader daemon closed the connection: {err}") from None
-            if not data:
-                raise ConnectionClosed("the loader daemon closed the connection")
-            self._pending.extend(self._decoder.feed(data))
-        msg = self._pending.popleft()
+        with self._recv_lock:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self._pending:
+                if self._decoder.error is not None:
+                    raise self._decoder.error
+                if deadline is not None and not self._wait_readable(deadline - time.monotonic()):
+                    raise TimeoutError(f"no message from the loader daemon within {timeout} s")
+                try:
+                    data = self._sock.recv(RECV_BYTES)
+                except ConnectionResetError as err:
+                    if self.shutdown_reason is not None:
+                        raise DaemonShuttingDown(self.shutdown_reason) from None
+                    raise ConnectionClosed(f"the loader daemon closed the connection: {err}") from None
+                if not data:
+                    if self.shutdown_reason is not None:
+                        raise DaemonShuttingDown(self.shutdown_reason)
+                    raise ConnectionClosed("the loader daemon closed the connection")
+                self._pending.extend(self._decoder.feed(data))
+            msg = self._pending.popleft()
         if isinstance(msg, Error):
             raise RemoteError(msg.code, msg.message)
+        if isinstance(msg, Shutdown):
+            self.shutdown_reason = msg.reason
+            raise DaemonShuttingDown(msg.reason)
         return msg
 
     def _wait_readable(self, seconds: float) -> bool:

@@ -24,7 +24,8 @@ from proto.errors import ProtocolError
 __all__ = [
     "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "Record", "Message", "DatasetInfo",
     "SlotLayout", "Hello", "Welcome", "Credit", "StartEpoch", "EvalRequest", "BatchReady", "Release", "EpochEnd",
-    "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "MESSAGE_TYPES", "message_from_map", "message_to_map",
+    "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "MESSAGE_TYPES", "message_from_map",
+    "message_to_map",
 ]
 
 PROTOCOL_VERSION = 1
@@ -376,9 +377,22 @@ class Bye(Message):
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Shutdown(Message):
+    """Daemon -> client: the daemon is shutting down (``reason`` says why, for humans). No new batch
+    follows; batches already announced stay readable and releasable until the client releases them or
+    the daemon's drain timeout passes, then the daemon closes the connection. A compatible revision of
+    version 1 (proto/PROTOCOL.md, "Versioning"): an older client fails on the unknown tag and
+    disconnects, which is what it should do anyway."""
+
+    TAG: ClassVar[str] = "shutdown"
+    SENDER: ClassVar[str] = "daemon"
+    reason: str
+
+
 MESSAGE_TYPES: Mapping[str, type[Message]] = types.MappingProxyType({
     cls.TAG: cls for cls in (Hello, Welcome, Credit, StartEpoch, EvalRequest, BatchReady, Release, EpochEnd,
-                             EvalEnd, StatsRequest, Stats, Error, Bye)
+                             EvalEnd, StatsRequest, Stats, Error, Bye, Shutdown)
 })
 """Tag -> message class, every message of this protocol version."""
 

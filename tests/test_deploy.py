@@ -487,6 +487,22 @@ def test_loader_unit_settings():
     assert svc["Environment"] == f"NUMBA_CACHE_DIR=/var/cache/{svc['CacheDirectory']}/numba"
 
 
+def test_loader_unit_does_not_restart_a_config_error_forever():
+    from loader.cli import EX_CONFIG
+
+    svc = settings("megabatch-loader.service")
+    # a config or dataset error exits EX_CONFIG before serving: not retried; 130 is a stop during start-up
+    assert svc["RestartPreventExitStatus"] == str(EX_CONFIG) == "78"
+    assert svc["SuccessExitStatus"] == "130"
+    # start limits live in [Unit] (systemd ignores them, with a warning, in [Service])
+    unit = settings("megabatch-loader.service", "Unit")
+    assert unit["StartLimitIntervalSec"] == "10min" and int(unit["StartLimitBurst"]) >= 2
+    assert not {"StartLimitIntervalSec", "StartLimitBurst"} & svc.keys()
+    deploy_doc = (ROOT / "docs" / "DEPLOY.md").read_text()
+    for code in ("| 0 |", "| 78 |", "| 130 |"):
+        assert code in deploy_doc, f"docs/DEPLOY.md: exit code row {code} missing"
+
+
 def test_memory_cap_example_is_budget_plus_stated_overhead():
     text = (SYSTEMD / "megabatch-loader.service").read_text()
     examples = set(re.findall(r"^#\s*MemoryMax=(\S+)$", text, flags=re.MULTILINE))

@@ -25,6 +25,7 @@ from proto.messages import (
     Hello,
     Message,
     Release,
+    Shutdown,
     SlotLayout,
     StartEpoch,
     Stats,
@@ -75,6 +76,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     Stats: st.builds(Stats, st.dictionaries(TEXT, st.floats(allow_nan=False) | I64, max_size=20)),
     Error: st.builds(Error, st.sampled_from([c.value for c in ErrorCode]) | TEXT, TEXT),
     Bye: st.builds(Bye, TEXT),
+    Shutdown: st.builds(Shutdown, TEXT),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -84,7 +86,7 @@ SAMPLES: list[Message] = [
     Hello(PROTOCOL_VERSION, "trainer rank 0", 1234), Welcome(PROTOCOL_VERSION, "0.1.0", 7, INFO, LAYOUT),
     Credit(4), StartEpoch(3), EvalRequest("val"), BatchReady(2, 17, "train", 3, 0, 5, 40), Release(2, 17),
     EpochEnd(3, 40, 1), EvalEnd("test", 3), StatsRequest(), Stats({"batches_total": 17.0, "queue_depth": 2}),
-    Error("bad_request", "a stream is active"), Bye("done"), Bye(),
+    Error("bad_request", "a stream is active"), Bye("done"), Bye(), Shutdown("SIGTERM"),
     Hello(PROTOCOL_VERSION, "trainer rank 1", 1235, feature_cache_bytes=1 << 30),
     Welcome(PROTOCOL_VERSION, "0.1.0", 8, INFO, LAYOUT, feature_cache_rows=1000),
 ]
@@ -321,3 +323,11 @@ def test_smaller_frame_limit():
     assert decoder.feed(encode(Credit(1)) * 10) == [Credit(1)] * 10
     with pytest.raises(ProtocolError, match="exceeds 32 bytes"):
         decoder.feed(encode(Bye("x" * 40)))
+
+
+def test_shutdown_is_a_daemon_message_with_a_required_reason():
+    assert Shutdown.TAG == "shutdown" and Shutdown.SENDER == "daemon"
+    assert decode_one(encode(Shutdown("SIGTERM received"))) == Shutdown("SIGTERM received")
+    with pytest.raises(ProtocolError) as err:
+        decode_one(frame({"t": "shutdown"}))
+    assert err.value.code == "bad_message" and "Shutdown.reason: missing" in err.value.message

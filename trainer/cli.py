@@ -1,8 +1,13 @@
 """``megabatch train`` (``python -m trainer``): train a GNN from the loader daemon or in memory.
 
 User errors (missing dataset, bad values, incompatible checkpoint) print one line and exit 1;
-usage errors exit 2; Ctrl-C (or SIGTERM) exits 130; an unexpected exception prints one line
-(``--debug`` shows the traceback) and exits 70.
+usage errors exit 2; an unexpected exception prints one line (``--debug`` shows the traceback) and
+exits 70.
+
+Stopping: SIGTERM (``systemctl stop``) finishes the current step, stops, prints one line saying which
+checkpoint the file holds (checkpoints are written at epoch boundaries only: the cut epoch is replayed
+whole by ``--resume``) and exits 0; a second SIGTERM interrupts at once. Ctrl-C (SIGINT) interrupts
+at once and exits 130; its line says what the checkpoint holds too.
 """
 
 import argparse
@@ -14,14 +19,18 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from loader.cli import configure_logging, error_line
 from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
 from proto.sizes import parse_size
 from trainer.scores import METRIC_CHOICES, MINORITY_SHARE
 
-__all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler"]
+__all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler", "checkpoint_note"]
+
+if TYPE_CHECKING:
+    from trainer.loop import StopControl
 
 PROG = "megabatch train"
 log = logging.getLogger("megabatch")
@@ -182,7 +191,45 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         raise io_error(err, f"writing {path}") from err
 
 
-def _run(args: argparse.Namespace) -> int:
+class _SigtermStop:
+    """The SIGTERM handler: the first signal asks the run to stop at the next step boundary, a second
+    one interrupts at once (``KeyboardInterrupt``). It exists before torch is imported; ``attach`` hands
+    it the run's ``StopControl`` once there is one."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.control: StopControl | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.control is not None:
+            self.control.requested = True
+        log.warning("SIGTERM: stopping after the current step (send it again to stop at once)")
+
+    def attach(self, control: "StopControl") -> None:
+        control.requested = self.requested
+        self.control = control
+
+
+def checkpoint_note(checkpoint: str | None, control: "StopControl | None") -> str:
+    """What the ``--checkpoint`` file holds now, as far as this run knows (never more than it wrote);
+    ``control`` None: the run never started."""
+    if not checkpoint:
+        return "no checkpoint was written (no --checkpoint)"
+    if control is None:
+        return "no checkpoint was written (training had not started)"
+    if control.writing is not None:
+        before = f"epoch {control.checkpoint_epoch}" if control.checkpoint_epoch is not None else "what it held before"
+        return (f"the checkpoint {checkpoint} was being written for epoch {control.writing}: it holds that epoch or "
+                f"{before}; resume with --resume")
+    if control.checkpoint_epoch is None:
+        return "no checkpoint was written (no epoch completed)"
+    return f"the checkpoint {checkpoint} holds epoch {control.checkpoint_epoch}; resume with --resume"
+
+
+def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
     # the dataset and config are checked before torch is imported: their errors come in a blink
     opened = None
     if args.mode == "inmemory":
@@ -193,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
             raise UserError("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
         opened = open_dataset(dataset)
 
-    from trainer.loop import TrainConfig, train
+    from trainer.loop import StopControl, TrainConfig, train
     from trainer.metrics import TrainerMetrics
     from trainer.source import BatchSource
 
@@ -220,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
                                 eval_fanouts=sampler.eval_fanouts, eval_batch_size=sampler.eval_batch_size,
                                 seed=sampler.seed)
     metrics = TrainerMetrics()
+    control = StopControl()
+    stop.attach(control)
     try:
         try:
             metrics.serve(args.metrics_port, args.metrics_address)
@@ -230,12 +279,16 @@ def _run(args: argparse.Namespace) -> int:
         log.info("source: %s (%d features, %d classes, %d hops, %d training nodes)", info.description,
                  info.num_features, info.num_classes, info.num_hops, info.train_nodes)
         result = train(source, cfg, progress=args.progress, metrics=metrics,
-                       log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+                       log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)),
+                       control=control)
     finally:
         metrics.close()
         source.close()
     if args.json_out:
         _write_json(Path(args.json_out), result.to_json())
+    if result.stopped_on_request:
+        print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
+        return 0
     print(result.summary(), flush=True)
     return 0
 
@@ -279,31 +332,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_mode(parser, args)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="megabatch: %(message)s", stream=sys.stderr, force=True)
+    configure_logging(logging.WARNING if args.quiet else logging.INFO)
     if args.quiet:
         args.progress = False
-    # SIGTERM behaves like Ctrl-C: the loop stops between steps, the last checkpoint stays intact
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop = _SigtermStop()
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return _run(args)
+        return _run(args, stop)
     except UserError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line(f"{PROG}: error: {err}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        where = f"; the last checkpoint is {args.checkpoint}" if args.checkpoint else ""
-        print(f"{PROG}: interrupted{where}", file=sys.stderr)
+        print(f"{PROG}: interrupted; {checkpoint_note(args.checkpoint, stop.control)}", file=sys.stderr)
         return 130
     except OSError as err:
-        print(f"{PROG}: error: {io_error(err, 'training')}", file=sys.stderr)
+        print(error_line(f"{PROG}: error: {io_error(err, 'training')}"), file=sys.stderr)
         return 1
     except Exception as err:  # the user interface is never a traceback
         if isinstance(err, _data_path_errors()):
-            print(f"{PROG}: error: {err}", file=sys.stderr)
+            print(error_line(f"{PROG}: error: {err}"), file=sys.stderr)
             return 1
         if args.debug:
             traceback.print_exc()
-        print(f"{PROG}: internal error: {type(err).__name__}: {err} (rerun with --debug for details)",
+        print(error_line(f"{PROG}: internal error: {type(err).__name__}: {err} (rerun with --debug for details)"),
               file=sys.stderr)
         return 70
     finally:

@@ -10,6 +10,12 @@ before it blocks on the next.
 Determinism: the source fixes the batches of each epoch; ``cfg.seed`` fixes the initial weights
 and dropout; a checkpoint carries every RNG state, so a resumed run ends with the same model as
 an uninterrupted one (bitwise on CPU).
+
+Stopping (``StopControl``): a stop request (the CLI's SIGTERM handler) is honoured at the next step
+boundary: the current step finishes, the rest of the epoch is dropped, nothing is evaluated or
+checkpointed for it. Checkpoints hold completed epochs only, so the file keeps the last completed
+epoch (``StopControl.checkpoint_epoch`` says which) and a resumed run replays the cut epoch whole.
+A request during an evaluation lets it finish: the epoch is complete, so its checkpoint is written.
 """
 
 import contextlib
@@ -54,8 +60,8 @@ from trainer.scores import (
 )
 from trainer.source import BatchSource
 
-__all__ = ["TrainConfig", "EpochRecord", "TrainResult", "SequenceError", "SequenceCheck", "train", "resolve_device",
-           "seed_everything", "format_epoch"]
+__all__ = ["TrainConfig", "EpochRecord", "TrainResult", "SequenceError", "SequenceCheck", "StopControl", "train",
+           "resolve_device", "seed_everything", "format_epoch"]
 
 log_ = logging.getLogger("megabatch.trainer")
 
@@ -165,6 +171,22 @@ def _json_float(value: float | None) -> float | None:
 
 
 @dataclass
+class StopControl:
+    """Shared by ``train`` and its caller: a stop request in, what the checkpoint file holds out.
+
+    ``requested`` (default False) may be set at any time, from a signal handler too; ``train`` stops at
+    the next step boundary (or before the next epoch). ``checkpoint_epoch`` is the epoch of the
+    checkpoint file as far as this run knows (the one it resumed from or last wrote; None: it wrote
+    none and resumed from none). ``writing`` is the epoch being written while a checkpoint is saved
+    (an interrupt then leaves the previous file or the new one, never a torn one).
+    """
+
+    requested: bool = False
+    checkpoint_epoch: int | None = None
+    writing: int | None = None
+
+
+@dataclass
 class TrainResult:
     """Every epoch's record and the best validation epoch (its test score is the headline number).
 
@@ -187,6 +209,8 @@ class TrainResult:
     metric_reason: str | None = None
     stopped_early: bool = False
     stopped_at_max_steps: bool = False
+    stopped_on_request: bool = False
+    """A ``StopControl`` request stopped the run (its last epoch may have been cut and not recorded)."""
     resumed_from_epoch: int | None = None
     model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
@@ -205,7 +229,7 @@ class TrainResult:
                 "best_val_score": _json_float(self.best_val_score),
                 "test_score_at_best": _json_float(self.test_score_at_best),
                 "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
-                "resumed_from_epoch": self.resumed_from_epoch}
+                "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch}
 
     def summary(self) -> str:
         """The final line: best validation epoch and its test score (and accuracy, when that is not the score)."""
@@ -407,8 +431,9 @@ class _Run:
     """The state of one ``train`` call; methods in the order they run."""
 
     def __init__(self, source: BatchSource, cfg: TrainConfig, progress: bool, metrics: TrainerMetrics | None,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], control: StopControl) -> None:
         self.source, self.cfg, self.metrics, self.log = source, cfg, metrics, log
+        self.control = control
         self.progress = progress and sys.stderr.isatty()
         self.device = resolve_device(cfg.device)
         info = source.info
@@ -483,6 +508,7 @@ class _Run:
             group["lr"], group["weight_decay"] = self.cfg.lr, self.cfg.weight_decay
         self.result.epochs = history
         self.result.resumed_from_epoch = ckpt.epoch
+        self.control.checkpoint_epoch = ckpt.epoch
         self.next_epoch = ckpt.epoch + 1
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")
         reason = progress.get("metric_reason") or f"written before checkpoints recorded a metric: {LEGACY_METRIC}"
@@ -499,6 +525,10 @@ class _Run:
         with (Progress(f"epoch {epoch}/{self.cfg.epochs}", expected, "batches", enabled=self.progress) as bar,
               contextlib.closing(_prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
             for batch, waited in stream:
+                if self.control.requested:
+                    # a step boundary: the step before finished; closing the stream releases this batch
+                    self.result.stopped_on_request = True
+                    break
                 step_started = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
                 logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
@@ -584,6 +614,10 @@ class _Run:
         """Train, maybe evaluate, record, checkpoint; True when early stopping says stop."""
         cfg = self.cfg
         record = self.train_epoch(epoch)
+        if self.result.stopped_on_request:
+            self.log(f"stop requested: epoch {epoch} cut after {record.batches} steps; not evaluated, "
+                     f"recorded or checkpointed")
+            return True
         cut = self.result.stopped_at_max_steps
         self.decide_metric(epoch)
         if not cut and (epoch % cfg.eval_every == 0 or epoch == cfg.epochs):
@@ -617,6 +651,7 @@ class _Run:
 
     def save(self, epoch: int) -> None:
         assert self.cfg.checkpoint is not None
+        self.control.writing = epoch
         # best_val/best_test keep their first meaning (best score, test accuracy there): with metric
         # accuracy, a checkpoint reads the same to a trainer from before metrics were selectable
         progress = {"best_epoch": self.result.best_epoch, "best_val": self.result.best_val_score,
@@ -627,17 +662,21 @@ class _Run:
             epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
             signature=self.signature, config=self.cfg.to_json(), progress=progress,
             history=[asdict(r) for r in self.result.epochs], rng=capture_rng(), metric=self.metric))
+        self.control.checkpoint_epoch, self.control.writing = epoch, None
 
 
 def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metrics: TrainerMetrics | None = None,
-          log: Callable[[str], None] | None = None) -> TrainResult:
+          log: Callable[[str], None] | None = None, control: StopControl | None = None) -> TrainResult:
     """Train a ``cfg.model`` on ``source`` for ``cfg.epochs`` epochs (fewer when early stopping fires).
 
     ``progress`` draws a bar per epoch when stderr is a terminal (default False); ``metrics``
     receives per-batch and per-epoch values (default None); ``log`` gets one line per epoch
     (default: the "megabatch.trainer" logger at INFO). ``result.model`` is the trained model.
+    ``control`` (default None: none) stops the run at a step boundary on request and reports which
+    epoch the checkpoint file holds (``StopControl``).
     """
-    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info)
+    control = control if control is not None else StopControl()
+    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info, control)
     if cfg.resume:
         run.resume()
         if run.result.stopped_early:
@@ -645,6 +684,9 @@ def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metr
             run.result.model = run.model
             return run.result
     for epoch in range(run.next_epoch, cfg.epochs + 1):
+        if control.requested:
+            run.result.stopped_on_request = True
+            break
         if run.run_epoch(epoch):
             break
     run.result.model = run.model
