@@ -7,7 +7,7 @@ exception prints one line (``--debug`` shows the traceback) and exits 70.
 
 Log lines go to stderr as ``megabatch: message``; under journald (``JOURNAL_STREAM`` names stderr)
 each line starts with its syslog priority, ``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>``
-debug (``JournalFormatter``), which journald strips and records as the entry's priority.
+debug (``proto.logs.JournalFormatter``), which journald strips and records as the entry's priority.
 """
 
 import argparse
@@ -24,77 +24,19 @@ from typing import TYPE_CHECKING
 from loader.memory import pin_malloc_thresholds
 from proto.atomic import io_error
 from proto.errors import UserError
+from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
 
 if TYPE_CHECKING:
     from loader.raw import RawDataset
 
-__all__ = ["main", "build_parser", "EX_CONFIG", "JournalFormatter", "to_journal", "syslog_priority", "error_line",
-           "configure_logging"]
+__all__ = ["main", "build_parser", "EX_CONFIG"]
 
 log = logging.getLogger("megabatch")
 
 EX_CONFIG = 78
 """sysexits.h: configuration error. ``serve`` exits with it when the config or the dataset is unusable at
 start-up (before serving): restarting cannot help, so the unit sets ``RestartPreventExitStatus=78``."""
-
-LOG_FORMAT = "megabatch: %(message)s"
-
-
-def syslog_priority(levelno: int) -> int:
-    """The syslog priority of a logging level: 2 critical, 3 error, 4 warning, 6 info, 7 debug."""
-    if levelno >= logging.CRITICAL:
-        return 2
-    if levelno >= logging.ERROR:
-        return 3
-    if levelno >= logging.WARNING:
-        return 4
-    if levelno >= logging.INFO:
-        return 6
-    return 7
-
-
-def to_journal(stream: object) -> bool:
-    """Whether ``stream`` is connected to journald: ``JOURNAL_STREAM`` (set by systemd) names its
-    ``device:inode`` (a child that inherited the variable but writes elsewhere gets no prefixes)."""
-    value = os.environ.get("JOURNAL_STREAM")
-    fileno = getattr(stream, "fileno", None)
-    if not value or fileno is None:
-        return False
-    try:
-        st = os.fstat(fileno())
-    except (OSError, ValueError):
-        return False
-    return value == f"{st.st_dev}:{st.st_ino}"
-
-
-class JournalFormatter(logging.Formatter):
-    """``fmt`` lines, each line of a record (a traceback too) prefixed with the record's syslog priority
-    ``<N>`` when ``journal`` is true (default: ``to_journal(sys.stderr)``)."""
-
-    def __init__(self, fmt: str = LOG_FORMAT, journal: bool | None = None) -> None:
-        super().__init__(fmt)
-        self.journal = to_journal(sys.stderr) if journal is None else journal
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        if not self.journal:
-            return text
-        prefix = f"<{syslog_priority(record.levelno)}>"
-        return "\n".join(prefix + line for line in text.split("\n"))
-
-
-def configure_logging(level: int) -> None:
-    """The root logger: one stderr handler with ``JournalFormatter`` at ``level``."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JournalFormatter())
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
-def error_line(text: str) -> str:
-    """A one-line error for stderr (printed, not logged), at priority error under journald."""
-    return f"<3>{text}" if to_journal(sys.stderr) else text
-
 
 class _ConfigError(Exception):
     """``serve`` could not start: its config or dataset is unusable (exit ``EX_CONFIG``)."""

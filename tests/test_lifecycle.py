@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import tests.daemon_harness as harness
-from loader.cli import EX_CONFIG, JournalFormatter, syslog_priority, to_journal
+from loader.cli import EX_CONFIG
 from loader.server import Daemon
 from proto.client import ControlClient, DaemonShuttingDown
 from proto.errors import RemoteError
+from proto.logs import JournalFormatter, syslog_priority, to_journal
 from proto.messages import BatchReady, Credit, Release, StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import daemon_config, running_daemon, small_dataset
 from tests.graphs import generated_dataset

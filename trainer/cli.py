@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from loader.cli import configure_logging, error_line
 from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
+from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
 from trainer.scores import METRIC_CHOICES, MINORITY_SHARE
 

@@ -1,0 +1,69 @@
+"""Log lines of both programs: ``megabatch: message`` on stderr, journald priorities where journald reads it.
+
+Under systemd (``JOURNAL_STREAM`` names stderr) each line starts with its syslog priority, ``<3>``
+error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug, which journald strips and records as the entry's
+priority. The daemon (``loader.cli``) and the trainer (``trainer.cli``) both use it, so it lives here.
+"""
+
+import logging
+import os
+import sys
+
+__all__ = ["LOG_FORMAT", "syslog_priority", "to_journal", "JournalFormatter", "configure_logging", "error_line"]
+
+LOG_FORMAT = "megabatch: %(message)s"
+
+
+def syslog_priority(levelno: int) -> int:
+    """The syslog priority of a logging level: 2 critical, 3 error, 4 warning, 6 info, 7 debug."""
+    if levelno >= logging.CRITICAL:
+        return 2
+    if levelno >= logging.ERROR:
+        return 3
+    if levelno >= logging.WARNING:
+        return 4
+    if levelno >= logging.INFO:
+        return 6
+    return 7
+
+
+def to_journal(stream: object) -> bool:
+    """Whether ``stream`` is connected to journald: ``JOURNAL_STREAM`` (set by systemd) names its
+    ``device:inode`` (a child that inherited the variable but writes elsewhere gets no prefixes)."""
+    value = os.environ.get("JOURNAL_STREAM")
+    fileno = getattr(stream, "fileno", None)
+    if not value or fileno is None:
+        return False
+    try:
+        st = os.fstat(fileno())
+    except (OSError, ValueError):
+        return False
+    return value == f"{st.st_dev}:{st.st_ino}"
+
+
+class JournalFormatter(logging.Formatter):
+    """``fmt`` lines, each line of a record (a traceback too) prefixed with the record's syslog priority
+    ``<N>`` when ``journal`` is true (default: ``to_journal(sys.stderr)``)."""
+
+    def __init__(self, fmt: str = LOG_FORMAT, journal: bool | None = None) -> None:
+        super().__init__(fmt)
+        self.journal = to_journal(sys.stderr) if journal is None else journal
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if not self.journal:
+            return text
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.split("\n"))
+
+
+def configure_logging(level: int) -> None:
+    """The root logger: one stderr handler with ``JournalFormatter`` at ``level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JournalFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def error_line(text: str) -> str:
+    """A one-line error for stderr (printed, not logged), at priority error under journald."""
+    return f"<3>{text}" if to_journal(sys.stderr) else text
