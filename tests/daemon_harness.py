@@ -4,6 +4,7 @@ In-process keeps numba's compiled kernels across tests; readiness and shutdown a
 """
 
 import asyncio
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,9 +19,10 @@ from loader.generate import generate_graph
 from loader.prepare import PrepareOptions, prepare_dataset
 from loader.server import Daemon
 from proto.client import ControlClient
+from proto.codec import FrameDecoder
 from proto.messages import BatchReady, Credit, Message, Release
 
-__all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume"]
+__all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume", "read_message"]
 
 
 def small_dataset(root: Path, *, nodes: int = 3000, partitions: int = 16, feat_dim: int = 16, classes: int = 4,
@@ -113,3 +115,15 @@ def consume(client: ControlClient, request: Message, end_type: type
             assert isinstance(msg, end_type), msg
             assert msg.batches == len(batches)
             return batches, msg
+
+
+def read_message(sock: socket.socket) -> Message | None:
+    """The daemon's next message on a raw socket, or None at end of stream."""
+    decoder = FrameDecoder()
+    messages: list[Message] = []
+    while not messages:
+        data = sock.recv(65536)
+        if not data:
+            return None
+        messages = decoder.feed(data)
+    return messages[0]

@@ -8,7 +8,7 @@ import pytest
 
 from loader.dataset import open_dataset
 from loader.inmemory import load_in_memory
-from proto.codec import FrameDecoder, encode
+from proto.codec import encode
 from proto.errors import RemoteError
 from proto.messages import (
     BatchReady,
@@ -23,7 +23,7 @@ from proto.messages import (
     Stats,
     StatsRequest,
 )
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon, small_dataset
 
 
 @pytest.fixture(scope="module")
@@ -119,17 +119,6 @@ def raw_session(config):
     return sock
 
 
-def read_error(sock):
-    decoder = FrameDecoder()
-    messages = []
-    while not messages:
-        data = sock.recv(65536)
-        if not data:
-            return None
-        messages = decoder.feed(data)
-    return messages[0]
-
-
 @pytest.mark.parametrize("payload", [
     b"\xc1\xc1\xc1 not msgpack",
     encode(Credit(count=1)),  # a valid message, but not a Hello
@@ -141,7 +130,7 @@ def test_bad_client_gets_an_error_and_the_daemon_keeps_serving(dataset, tmp_path
     with running_daemon(config):
         with raw_session(config) as bad:
             bad.sendall(payload)
-            reply = read_error(bad)
+            reply = read_message(bad)
             assert isinstance(reply, Error), reply
             assert reply.fatal
             assert bad.recv(1) == b""  # then the daemon hangs up
@@ -193,5 +182,5 @@ def test_hello_with_other_protocol_version_is_refused(dataset, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock")
     with running_daemon(config), raw_session(config) as sock:
         sock.sendall(encode(Hello(protocol_version=99, client="future", pid=1)))
-        reply = read_error(sock)
+        reply = read_message(sock)
         assert isinstance(reply, Error) and reply.code == "unsupported_version"

@@ -20,7 +20,7 @@ from loader.config import config_from_mapping
 from loader.server import Daemon
 from loader.session import WRITE_BUFFER_HIGH, ControlProtocol, Session, loggable
 from proto.client import ControlClient
-from proto.codec import FrameDecoder, encode
+from proto.codec import encode
 from proto.errors import RemoteError, UserError
 from proto.messages import (
     PROTOCOL_VERSION,
@@ -34,7 +34,7 @@ from proto.messages import (
     StatsRequest,
 )
 from proto.shm import recv_with_fds
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon, small_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,18 +55,6 @@ def raw_socket(config) -> socket.socket:
     sock.settimeout(30)
     sock.connect(str(config.server.socket))
     return sock
-
-
-def read_message(sock: socket.socket):
-    """The daemon's next message on a raw socket, or None at end of stream."""
-    decoder = FrameDecoder()
-    messages: list = []
-    while not messages:
-        data = sock.recv(65536)
-        if not data:
-            return None
-        messages = decoder.feed(data)
-    return messages[0]
 
 
 def memfds() -> int:
