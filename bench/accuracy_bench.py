@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.harness import machine_description, sh, wait_for_socket
+from bench.harness import machine_description, sh, stop_process, wait_for_socket
 
 __all__ = ["DATASETS", "MODES", "EpochPoint", "Run", "ModeSummary", "BudgetGap", "DatasetReport", "main"]
 
@@ -280,13 +280,7 @@ def daemon(config: Path, sock: Path, log: Path) -> Iterator[None]:
             fail(str(exc).removeprefix("bench: "), log)
         yield
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 60)
 
 
 def one_run(name: str, dataset: Path, mode: str, seed: int, dirs: dict[str, Path], args: argparse.Namespace) -> Run:

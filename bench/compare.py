@@ -27,7 +27,6 @@ import argparse
 import gc
 import json
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from bench.harness import (  # noqa: E402
     scrape,
     sequential_rates,
     sh,
+    stop_process,
     wait_for_socket,
     warn,
 )
@@ -200,13 +200,7 @@ def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, bud
             status = Path(f"/proc/{daemon.pid}/status").read_text()
             out["daemon_peak_rss"] = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
-            out["daemon_exit"] = daemon.returncode
+            out["daemon_exit"] = stop_process(daemon, 120)
             if group is not None:
                 out["cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
                 out["cgroup_limit_hits"] = int((group / "memory.failcnt").read_text())

@@ -15,7 +15,6 @@ start ``megabatch serve`` under a cgroup memory limit, then
 import argparse
 import json
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from bench.harness import (  # noqa: E402
     scrape,
     sequential_rate,
     sh,
+    stop_process,
     wait_for_socket,
 )
 from loader.dataset import open_dataset  # noqa: E402
@@ -157,8 +157,7 @@ fanouts = {fanouts}\neval_fanouts = {fanouts}\neval_batch_size = {args.batch_siz
         hwm = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
         result["daemon_peak_rss"] = hwm
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
+        stop_process(daemon, 60)
         if group is not None:
             result["daemon_cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
             group.rmdir()

@@ -8,6 +8,7 @@ with a warning: the numbers may then include the page cache quietly holding the 
 import mmap
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
            "machine_description", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape",
-           "wait_for_socket", "process_read_bytes", "DAEMON_OVERHEAD"]
+           "wait_for_socket", "process_read_bytes", "DAEMON_OVERHEAD", "stop_process"]
 
 DAEMON_OVERHEAD = 320 << 20
 """What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
@@ -200,3 +201,14 @@ def process_read_bytes(pid: int) -> int:
         if line.startswith("read_bytes:"):
             return int(line.split()[1])
     return 0
+
+
+def stop_process(process: "subprocess.Popen[bytes]", timeout: float) -> int:
+    """SIGTERM ``process`` (a daemon drains on it), wait up to ``timeout`` seconds, then kill; its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
