@@ -17,8 +17,10 @@ runs without a limit since it holds everything). Per mode:
   4. the daemon's peak RSS, the cgroup's peak (page cache included: it fills up to the limit and is
      reclaimed there, which is not a failure) and its OOM kills (which are).
 
-Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. Writes
-bench/results/compare.{json,md,png}.
+Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. With ``--read-checks both``
+(the default) hierarchical, exact and static also run a second time with ``[io] check_reads = false``
+(rows ``<mode>-unchecked``), and the report gives what the read checks cost: the checked run's loader
+batches/s over the unchecked one's. Writes bench/results/compare.{json,md,png}.
 
     .venv/bin/python bench/compare.py [--nodes 2000000] [--budget 448M] [--modes ...] [--work DIR]
 """
@@ -60,12 +62,16 @@ from proto.sizes import format_size, parse_size  # noqa: E402
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"
 MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
+CHECKED_MODES = ("hierarchical", "exact", "static")
+"""The modes that verify what they read (format 1.1 read checks); ``--read-checks both`` runs each unchecked too."""
+UNCHECKED = "-unchecked"
 METRICS_PORT = 9461
 
 
 
-def write_config(path: Path, mode: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace,
+def write_config(path: Path, run: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace,
                  caches: dict[str, int]) -> None:
+    mode = run.removesuffix(UNCHECKED)
     cache_lines = "".join(f"{key} = {value}\n" for key, value in caches.items())
     path.write_text(f"""[dataset]
 path = "{dataset}"
@@ -86,6 +92,7 @@ eval_fanouts = [{args.fanouts}]
 [io]
 direct_io = true
 read_threads = 4
+check_reads = {"false" if run.endswith(UNCHECKED) else "true"}
 [publisher]
 slots = {args.slots}
 [server]
@@ -136,20 +143,22 @@ class LoaderOnly:
         gc.collect()
 
 
-def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int,
+def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int,
              caches: dict[str, int]) -> dict[str, object]:
-    sock, config = work / f"{mode}.sock", work / f"{mode}.toml"
+    """One daemon of run ``run`` (a mode, or ``<mode>-unchecked``) measured as the module docstring says."""
+    mode = run.removesuffix(UNCHECKED)
+    sock, config = work / f"{run}.sock", work / f"{run}.toml"
     sock.unlink(missing_ok=True)
     data_budget = budget if mode != "inmemory" else 64 << 30
-    write_config(config, mode, dataset, sock, data_budget, args, caches)
+    write_config(config, run, dataset, sock, data_budget, args, caches)
     drop_caches()
     limit = budget + DAEMON_OVERHEAD
-    group = memory_cgroup(limit, f"megabatch-{mode}") if mode != "inmemory" else None
-    with open(work / f"{mode}.log", "w") as log:
+    group = memory_cgroup(limit, f"megabatch-{run}") if mode != "inmemory" else None
+    with open(work / f"{run}.log", "w") as log:
         started = time.perf_counter()
         daemon = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)],
                                   preexec_fn=join_before_exec(group), stderr=log, stdout=log)
-        out: dict[str, object] = {"mode": mode, "cgroup_limit": limit if group else None}
+        out: dict[str, object] = {"mode": run, "cgroup_limit": limit if group else None}
         try:
             wait_for_socket(sock, daemon)
             out["startup_seconds"] = time.perf_counter() - started
@@ -189,7 +198,7 @@ def run_mode(mode: str, dataset: Path, work: Path, args: argparse.Namespace, bud
                 "planner_over_sampler": planner / sampler if mode == "exact" and sampler > 0 else None,
                 "hier_read_mb_s": reader_bytes / reader / 1e6 if mode == "hierarchical" and reader > 0 else None,
             })
-            train_json = work / f"{mode}-train.json"
+            train_json = work / f"{run}-train.json"
             t0 = time.perf_counter()
             sh([PY, "-m", "trainer", "--socket", str(sock), "--model", "sage", "--hidden", "128", "--epochs", "1",
                 "--max-steps", str(args.train_steps), "--json-out", str(train_json), "--no-progress", "-q"])
@@ -254,6 +263,12 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
     if exact.get("planner_over_sampler") is not None:
         lines.append(f"\nchangeset planning / superbatch sampling time (exact): "
                      f"{100 * float(exact['planner_over_sampler']):.1f}%")  # type: ignore[arg-type]
+    for mode in CHECKED_MODES:
+        checked, unchecked = by_mode.get(mode, {}), by_mode.get(mode + UNCHECKED, {})
+        if checked.get("batches_per_s") and unchecked.get("batches_per_s"):
+            cost = 1 - float(checked["batches_per_s"]) / float(unchecked["batches_per_s"])  # type: ignore[arg-type]
+            lines.append(f"read checks ({mode}): {float(checked['batches_per_s']):.2f} batches/s checked vs "  # type: ignore[arg-type]
+                         f"{float(unchecked['batches_per_s']):.2f} unchecked: {100 * cost:+.1f}% of throughput")  # type: ignore[arg-type]
     if hier.get("hier_read_mb_s") is not None:
         rate = float(hier["hier_read_mb_s"])  # type: ignore[arg-type]
         lines.append(f"hierarchical mega-batch reads: {rate:.0f} MB/s while reading = {rate / seq_rate:.2f}x the "
@@ -302,11 +317,15 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=8, help="loader-only batches not timed first (default 8)")
     p.add_argument("--train-steps", type=int, default=16)
     p.add_argument("--work", default="/var/tmp/megabatch-compare", help="data directory (reused when present)")
+    p.add_argument("--read-checks", choices=("on", "both"), default="both",
+                   help="both (default): run hierarchical, exact and static unchecked too, to measure the checks' cost")
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         p.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    if args.read_checks == "both":
+        modes = [run for mode in modes for run in ((mode, mode + UNCHECKED) if mode in CHECKED_MODES else (mode,))]
     budget = parse_size(args.budget)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -322,7 +341,7 @@ def main() -> int:
     for mode in modes:
         print(f"== {mode}", flush=True)
         # static gets exactly the caches exact chose, so their miss ratios compare the policies alone
-        results.append(run_mode(mode, dataset, work, args, budget, caches if mode == "static" else {}))
+        results.append(run_mode(mode, dataset, work, args, budget, caches if mode.startswith("static") else {}))
         if mode == "exact" and results[-1].get("feature_cache_bytes") is not None:
             caches = {"feature_cache": int(results[-1]["feature_cache_bytes"]),  # type: ignore[call-overload]
                       "neighbor_cache": int(results[-1]["neighbor_cache_bytes"])}  # type: ignore[call-overload]

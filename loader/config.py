@@ -102,6 +102,9 @@ class IOConfig:
     """Threads issuing preadv calls (default 2)."""
     read_block: int = 4 << 20
     """Largest single read in bytes; bigger ranges are split so several are in flight (default 4M)."""
+    check_reads: bool = True
+    """Verify every byte read against the dataset's read checks (format 1.1: per partition, per 4 KiB page);
+    a mismatch fails the batch with ``data_corrupt`` instead of serving it (default true)."""
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,8 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     io = IOConfig(direct_io=_bool("io", "direct_io", io_t.get("direct_io", dio.direct_io)),
                   read_threads=_int("io", "read_threads", io_t.get("read_threads", dio.read_threads),
                                     minimum=1, maximum=64),
-                  read_block=_size("io", "read_block", io_t.get("read_block", dio.read_block)))
+                  read_block=_size("io", "read_block", io_t.get("read_block", dio.read_block)),
+                  check_reads=_bool("io", "check_reads", io_t.get("check_reads", dio.check_reads)))
     if io.read_block % 4096:
         raise _fail("io", "read_block", f"must be a multiple of 4096, got {io.read_block}")
 

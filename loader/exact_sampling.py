@@ -213,14 +213,17 @@ class ExactSampler:
             fetch = 0.0
             for h, fanout in enumerate(fanouts):
                 t0 = time.perf_counter()
-                if fanout != 0:
-                    union = frontier_union(gnodes, nptr[h, 0], nptr[h, group], slot)
-                    starts, degrees, read_lists = self._fetch(union)
-                else:
-                    union = starts = degrees = np.empty(0, dtype=np.int64)
-                    read_lists = np.empty(0, dtype=self.reader.dtype)
-                t1 = time.perf_counter()
+                union = frontier_union(gnodes, nptr[h, 0], nptr[h, group], slot) if fanout != 0 else \
+                    np.empty(0, dtype=np.int64)
+                # slot marks the frontier until the hop is sampled; a failed read must clear it too, or the
+                # next pass (a retried epoch) starts from a dirty map
                 try:
+                    if fanout != 0:
+                        starts, degrees, read_lists = self._fetch(union)
+                    else:
+                        starts = degrees = np.empty(0, dtype=np.int64)
+                        read_lists = np.empty(0, dtype=self.reader.dtype)
+                    t1 = time.perf_counter()
                     status, detail0, detail1, gnodes, gsrc, gdst = sample_group_hop(
                         h, fanout, group_keys, gnodes, nptr, gsrc, gdst, eptr, slot, starts, degrees,
                         self.cache.lists, read_lists, mark, table, chosen)

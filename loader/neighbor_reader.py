@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from loader.exact_sampling_kernels import scatter_lists
 from loader.npyio import NpyReader
+from loader.read_checks import verify_pages
 from proto.errors import UserError
 
 __all__ = ["NeighborLists", "NeighborReader", "ALIGNMENT", "DEFAULT_GAP_BYTES", "DEFAULT_BLOCK_BYTES",
@@ -131,14 +132,18 @@ class NeighborReader:
     indices_path: the ``indices.npy`` file (or a raw array file when ``dtype`` and
     ``data_offset`` are both given); gap_bytes (default 4096): largest gap coalesced into one
     read, 0 for adjacent lists only; read_threads (default 8); direct_io (default False);
-    block_bytes (default 1 MiB, rounded up to 4096): largest single read.
+    block_bytes (default 1 MiB, rounded up to 4096): largest single read; page_sums: the file's read
+    checks, one XXH3-64 per 4 KiB page (``loader.read_checks``; None: unchecked). Checked reads are
+    widened to whole pages and staged like O_DIRECT ones, every page is verified, and a mismatch raises
+    ``CorruptData`` naming the page.
     """
 
     def __init__(self, indptr: np.ndarray, indices_path: Path | str, *, dtype: npt.DTypeLike | None = None,
                  data_offset: int | None = None, gap_bytes: int = DEFAULT_GAP_BYTES,
                  read_threads: int = DEFAULT_READ_THREADS, direct_io: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, page_sums: np.ndarray | None = None) -> None:
         self.indptr = _check_indptr(indptr)
+        self.page_sums = np.empty(0, np.uint64) if page_sums is None else np.ascontiguousarray(page_sums, np.uint64)
         self.path = Path(indices_path)
         if gap_bytes < 0:
             raise ValueError(f"gap_bytes: {gap_bytes}, expected >= 0")
@@ -233,7 +238,11 @@ class NeighborReader:
             view = views[target]
             done = 0
             while done < need:
-                got = os.preadv(fd, [view[dest + done:dest + length]], offset + done)
+                try:
+                    got = os.preadv(fd, [view[dest + done:dest + length]], offset + done)
+                except OSError as err:
+                    raise UserError(f"{self.path}: read of {length - done} bytes at byte {offset + done} failed "
+                                    f"({err.strerror}); check the disk (dmesg) and run 'megabatch verify'") from err
                 calls += 1
                 if got == 0:
                     raise UserError(f"{self.path}: file ends early (wanted {need} bytes at offset {offset}); "
@@ -276,7 +285,8 @@ class NeighborReader:
         list_begin = self.data_offset + self.indptr[ids] * itemsize
         list_end = list_begin + degrees * itemsize
         with self._lock:
-            direct = self.direct_io
+            checked = len(self.page_sums) > 0
+            direct = self.direct_io or checked
             if direct:
                 read_begin = list_begin // ALIGNMENT * ALIGNMENT
                 read_end = -(-list_end // ALIGNMENT) * ALIGNMENT
@@ -303,6 +313,9 @@ class NeighborReader:
             dest = np.where(straight, out_entry[first] * itemsize, staged_at)
             self._run_reads(range_begin, range_end, straight.astype(np.int64), dest,
                             (staging.data, out_bytes.data))
+            if checked:
+                verify_pages(self.page_sums, staging, staged_at, np.minimum(range_end, self.file_size) - range_begin,
+                             range_begin, self.path)
             scattered = ~straight[range_of]
             if scattered.any():
                 source = staged_at[range_of] + list_begin - range_begin[range_of]

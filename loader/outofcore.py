@@ -20,7 +20,8 @@ Memory (``plan_outofcore``), Ginex §3.5 adapted to a pipeline where sampling an
 the same time, so both caches share the budget instead of taking turns::
 
     node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
-    or static address table 4 B/node) + 3 superbatches in flight (sampling, planned,
+    or static address table 4 B/node) + read-check page tables (8 B per 4 KiB page of
+    features.bin and indices.npy) + 3 superbatches in flight (sampling, planned,
     publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
     (neighbour lists of one sample group's frontiers, 32 row-read spans) + neighbour cache
     + feature cache <= budget
@@ -51,6 +52,7 @@ from loader.metrics import DaemonMetrics
 from loader.neighbor_cache import NeighborCache
 from loader.neighbor_reader import NeighborReader
 from loader.publisher import BatchSource, FillFeatures
+from loader.read_checks import load_read_checks, page_table_bytes
 from loader.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.sampling import SampledPass
 from proto.errors import UserError
@@ -80,7 +82,7 @@ class OutOfCorePlan:
     fixed_bytes: int
     """Node arrays and slots (as in every mode)."""
     graph_bytes: int
-    """indptr and the per-node scratch of sampler, planner and static address table."""
+    """indptr, the per-node scratch of sampler, planner and static address table, and the read-check page tables."""
     working_bytes: int
     """Superbatches in flight and read buffers."""
     neighbor_cache_bytes: int
@@ -98,8 +100,8 @@ class OutOfCorePlan:
 
     def describe(self) -> str:
         return (f"memory plan ({self.mode}): budget {format_size(self.budget)} = node arrays and slots "
-                f"{format_size(self.fixed_bytes)} + indptr and scratch {format_size(self.graph_bytes)} + superbatches "
-                f"in flight and read buffers {format_size(self.working_bytes)} + neighbour cache "
+                f"{format_size(self.fixed_bytes)} + indptr, scratch and read checks {format_size(self.graph_bytes)} + "
+                f"superbatches in flight and read buffers {format_size(self.working_bytes)} + neighbour cache "
                 f"{format_size(self.neighbor_cache_bytes)} + feature cache {self.feature_cache_rows:,} rows "
                 f"{format_size(self.feature_cache_bytes)} = {format_size(self.total)} used")
 
@@ -111,7 +113,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     n = m.num_nodes
     index_itemsize = np.dtype(m.index_dtype.value).itemsize
     scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
-    graph_bytes = 8 * (n + 1) + scratch * n
+    # the read checks' page tables (8 B per 4 KiB page of features.bin and indices.npy) live as long as the mode
+    graph_bytes = 8 * (n + 1) + scratch * n + (page_table_bytes(dataset) if config.io.check_reads else 0)
     superbatch = ex.superbatch * (batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE)
     mean_degree = m.num_edges / max(1, n)
     list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
@@ -120,7 +123,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
         raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
-                        f"arrays and slots {format_size(fixed_bytes)}, indptr and scratch {format_size(graph_bytes)}, "
+                        f"arrays and slots {format_size(fixed_bytes)}, indptr, scratch and read checks "
+                        f"{format_size(graph_bytes)}, "
                         f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
                         f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
     all_lists = 8 * n + index_itemsize * m.num_edges
@@ -172,9 +176,11 @@ class _OutOfCoreMode:
         self._feat_offset = np.ascontiguousarray(partitions[:, 4])
         direct = config.io.direct_io
         indptr = dataset.read("indptr", np.int64, 1)
+        checks = load_read_checks(dataset, pages=True) if config.io.check_reads else None
         # O_DIRECT reads whole pages anyway; buffered reads gain nothing from reading gaps between lists
         reader = NeighborReader(indptr, Path(dataset.file("indices")), gap_bytes=4096 if direct else 0,
-                                read_threads=max(8, config.io.read_threads), direct_io=direct)
+                                read_threads=max(8, config.io.read_threads), direct_io=direct,
+                                page_sums=None if checks is None else checks.index_pages)
         try:
             if plan.neighbor_cache_bytes:
                 cache = NeighborCache.build(dataset.read("neighbor_rank", np.int64, 1), reader,
@@ -186,7 +192,7 @@ class _OutOfCoreMode:
             reader.close()
             raise
         self.rows = RowReader(dataset.file("features"), row_bytes=m.row_bytes, direct=direct,
-                              threads=ROW_READ_THREADS)
+                              threads=ROW_READ_THREADS, page_sums=None if checks is None else checks.feature_pages)
         metrics.neighbor_cache_bytes.set(cache.nbytes)
         self._sampled_stats = self.sampler.stats
         self._lock = threading.Lock()
@@ -208,7 +214,14 @@ class _OutOfCoreMode:
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowReader``)."""
         offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
-        stats = self.rows.read_rows(offsets, out, positions)
+        try:
+            stats = self.rows.read_rows(offsets, out, positions)
+        except OSError as err:  # RowReader's message names the byte; the stream's error should too, on one line
+            raise UserError(f"{self.rows.path}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
+                            ) from err
+        except ValueError as err:
+            # the offsets come from the manifest's partitions: one past the end means the file shrank
+            raise UserError(f"{err} (the file shrank after the daemon started?); run 'megabatch verify'") from err
         self._metrics.disk_bytes.labels("features").inc(stats.bytes)
         self._metrics.disk_reads.labels("features").inc(stats.reads)
 

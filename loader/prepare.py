@@ -2,7 +2,8 @@
 
 Steps, each within ``memory_budget`` plus a fixed interpreter overhead:
 validate raw files -> degrees -> (symmetric CSR on disk) -> partition -> renumber ->
-CSC + static lists -> features -> labels, splits, rankings -> checksums -> manifest -> rename.
+CSC + static lists -> features -> labels, splits, rankings -> read checks (per partition and per
+page) -> file checksums -> manifest -> rename.
 Per-node arrays (``NODE_STATE_BYTES`` per node) are charged to the budget up front.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 import loader
 from loader.dataset import (
+    CHECK_FILES,
     FEATURE_ALIGNMENT,
     FILES,
     FORMAT_VERSION,
@@ -37,6 +39,7 @@ from loader.layout import Renumbering, write_features, write_structure
 from loader.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.partition import SymmetricAdjacency, make_partitioner
 from loader.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
+from loader.read_checks import write_read_checks
 from loader.splits import stratified_split
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
@@ -144,6 +147,7 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             write_npy(tmp / FILES["new_to_orig"], renumbering.new_to_orig)
             write_npy(tmp / FILES["static_nodes"], static_nodes)
             splits = _write_labels_and_splits(raw, renumbering, tmp)
+            write_read_checks(tmp, partitions, FILES, progress=options.progress)
             files = _checksums(tmp, options.progress)
             manifest = Manifest(
                 version=FORMAT_VERSION, num_nodes=n, num_edges=head.num_edges,
@@ -245,8 +249,9 @@ def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Pat
 
 def _checksums(tmp: Path, progress: bool) -> dict[str, FileEntry]:
     files: dict[str, FileEntry] = {}
-    with Progress("checksums", len(FILES), "files", enabled=progress) as bar:
-        for name in sorted(FILES.values()):
+    names = sorted([*FILES.values(), *CHECK_FILES.values()])
+    with Progress("checksums", len(names), "files", enabled=progress) as bar:
+        for name in names:
             path = tmp / name
             files[name] = FileEntry(path.stat().st_size, file_xxh3(path))
             bar.update()

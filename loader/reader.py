@@ -5,6 +5,10 @@ layout guarantees it), read with ``os.preadv`` straight into the buffer's region
 O_DIRECT when configured. Edge lists (``indices.npy``) and ``indptr`` slices are contiguous too and
 are read into the buffer's preallocated index arrays. Ranges larger than ``read_block`` are split
 so several reads are in flight on the dedicated read pool.
+
+With read checks (format 1.1, ``[io] check_reads``), each partition's three ranges are hashed on the
+read pool once they have landed and compared with ``partition_checksums.npy``; a mismatch fails the
+mega-batch with ``CorruptData`` before the assembler sees a byte of it.
 """
 
 import asyncio
@@ -23,6 +27,7 @@ from loader.dataset import Dataset
 from loader.memplan import PAGE, round_up
 from loader.metrics import DaemonMetrics
 from loader.npyio import NpyReader
+from loader.read_checks import ReadChecks, verify_partition_range
 from loader.schedule import MegaBatchPlan
 from proto.errors import UserError
 
@@ -43,6 +48,16 @@ class ReadRequest:
 
 
 @dataclass(frozen=True)
+class RangeCheck:
+    """One partition's range of one file, landed in ``data``, to be hashed against its checksum."""
+
+    partition: int
+    column: int
+    data: memoryview
+    file_offset: int
+
+
+@dataclass(frozen=True)
 class LoadedMegaBatch:
     """Disk reader -> assembler: a mega-batch's raw data in ``buffer``."""
 
@@ -60,8 +75,10 @@ class PartitionReader:
     """Owns the dataset's file descriptors and the read pool."""
 
     def __init__(self, dataset: Dataset, arena: FeatureArena, partitions: np.ndarray, metrics: DaemonMetrics, *,
-                 direct_io: bool, threads: int, read_block: int) -> None:
+                 direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None) -> None:
         self._arena = arena
+        self._checks = checks
+        self._paths = (dataset.file("features"), dataset.file("indices"), dataset.file("indptr"))
         self._parts = partitions
         self._metrics = metrics
         self._block = read_block
@@ -103,21 +120,28 @@ class PartitionReader:
     def _read(self, req: ReadRequest) -> int:
         done = 0
         t0 = time.perf_counter()
+        path = self._paths[("features", "indices", "indptr").index(req.file)]
         while done < req.need:
-            got = os.preadv(req.fd, [req.dest[done:]], req.offset + done)
+            try:
+                got = os.preadv(req.fd, [req.dest[done:]], req.offset + done)
+            except OSError as err:
+                raise UserError(f"{path}: read of {len(req.dest) - done} bytes at byte {req.offset + done} failed "
+                                f"({err.strerror}); check the disk (dmesg) and run 'megabatch verify'") from err
             if got == 0:
-                raise UserError(f"{req.file}: file ends early (wanted {req.need} bytes at offset {req.offset}); "
-                                f"run 'megabatch verify'")
+                raise UserError(f"{path}: file ends early (wanted {req.need} bytes at byte {req.offset}; it shrank "
+                                f"after the daemon started?); run 'megabatch verify'")
             done += got
         self._metrics.disk_seconds.labels(req.file).observe(time.perf_counter() - t0)
         self._metrics.disk_reads.labels(req.file).inc()
         self._metrics.disk_bytes.labels(req.file).inc(done)
         return done
 
-    def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> tuple[list[ReadRequest], np.ndarray, int]:
-        """The reads of one mega-batch, its partitions' arena offsets, and its edge count."""
+    def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer
+                   ) -> tuple[list[ReadRequest], np.ndarray, int, list[RangeCheck]]:
+        """The reads of one mega-batch, its partitions' arena offsets, its edge count and its range checks."""
         parts = self._parts[plan.partitions]
         requests: list[ReadRequest] = []
+        checks: list[RangeCheck] = []
         feature_base = np.empty(len(parts), dtype=np.int64)
         feat_pos = buffer.feature_offset
         edge_pos = 0
@@ -126,6 +150,7 @@ class PartitionReader:
         raw = buffer.raw_indices.view(np.uint8)
         scratch = buffer.raw_indptr_scratch.view(np.uint8)
         for i, (node_begin, node_end, edge_begin, edge_end, feat_offset, feat_nbytes) in enumerate(parts.tolist()):
+            partition = int(plan.partitions[i])
             padded = round_up(feat_nbytes, PAGE)
             if feat_pos + padded > buffer.feature_offset + buffer.feature_capacity:
                 raise RuntimeError("mega-batch features exceed the planned buffer (memory plan bug)")
@@ -133,27 +158,41 @@ class PartitionReader:
             # O_DIRECT needs page-multiple lengths: read the padded range, require only the real bytes
             requests.extend(self._requests(self._feat_fd, feat_offset, self._arena.view(feat_pos, padded),
                                            feat_nbytes, "features"))
+            checks.append(RangeCheck(partition, 0, self._arena.view(feat_pos, padded), feat_offset))
             feat_pos += padded
             n_edges = edge_end - edge_begin
             if n_edges:
                 requests.extend(self._requests(self._indices_fd, self._indices_offset + edge_begin * isz,
                                                raw.data[edge_pos * isz:(edge_pos + n_edges) * isz],
                                                n_edges * isz, "indices"))
+            checks.append(RangeCheck(partition, 1, raw.data[edge_pos * isz:(edge_pos + n_edges) * isz],
+                                     self._indices_offset + edge_begin * isz))
             edge_pos += n_edges
             n_ptr = node_end - node_begin + 1
             requests.extend(self._requests(self._indptr_fd, self._indptr_offset + node_begin * 8,
                                            scratch.data[ptr_pos * 8:(ptr_pos + n_ptr) * 8], n_ptr * 8, "indptr"))
+            checks.append(RangeCheck(partition, 2, scratch.data[ptr_pos * 8:(ptr_pos + n_ptr) * 8],
+                                     self._indptr_offset + node_begin * 8))
             ptr_pos += n_ptr
-        return requests, feature_base, edge_pos
+        return requests, feature_base, edge_pos, checks if self._checks is not None else []
+
+    def _verify(self, check: RangeCheck) -> None:
+        assert self._checks is not None
+        verify_partition_range(self._checks, check.partition, check.column, check.data, self._paths[check.column],
+                               check.file_offset)
 
     async def load(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
         t0 = time.perf_counter()
-        requests, feature_base, edges = self.plan_reads(plan, buffer)
+        requests, feature_base, edges, checks = self.plan_reads(plan, buffer)
         loop = asyncio.get_running_loop()
         futures = [loop.run_in_executor(self._pool, self._read, req) for req in requests]
         try:
             sizes = await asyncio.gather(*futures)
+            # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
+            checking = [loop.run_in_executor(self._pool, self._verify, check) for check in checks]
+            futures = checking  # type: ignore[assignment]
+            await asyncio.gather(*checking)
         except BaseException:
             # reads already running write into the buffer: let them land before it can be reused
             for fut in futures:

@@ -53,6 +53,7 @@ import numpy as np
 
 from loader import row_reader_kernels as kernels
 from loader.memplan import PAGE
+from loader.read_checks import CorruptData
 
 __all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader"]
 
@@ -85,12 +86,14 @@ class RowReader:
     direct: open with O_DIRECT (falls back to buffered with a warning where refused); threads:
     reads in flight (default 8); max_span: largest read in bytes, a positive multiple of 4096
     (default 256 KiB); merge_gap: pages of rows at most this many bytes apart are read as one span,
-    gap included (default 0: only overlapping or adjacent pages merge). Raises ValueError for a bad
-    argument and OSError when the file cannot be opened.
+    gap included (default 0: only overlapping or adjacent pages merge); page_sums: the file's read
+    checks, one XXH3-64 per 4 KiB page (``loader.read_checks``; None: unchecked): every page read is
+    verified on its read thread and a mismatch raises ``CorruptData`` naming the page. Raises
+    ValueError for a bad argument and OSError when the file cannot be opened.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, row_bytes: int, direct: bool, threads: int = 8,
-                 max_span: int = DEFAULT_MAX_SPAN, merge_gap: int = 0) -> None:
+                 max_span: int = DEFAULT_MAX_SPAN, merge_gap: int = 0, page_sums: np.ndarray | None = None) -> None:
         if row_bytes <= 0:
             raise ValueError(f"row_bytes: {row_bytes} is not positive")
         if threads < 1:
@@ -101,6 +104,7 @@ class RowReader:
             raise ValueError(f"merge_gap: {merge_gap} is negative")
         self.path = os.fspath(path)
         self.row_bytes = row_bytes
+        self.page_sums = np.empty(0, np.uint64) if page_sums is None else np.ascontiguousarray(page_sums, np.uint64)
         self.threads = threads
         self.max_span = max_span
         self.merge_gap = merge_gap
@@ -173,7 +177,8 @@ class RowReader:
         file. out: 2-D, C-contiguous, writeable, each row ``row_bytes`` bytes (any dtype). rows:
         distinct destination rows of ``out`` or None. Other rows of ``out`` are not touched. Raises
         ValueError (naming the argument) before reading anything, OSError (with the path) on a
-        read error; after an OSError the destination rows hold partial data.
+        read error, ``CorruptData`` on a failed read check; after either the destination rows hold
+        partial data.
         """
         t0 = time.perf_counter()
         with self._lock:
@@ -201,8 +206,12 @@ class RowReader:
             # rows intersecting span g: offset < end and offset + row_bytes > start (both monotone)
             row_lo = np.searchsorted(sorted_off, starts - self.row_bytes, side="right")
             row_hi = np.searchsorted(sorted_off, ends, side="left")
-            # the span may run past EOF; only up to its last row's end must arrive
-            need = np.minimum(ends, sorted_off[row_hi - 1] + self.row_bytes) - starts
+            # the span may run past EOF; only up to its last row's end must arrive, or, to check them, its
+            # whole pages up to the end of the file
+            if len(self.page_sums):
+                need = np.minimum(ends, size) - starts
+            else:
+                need = np.minimum(ends, sorted_off[row_hi - 1] + self.row_bytes) - starts
             flat = out.reshape(-1).view(np.uint8)
             plan = (starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat)
 
@@ -216,6 +225,8 @@ class RowReader:
             self._account(results, count if failure is None else 0)
             if failure is not None:
                 status, err, at = failure
+                if status == kernels.STATUS_CORRUPT:
+                    raise CorruptData(self.path, at, f"the {PAGE}-byte page")
                 if status == kernels.STATUS_EOF:
                     raise OSError(errno.EIO, f"file ends at byte {at}, before the requested rows (truncated?)",
                                   self.path)
@@ -252,7 +263,7 @@ class RowReader:
     def _share(self, plan: tuple[np.ndarray, ...], g0: int, g1: int, bounce: np.ndarray, result: np.ndarray) -> None:
         starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat = plan
         kernels.read_groups(self._fd, starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest,
-                            self.row_bytes, flat, bounce, g0, g1, result)
+                            self.row_bytes, flat, bounce, g0, g1, result, self.page_sums)
 
     def _account(self, results: np.ndarray, rows: int) -> None:
         self.reads += int(results[:, 2].sum())

@@ -11,15 +11,19 @@ import errno as _errno
 import numpy as np
 from numba import njit
 
+from loader.checksum_kernels import PAGE_BYTES, bad_page_in
 from loader.jit import kernel
 
-__all__ = ["STATUS_EOF", "STATUS_OK", "STATUS_OS_ERROR", "RESULT_FIELDS", "plan_spans", "read_groups"]
+__all__ = ["STATUS_EOF", "STATUS_OK", "STATUS_OS_ERROR", "STATUS_CORRUPT", "RESULT_FIELDS", "plan_spans",
+           "read_groups"]
 
 STATUS_OK = 0
 STATUS_OS_ERROR = 1
 """pread returned -1 with an errno other than EINTR (``result[1]`` holds it)."""
 STATUS_EOF = 2
 """pread returned 0 before the group's rows were complete: the file shrank under us."""
+STATUS_CORRUPT = 3
+"""A page read fails its read check (``result[4]``: the page's file offset)."""
 
 RESULT_FIELDS = 5
 """Per share: status, errno, pread calls, bytes returned by pread, file offset of the failed read."""
@@ -90,7 +94,8 @@ def plan_spans(offsets: np.ndarray, row_bytes: int, page: int, merge_gap: int, m
 @njit(nogil=True, cache=False)
 def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need: np.ndarray,
                 row_lo: np.ndarray, row_hi: np.ndarray, offsets: np.ndarray, dest: np.ndarray, row_bytes: int,
-                out: np.ndarray, bounce: np.ndarray, g0: int, g1: int, result: np.ndarray) -> None:
+                out: np.ndarray, bounce: np.ndarray, g0: int, g1: int, result: np.ndarray,
+                page_sums: np.ndarray) -> None:
     """pread spans ``g0..g1`` into ``bounce`` one at a time and copy their rows into ``out``.
 
     Span g is ``span_len[g]`` bytes at ``span_start[g]``; at least ``span_need[g]`` must arrive (a
@@ -99,10 +104,14 @@ def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need
     of ``out`` (uint8, flat, ``row_bytes`` per row), so a row split across spans is assembled by
     the spans' copies, which touch disjoint bytes. Short reads are continued and EINTR retried.
     Writes status, errno, pread calls, bytes read and the failing offset to ``result`` (int64[5])
-    and stops at the first error; rows of spans not reached are left as they were.
+    and stops at the first error; rows of spans not reached are left as they were. With read checks
+    (``page_sums`` not empty, one per page of the file) each span's ``span_need[g]`` bytes (whole
+    pages, or up to the end of the file) are checked before any row is copied out of it.
     """
     reads = 0
     nbytes = 0
+    acc = np.empty(8, dtype=np.uint64)
+    pad = np.empty(PAGE_BYTES, dtype=np.uint8)
     for g in range(g0, g1):
         start = span_start[g]
         length = span_len[g]
@@ -130,6 +139,15 @@ def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need
                 return
             done += got
             nbytes += got
+        if len(page_sums):
+            bad = bad_page_in(bounce, 0, need, start, page_sums, acc, pad)
+            if bad >= 0:
+                result[0] = STATUS_CORRUPT
+                result[1] = 0
+                result[2] = reads
+                result[3] = nbytes
+                result[4] = bad
+                return
         end = start + length
         for r in range(row_lo[g], row_hi[g]):
             row = offsets[r]

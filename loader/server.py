@@ -39,13 +39,14 @@ from loader import __version__
 from loader.arena import FeatureArena
 from loader.config import LoaderConfig
 from loader.coverage import expected_edge_coverage
-from loader.dataset import Dataset, open_dataset
+from loader.dataset import Dataset, check_file_sizes, open_dataset
 from loader.eval_stream import EvalAccess, MemmapEval
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.memplan import MemoryPlan, plan_memory
 from loader.metrics import DaemonMetrics
 from loader.modes import open_mode
 from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
+from loader.read_checks import load_read_checks
 from loader.reader import PartitionReader
 from loader.resident import ResidentData, load_resident
 from loader.schedule import train_label_counts
@@ -170,6 +171,7 @@ class Daemon:
         cfg = self.config
         notify("STATUS=loading dataset")
         dataset = open_dataset(cfg.dataset.path)
+        check_file_sizes(dataset)
         m = dataset.manifest
         hierarchical = cfg.loader.mode == "hierarchical"
         resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache)
@@ -227,8 +229,9 @@ class Daemon:
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
+        checks = load_read_checks(dataset, pages=False) if cfg.io.check_reads else None
         reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
-                                 threads=cfg.io.read_threads, read_block=cfg.io.read_block)
+                                 threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
         ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions,
                               train_label_counts(parts, train, resident.labels))
         self._ctx, self.memory_plan = ctx, plan

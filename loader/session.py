@@ -23,11 +23,12 @@ from loader.eval_stream import EvalAccess
 from loader.inmemory import eval_batches_plan, split_stream
 from loader.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
+from loader.read_checks import CorruptData
 from loader.sampling import SampledPass
 from loader.serving import ServingContext
 from loader.trainer_cache import TrainerCache
 from proto.codec import FrameDecoder, encode
-from proto.errors import ProtocolError, SlotOverflow
+from proto.errors import ProtocolError, SlotOverflow, UserError
 from proto.messages import (
     BatchReady,
     Bye,
@@ -196,7 +197,15 @@ class Session:
         if task.cancelled() or self.closed:
             return
         err = task.exception()
-        if err is not None:
+        cause = _user_cause(err)
+        if isinstance(cause, CorruptData):
+            self._ctx.metrics.read_check_failures.labels(cause.path.name).inc()
+        if cause is not None:
+            # a damaged dataset or a failing disk, not a bug: one line naming file and offset, no traceback
+            log.error("session %d: stream failed: %s", self.id, cause)
+            self.fail(ErrorCode.DATA_CORRUPT if isinstance(cause, CorruptData) else ErrorCode.INTERNAL,
+                      f"stream failed: {cause}")
+        elif err is not None:
             log.error("session %d: stream failed: %s", self.id, err, exc_info=err)
             self.fail(ErrorCode.INTERNAL, f"stream failed: {err}")
         elif self._coordinator.owns_pipeline(self):
@@ -489,3 +498,13 @@ class ControlProtocol(asyncio.Protocol):
     def _cancel(timer: asyncio.TimerHandle | None) -> None:
         if timer is not None:
             timer.cancel()
+
+
+def _user_cause(err: BaseException | None) -> UserError | None:
+    """The ``UserError`` (``CorruptData``, a failed or short read) behind a stream's failure, raised there
+    or by a pipeline stage it waited on; None for anything else (a bug, logged with its traceback)."""
+    while err is not None:
+        if isinstance(err, UserError):
+            return err
+        err = err.__cause__
+    return None

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.dataset import FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
+from loader.dataset import CHECK_FILES, FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
 from loader.fileio import file_xxh3
-from loader.npyio import NpyReader, rows_per_chunk
+from loader.npyio import NpyReader, read_npy, rows_per_chunk
+from loader.read_checks import file_page_checksums, partition_checksum_table
 from proto.errors import UserError
 from proto.progress import Progress
 
@@ -46,7 +47,7 @@ def verify_dataset(path: Path | str, *, progress: bool = True) -> VerifyReport:
     steps: list[tuple[str, Callable[[Dataset], list[str]]]] = [
         ("csc", _check_csc), ("partitions", _check_partitions), ("features", _check_features),
         ("labels and splits", _check_labels_and_splits), ("permutations", _check_permutations),
-        ("static cache", _check_static_cache),
+        ("static cache", _check_static_cache), ("read checks", _check_read_checks),
     ]
     for name, check in steps:
         try:
@@ -63,9 +64,19 @@ def _check_manifest_bytes(dataset: Dataset, report: VerifyReport) -> None:
     text = (dataset.path / "manifest.json").read_text()
     if text != manifest_text({k: v for k, v in json.loads(text).items() if k != "checksum"}):
         report.problems.append("manifest: manifest.json is not byte-identical to its canonical form")
-    missing = sorted(set(FILES.values()) - set(dataset.manifest.files))
+    required = set(FILES.values())
+    if _minor_version(dataset) >= 1:
+        required |= set(CHECK_FILES.values())  # format 1.1 adds the read checks
+    missing = sorted(required - set(dataset.manifest.files))
     if missing:
         report.problems.append(f"manifest: no checksum recorded for {', '.join(missing)}")
+
+
+def _minor_version(dataset: Dataset) -> int:
+    try:
+        return int(dataset.manifest.version.split(".")[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def _check_checksums(dataset: Dataset, report: VerifyReport, progress: bool) -> None:
@@ -222,4 +233,19 @@ def _check_static_cache(dataset: Dataset) -> list[str]:
             if not np.array_equal(np.asarray(indices[picks]), stored):
                 problems.append(f"static edge lists of static nodes {first}..{last - 1} differ from the CSC")
                 break
+    return problems
+
+
+def _check_read_checks(dataset: Dataset) -> list[str]:
+    """The read checks (format 1.1) agree with the files they check: recomputed, not trusted."""
+    if not dataset.manifest.has_read_checks:
+        return []
+    problems = []
+    stored = dataset.path / CHECK_FILES["partition_checksums"]
+    if not np.array_equal(read_npy(stored), partition_checksum_table(dataset.path, dataset.partitions(), FILES)):
+        problems.append(f"{stored.name} disagrees with the partition ranges it checks")
+    for name, data_file in (("feature_pages", "features"), ("index_pages", "indices")):
+        stored = dataset.path / CHECK_FILES[name]
+        if not np.array_equal(read_npy(stored), file_page_checksums(dataset.file(data_file))):
+            problems.append(f"{stored.name} disagrees with the pages of {FILES[data_file]}")
     return problems

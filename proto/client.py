@@ -148,7 +148,8 @@ class ControlClient:
             raise
 
     def send(self, msg: Message) -> None:
-        """Send one message (thread-safe); raises ``ConnectionClosed`` if the daemon is gone."""
+        """Send one message (thread-safe); raises ``ConnectionClosed`` if the daemon is gone, or ``RemoteError``
+        when it said why before it closed (the fatal ``Error`` it sent is among the bytes not read yet)."""
         frame = encode(msg)
         with self._send_lock:
             try:
@@ -156,12 +157,14 @@ class ControlClient:
             except (BrokenPipeError, ConnectionResetError) as err:
                 raise self._closed_error(err) from None
 
-    def _closed_error(self, err: OSError) -> ConnectionClosed:
-        """Why the connection is gone: ``DaemonShuttingDown`` if the daemon said ``Shutdown`` before
-        closing (also among the bytes not read yet, when no other thread is in ``recv``)."""
-        if self.shutdown_reason is None and self._recv_lock.acquire(blocking=False):
+    def _closed_error(self, err: OSError) -> ConnectionClosed | RemoteError:
+        """Why the connection is gone, from the bytes not read yet (when no other thread is in ``recv``):
+        the daemon's fatal ``Error`` (a ``data_corrupt`` or ``timeout`` it sent just before closing,
+        while the client was still sending), else ``DaemonShuttingDown`` after a ``Shutdown``, else
+        ``ConnectionClosed``."""
+        if self._recv_lock.acquire(blocking=False):
             try:
-                while self.shutdown_reason is None:
+                while True:
                     try:
                         data = self._sock.recv(RECV_BYTES, socket.MSG_DONTWAIT)
                     except OSError:
@@ -172,7 +175,10 @@ class ControlClient:
                         self._pending.extend(self._decoder.feed(data))
                     except ProtocolError:
                         break
-                    self._note_shutdown()
+                self._note_shutdown()
+                for msg in self._pending:
+                    if isinstance(msg, Error) and msg.code != "bad_request":
+                        return RemoteError(msg.code, msg.message)
             finally:
                 self._recv_lock.release()
         if self.shutdown_reason is not None:

@@ -55,6 +55,9 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "timeout"
     """The daemon evicts a session that stalled a stream, sat idle holding the training pipeline, or left
     its replies unread for too long (compatible revision of version 1, like ``FORBIDDEN``)."""
+    DATA_CORRUPT = "data_corrupt"
+    """Bytes the daemon read for this stream failed the dataset's read checks; the message names the file and
+    byte offset, and nothing of the failed batch was published (compatible revision of version 1)."""
 
 
 SPLITS = ("val", "test")

@@ -75,7 +75,7 @@ class DaemonSource(BatchSource):
     def _send(self, msg: Message) -> None:
         try:
             self._client.send(msg)
-        except ConnectionClosed as err:
+        except (RemoteError, ConnectionClosed) as err:
             raise DaemonError(str(err)) from None
 
     def _recv(self) -> Message:

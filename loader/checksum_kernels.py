@@ -1,0 +1,150 @@
+"""numba kernels of the read checks: XXH3-64 of 4 KiB pages, computed and compared without the GIL.
+
+A page checksum is XXH3-64 (seed 0, default secret) of one 4096-byte page of a file; the last page
+of a file whose length is not a multiple of 4096 is hashed as if zero-padded to 4096 bytes. Every
+input is therefore 4096 bytes, which takes only XXH3's long-input path (inputs over 240 bytes), so
+that path is all this module implements. The values equal ``xxhash.xxh3_64_intdigest(page)``
+(tests/test_read_checks.py checks that against the library on generated pages); the library is
+not used here because a Python call per page would hold the GIL on the read threads, and the row
+readers check thousands of scattered pages per batch.
+
+Integer arithmetic is uint64 throughout (numba turns uint64 mixed with int64 into float64), so every
+constant is a ``np.uint64``.
+"""
+
+import numpy as np
+
+from loader.jit import kernel
+
+__all__ = ["PAGE_BYTES", "page_checksums", "first_bad_page", "bad_page_in"]
+
+PAGE_BYTES = 4096
+
+_SECRET = bytes.fromhex(
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
+    "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c"
+    "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
+    "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364"
+    "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
+    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e")
+"""XXH3's 192-byte default secret (``XXH3_kSecret``), a constant of the algorithm."""
+
+
+def _secret_words(at: int, count: int) -> np.ndarray:
+    """``count`` little-endian uint64 read from the secret at byte ``at`` (not necessarily aligned)."""
+    return np.frombuffer(_SECRET[at:at + 8 * count], dtype="<u8").astype(np.uint64)
+
+
+_STRIPE_KEYS = np.stack([_secret_words(8 * s, 8) for s in range(16)])
+"""Per stripe s of a 1024-byte block: the 8 secret words it is keyed with (secret advances 8 bytes)."""
+_SCRAMBLE_KEYS = _secret_words(192 - 64, 8)
+_LAST_KEYS = _secret_words(192 - 64 - 7, 8)
+_MERGE_KEYS = _secret_words(11, 8)
+_INIT = np.array([0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                  0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1], dtype=np.uint64)
+
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_PRIME32_1 = np.uint64(0x9E3779B1)
+_PRIME64_1 = np.uint64(0x9E3779B185EBCA87)
+_PRIME_MX1 = np.uint64(0x165667919E3779F9)
+
+
+@kernel
+def _fold_mul(a: np.uint64, b: np.uint64) -> np.uint64:
+    """Low 64 bits XOR high 64 bits of the 128-bit product a * b, from 32-bit halves."""
+    a_lo, a_hi = a & _M32, a >> _S32
+    b_lo, b_hi = b & _M32, b >> _S32
+    lo_lo = a_lo * b_lo
+    hi_lo = a_hi * b_lo
+    lo_hi = a_lo * b_hi
+    hi_hi = a_hi * b_hi
+    cross = (lo_lo >> _S32) + (hi_lo & _M32) + lo_hi
+    upper = (hi_lo >> _S32) + (cross >> _S32) + hi_hi
+    lower = (cross << _S32) | (lo_lo & _M32)
+    return lower ^ upper
+
+
+@kernel
+def _accumulate(acc: np.ndarray, words: np.ndarray, at: int, keys: np.ndarray) -> None:
+    """One 64-byte stripe (8 words from ``words[at]``) into the 8 accumulators."""
+    for i in range(8):
+        data = words[at + i]
+        key = data ^ keys[i]
+        acc[i ^ 1] += data
+        acc[i] += (key & _M32) * (key >> _S32)
+
+
+@kernel
+def _page_hash(words: np.ndarray, at: int, acc: np.ndarray) -> np.uint64:
+    """XXH3-64 of the 4096 bytes ``words[at:at + 512]`` (``acc``: 8 words of scratch)."""
+    acc[:] = _INIT
+    # 4096 bytes: (4096 - 1) // 1024 = 3 full blocks of 16 stripes, then 15 stripes, then the last one
+    for block in range(3):
+        for s in range(16):
+            _accumulate(acc, words, at + block * 128 + s * 8, _STRIPE_KEYS[s])
+        for i in range(8):
+            a = acc[i]
+            a ^= a >> np.uint64(47)
+            a ^= _SCRAMBLE_KEYS[i]
+            acc[i] = a * _PRIME32_1
+    for s in range(15):
+        _accumulate(acc, words, at + 384 + s * 8, _STRIPE_KEYS[s])
+    _accumulate(acc, words, at + 504, _LAST_KEYS)
+    h = np.uint64(PAGE_BYTES) * _PRIME64_1
+    for i in range(4):
+        h += _fold_mul(acc[2 * i] ^ _MERGE_KEYS[2 * i], acc[2 * i + 1] ^ _MERGE_KEYS[2 * i + 1])
+    h ^= h >> np.uint64(37)
+    h *= _PRIME_MX1
+    h ^= h >> _S32
+    return h
+
+
+@kernel
+def _hash_page_at(data: np.ndarray, start: int, available: int, acc: np.ndarray, pad: np.ndarray) -> np.uint64:
+    """Hash the page at ``data[start:]``; fewer than 4096 ``available`` bytes are zero-padded."""
+    if available >= PAGE_BYTES and start % 8 == 0 and len(data) % 8 == 0:
+        return _page_hash(data.view(np.uint64), start // 8, acc)
+    pad[:] = 0
+    take = min(available, PAGE_BYTES)
+    pad[:take] = data[start:start + take]
+    return _page_hash(pad.view(np.uint64), 0, acc)
+
+
+@kernel
+def page_checksums(data: np.ndarray, out: np.ndarray) -> None:
+    """``out[k]`` = checksum of page k of ``data`` (uint8, C-contiguous); ``len(out)`` = ceil(len / 4096)."""
+    acc = np.empty(8, dtype=np.uint64)
+    pad = np.empty(PAGE_BYTES, dtype=np.uint8)
+    for k in range(len(out)):
+        start = k * PAGE_BYTES
+        out[k] = _hash_page_at(data, start, len(data) - start, acc, pad)
+
+
+@kernel
+def bad_page_in(data: np.ndarray, start: int, length: int, file_offset: int, sums: np.ndarray,
+                acc: np.ndarray, pad: np.ndarray) -> int:
+    """File offset of the first bad page of one range, or -1.
+
+    ``data[start:start + length]`` holds the file's bytes from ``file_offset`` (page aligned); it is a
+    whole number of pages, or ends where the file ends (that last page counts as zero-padded).
+    ``acc`` (8 uint64) and ``pad`` (4096 uint8) are the caller's scratch.
+    """
+    for k in range((length + PAGE_BYTES - 1) // PAGE_BYTES):
+        available = min(PAGE_BYTES, length - k * PAGE_BYTES)
+        if _hash_page_at(data, start + k * PAGE_BYTES, available, acc, pad) != sums[file_offset // PAGE_BYTES + k]:
+            return file_offset + k * PAGE_BYTES
+    return -1
+
+
+@kernel
+def first_bad_page(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, file_offsets: np.ndarray,
+                   sums: np.ndarray) -> int:
+    """File offset of the first page of ranges r (as in ``bad_page_in``) that fails ``sums``, or -1."""
+    acc = np.empty(8, dtype=np.uint64)
+    pad = np.empty(PAGE_BYTES, dtype=np.uint8)
+    for r in range(len(starts)):
+        at = bad_page_in(data, starts[r], lengths[r], file_offsets[r], sums, acc, pad)
+        if at >= 0:
+            return at
+    return -1

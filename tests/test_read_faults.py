@@ -1,0 +1,143 @@
+"""Disk faults on the read path: EIO from a read, and dataset files changed under a running daemon.
+
+EIO comes from a fault-injecting layer at the read call: ``os.preadv`` (the hierarchical reader and
+the neighbour-list reader) wrapped to fail on one file's descriptor, and the row reader's numba kernel
+wrapped to report EIO, the way ``pread`` does. Each fault must fail only the stream that needed the
+bytes, with one line naming the file and byte, and leave the daemon serving: the next epoch, the fault
+gone, is whole and correct.
+"""
+
+import errno
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from loader import row_reader_kernels as kernels
+from loader.dataset import open_dataset
+from loader.inmemory import load_in_memory
+from proto.errors import RemoteError
+from proto.messages import BatchReady, EpochEnd, Release, StartEpoch
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+
+MODES = {
+    "hierarchical": {},
+    # no caches: every row and list of the epoch comes through the readers under test
+    "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
+}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return small_dataset(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="module")
+def reference(dataset):
+    return load_in_memory(open_dataset(dataset))
+
+
+class Faults:
+    """How many reads of ``file`` still fail with EIO (shared by the injected wrappers)."""
+
+    def __init__(self, file: str, count: int) -> None:
+        self.file, self.left, self.hits = file, count, 0
+
+    def take(self, fd: int) -> bool:
+        if self.left > 0 and os.readlink(f"/proc/self/fd/{fd}").endswith(self.file):
+            self.left -= 1
+            self.hits += 1
+            return True
+        return False
+
+
+def inject_eio(monkeypatch, faults: Faults) -> None:
+    real_preadv, real_kernel = os.preadv, kernels.read_groups
+
+    def preadv(fd, buffers, offset, *rest):
+        if faults.take(fd):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_preadv(fd, buffers, offset, *rest)
+
+    def read_groups(fd, *args):
+        if faults.take(fd):
+            result, span_start, g0 = args[-2], args[0], args[-4]
+            result[:] = (kernels.STATUS_OS_ERROR, errno.EIO, 1, 0, span_start[g0])
+            return
+        real_kernel(fd, *args)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(kernels, "read_groups", read_groups)
+
+
+def train_until_error(client) -> RemoteError:
+    client.send(StartEpoch(epoch=0))
+    with pytest.raises(RemoteError) as info:
+        while True:
+            msg = client.recv(timeout=60)
+            assert isinstance(msg, BatchReady), msg
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+    return info.value
+
+
+def assert_whole_epoch(config, reference) -> None:
+    """A fresh client trains epoch 0 end to end: every seq once, every feature row the dataset's."""
+    with connect(config) as client:
+        batches, end = consume(client, StartEpoch(epoch=0), EpochEnd)
+    assert [ready.seq for ready, _ in batches] == list(range(end.batches))
+    for _, arrays in batches:
+        np.testing.assert_array_equal(arrays["x"], reference.features[arrays["n_id"]])
+
+
+@pytest.mark.parametrize("file", ["features.bin", "indices.npy"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_eio_fails_the_stream_with_file_and_byte_and_the_daemon_serves_on(dataset, reference, tmp_path,
+                                                                          monkeypatch, mode, file):
+    faults = Faults(file, 1)
+    config = daemon_config(dataset, tmp_path / "s.sock", **MODES[mode])
+    with running_daemon(config):
+        inject_eio(monkeypatch, faults)
+        with connect(config) as client:
+            err = train_until_error(client)
+        assert faults.hits == 1
+        assert err.code == "internal"
+        assert file in err.message and "Input/output error" in err.message and "at byte" in err.message
+        assert "\n" not in err.message
+        assert_whole_epoch(config, reference)  # the fault was transient: served whole and correct
+
+
+def test_a_file_overwritten_in_place_under_the_daemon_is_caught_by_the_read_checks(dataset, reference, tmp_path):
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    config = daemon_config(copy, tmp_path / "s.sock")
+    with running_daemon(config):
+        assert_whole_epoch(config, reference)
+        with open(copy / "features.bin", "r+b") as handle:  # another process rewrites a page in place
+            handle.write(b"\x7f" * 4096)
+        with connect(config) as client:
+            err = train_until_error(client)
+        assert err.code == "data_corrupt" and "features.bin" in err.message
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_file_truncated_under_the_daemon_fails_the_stream_in_one_line(dataset, tmp_path, mode):
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    config = daemon_config(copy, tmp_path / "s.sock", **MODES[mode])
+    with running_daemon(config):
+        os.truncate(copy / "features.bin", 4096)
+        with connect(config) as client:
+            err = train_until_error(client)
+        assert err.code == "internal" and "features.bin" in err.message and "shrank" in err.message
+        assert "\n" not in err.message
+
+
+def test_a_file_replaced_by_rename_under_the_daemon_keeps_serving_the_open_one(dataset, reference, tmp_path):
+    """The daemon holds its files open: a dataset replaced by rename (how prepare and rsync publish) is
+    picked up at the next start; until then the old, consistent bytes are served."""
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    config = daemon_config(copy, tmp_path / "s.sock")
+    with running_daemon(config):
+        replacement = copy / "features.bin.new"
+        replacement.write_bytes(bytes((copy / "features.bin").stat().st_size))
+        os.replace(replacement, copy / "features.bin")
+        assert_whole_epoch(config, reference)
