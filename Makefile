@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_DIR := demo-data
 DEMO_ARGS := --nodes 200000 --avg-degree 20 --feat-dim 64 --classes 8 --seed 0
 
-.PHONY: demo test lint clean bench-prepare bench-compare
+.PHONY: demo test lint clean bench-prepare bench-compare bench-soak
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ bench-prepare: $(STAMP)
 bench-compare: $(STAMP)
 	$(BIN)/pip install -q -e '.[trainer,dev,bench]'
 	$(BIN)/python bench/compare.py
+
+# A trainer, a hog and a hostile client against one daemon for SOAK_MINUTES; fails unless the daemon
+# stays up and flat (fds, memfds, RSS): bench/results/soak.{json,md}.
+SOAK_MINUTES ?= 5
+bench-soak: $(STAMP)
+	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info

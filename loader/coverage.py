@@ -13,8 +13,8 @@ Two numbers per mega-batch, summed over an epoch, logged, exported and warned ab
   lost neighbours do (docs/PERFORMANCE.md, "Training quality of the hierarchical mode").
 
 The thresholds are heuristics calibrated on the shared graphs and the demo graph (documented in
-docs/CONFIG.md): below ``COVERAGE_WARN`` or above ``SKEW_WARN`` the daemon warns once per epoch and
-names the knobs that help.
+docs/CONFIG.md): below ``COVERAGE_WARN`` or above ``SKEW_WARN`` the daemon warns (at the first epoch,
+then every ``WARN_EVERY``-th while it holds) and names the knobs that help.
 """
 
 from dataclasses import dataclass
@@ -23,7 +23,8 @@ import numpy as np
 
 from loader.sampling import SampledPass
 
-__all__ = ["COVERAGE_WARN", "SKEW_WARN", "NeighbourSlots", "neighbour_slots", "EpochQuality", "expected_edge_coverage"]
+__all__ = ["COVERAGE_WARN", "SKEW_WARN", "WARN_EVERY", "WarningStreaks", "NeighbourSlots", "neighbour_slots",
+           "EpochQuality", "expected_edge_coverage"]
 
 COVERAGE_WARN = 0.70
 """An epoch whose neighbour coverage falls below this is warned about."""
@@ -100,6 +101,33 @@ class EpochQuality:
                          "raise megabatch_fraction, or prepare with more --partitions (more, smaller partitions "
                          "mix better at the same fraction)")
         return found
+
+
+WARN_EVERY = 10
+"""A quality warning that holds epoch after epoch is logged at its first epoch and then every this many."""
+
+
+class WarningStreaks:
+    """Which epochs' quality warnings reach the log: the first of a streak, then every ``WARN_EVERY``-th.
+
+    The condition is a property of the dataset and the config, so it holds for every epoch of a run; a
+    line per epoch buries everything else in the log (a short-epoch soak wrote 55 in 30 s). The metric
+    ``megabatch_quality_warnings_total`` still counts every epoch.
+    """
+
+    def __init__(self) -> None:
+        self._streak: dict[str, int] = {}
+
+    def to_log(self, kinds: set[str]) -> set[str]:
+        for kind in set(self._streak) - kinds:
+            del self._streak[kind]  # the condition cleared: the next occurrence is news again
+        logged = set()
+        for kind in kinds:
+            count = self._streak.get(kind, 0)
+            if count % WARN_EVERY == 0:
+                logged.add(kind)
+            self._streak[kind] = count + 1
+        return logged
 
 
 def expected_edge_coverage(edge_cut: float, partitions: int, per_megabatch: int) -> float:

@@ -24,7 +24,7 @@ import numpy as np
 from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.assemble import MegaBatch, assemble
 from loader.config import LoaderConfig
-from loader.coverage import EpochQuality, NeighbourSlots, neighbour_slots
+from loader.coverage import WARN_EVERY, EpochQuality, NeighbourSlots, WarningStreaks, neighbour_slots
 from loader.inmemory import STREAM_TRAIN
 from loader.metrics import DaemonMetrics
 from loader.publisher import BatchSource, gather_from
@@ -76,7 +76,7 @@ class EpochDone:
 
 @dataclass(frozen=True)
 class PipelineContext:
-    """What the stages share: resolved once at startup, read-only afterwards."""
+    """What the stages share: resolved once at startup, read-only afterwards (but ``warning_streaks``)."""
 
     config: LoaderConfig
     resident: ResidentData
@@ -87,6 +87,8 @@ class PipelineContext:
     partitions_per_megabatch: int
     label_counts: np.ndarray
     """float64 (P, C): training labels per partition; the balanced schedule and the label skew read it."""
+    warning_streaks: WarningStreaks = field(default_factory=WarningStreaks)
+    """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
 
 @dataclass
@@ -222,9 +224,12 @@ def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> No
     m.epoch_label_skew.set(quality.skew)
     log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %d mega-batches of %d partitions",
              epoch, quality.coverage, quality.skew, quality.megabatches, ctx.partitions_per_megabatch)
-    for kind, warning in quality.warnings().items():
+    warnings = quality.warnings()
+    logged = ctx.warning_streaks.to_log(set(warnings))
+    for kind, warning in warnings.items():
         m.quality_warnings.labels(kind).inc()
-        log.warning("epoch %d: %s", epoch, warning)
+        if kind in logged:
+            log.warning("epoch %d: %s (logged again every %d epochs while it holds)", epoch, warning, WARN_EVERY)
 
 
 async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",

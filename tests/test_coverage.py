@@ -65,3 +65,12 @@ def test_expected_edge_coverage():
     assert expected_edge_coverage(0.0, 32, 1) == 1.0  # nothing cut
     assert abs(expected_edge_coverage(1.0, 33, 9) - 0.25) < 1e-12  # all cut: the other 8 of 32 partitions
     assert expected_edge_coverage(0.5, 1, 1) == 1.0
+
+
+def test_a_warning_that_holds_is_logged_at_its_first_epoch_then_every_tenth():
+    from loader.coverage import WARN_EVERY, WarningStreaks
+    streaks = WarningStreaks()
+    logged = [sorted(streaks.to_log({"skew"})) for _ in range(2 * WARN_EVERY + 1)]
+    assert [i for i, kinds in enumerate(logged) if kinds] == [0, WARN_EVERY, 2 * WARN_EVERY]
+    assert streaks.to_log(set()) == set()
+    assert streaks.to_log({"skew", "coverage"}) == {"skew", "coverage"}  # cleared, so news again
