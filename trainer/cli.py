@@ -350,7 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except Exception as err:  # the user interface is never a traceback
         if isinstance(err, _data_path_errors()):
-            print(error_line(f"{PROG}: error: {err}"), file=sys.stderr)
+            # the data path broke (daemon gone, corrupt data): what can be resumed is the next question
+            print(error_line(f"{PROG}: error: {err}; {checkpoint_note(args.checkpoint, stop.control)}"),
+                  file=sys.stderr)
             return 1
         if args.debug:
             traceback.print_exc()
