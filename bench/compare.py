@@ -47,6 +47,7 @@ from bench.harness import (  # noqa: E402
     join_before_exec,
     machine_description,
     memory_cgroup,
+    process_cpu_seconds,
     process_read_bytes,
     scrape,
     sequential_rates,
@@ -167,7 +168,9 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 # the first batches pay numba compilation and the caches' cold start: not timed
                 consumer.consume(args.warmup, args.seconds)
                 before, io_before = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
+                cpu_before = process_cpu_seconds(daemon.pid)
                 batches, nbytes, seconds = consumer.consume(args.batches, args.seconds)
+                cpu_after = process_cpu_seconds(daemon.pid)
                 after, io_after = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
             finally:
                 consumer.close()
@@ -187,6 +190,9 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "feature_cache_bytes": after.get("megabatch_feature_cache_bytes"),
                 "neighbor_cache_bytes": after.get("megabatch_neighbor_cache_bytes"),
                 "batches": batches, "seconds": seconds, "batches_per_s": rate, "epoch_batches": epoch_batches,
+                # on 2 cores the disk-reading modes are CPU-bound, and CPU per batch varies far less between
+                # runs than batches/s (the virtual disk's rate drifts): the read checks' cost is read off it
+                "daemon_cpu_s_per_batch": (cpu_after - cpu_before) / batches if batches else None,
                 "epoch_seconds_implied": epoch_batches / rate if rate > 0 and epoch_batches > 0 else None,
                 "feature_mb_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
                 "disk_bytes": io_after - io_before,
@@ -267,8 +273,13 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
         checked, unchecked = by_mode.get(mode, {}), by_mode.get(mode + UNCHECKED, {})
         if checked.get("batches_per_s") and unchecked.get("batches_per_s"):
             cost = 1 - float(checked["batches_per_s"]) / float(unchecked["batches_per_s"])  # type: ignore[arg-type]
+            cpu = float(checked.get("daemon_cpu_s_per_batch") or 0)  # type: ignore[arg-type]
+            cpu_off = float(unchecked.get("daemon_cpu_s_per_batch") or 0)  # type: ignore[arg-type]
+            cpu_text = f"; daemon CPU per batch {1000 * cpu:.1f} vs {1000 * cpu_off:.1f} ms " \
+                f"({100 * (cpu / cpu_off - 1):+.1f}%)" if cpu and cpu_off else ""
             lines.append(f"read checks ({mode}): {float(checked['batches_per_s']):.2f} batches/s checked vs "  # type: ignore[arg-type]
-                         f"{float(unchecked['batches_per_s']):.2f} unchecked: {100 * cost:+.1f}% of throughput")  # type: ignore[arg-type]
+                         f"{float(unchecked['batches_per_s']):.2f} unchecked ({100 * cost:+.1f}% of throughput)"  # type: ignore[arg-type]
+                         f"{cpu_text}")
     if hier.get("hier_read_mb_s") is not None:
         rate = float(hier["hier_read_mb_s"])  # type: ignore[arg-type]
         lines.append(f"hierarchical mega-batch reads: {rate:.0f} MB/s while reading = {rate / seq_rate:.2f}x the "

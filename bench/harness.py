@@ -25,7 +25,7 @@ from loader.dataset import open_dataset
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
            "machine_description", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape",
-           "wait_for_socket", "process_read_bytes", "DAEMON_OVERHEAD", "stop_process"]
+           "wait_for_socket", "process_read_bytes", "process_cpu_seconds", "DAEMON_OVERHEAD", "stop_process"]
 
 DAEMON_OVERHEAD = 320 << 20
 """What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
@@ -207,6 +207,12 @@ def process_read_bytes(pid: int) -> int:
         if line.startswith("read_bytes:"):
             return int(line.split()[1])
     return 0
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the process and its threads so far (/proc/PID/stat utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop_process(process: "subprocess.Popen[bytes]", timeout: float) -> int:
