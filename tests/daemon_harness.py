@@ -4,6 +4,7 @@ In-process keeps numba's compiled kernels across tests; readiness and shutdown a
 """
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -87,7 +88,9 @@ def running_daemon(config: LoaderConfig) -> Iterator[Daemon]:
     try:
         yield daemon
     finally:
-        loop_box[0].call_soon_threadsafe(daemon.should_exit.set)
+        # a daemon that ended by itself (a drain that finished, a fatal error) has closed its loop already
+        with contextlib.suppress(RuntimeError):
+            loop_box[0].call_soon_threadsafe(daemon.should_exit.set)
         thread.join(timeout=60)
         if failure:
             raise failure[0]
