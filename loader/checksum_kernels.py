@@ -30,8 +30,7 @@ from llvmlite import binding as llvm
 
 from loader.jit import kernel
 
-__all__ = ["PAGE_BYTES", "page_checksums", "first_bad_page", "bad_page_in", "numba_page_checksums",
-           "USING_C_XXH3"]
+__all__ = ["PAGE_BYTES", "page_checksums", "first_bad_page", "bad_page_in", "USING_C_XXH3"]
 
 PAGE_BYTES = 4096
 
@@ -162,23 +161,20 @@ else:
 
 
 @kernel
-def page_checksums(data: np.ndarray, out: np.ndarray) -> None:
-    """``out[k]`` = checksum of page k of ``data`` (uint8, C-contiguous); ``len(out)`` = ceil(len / 4096)."""
+def page_checksums(data: np.ndarray, out: np.ndarray, numba_only: bool = False) -> None:
+    """``out[k]`` = checksum of page k of ``data`` (uint8, C-contiguous); ``len(out)`` = ceil(len / 4096).
+
+    ``numba_only``: hash with the numba implementation even where the C one is found (the fallback's
+    test against the library).
+    """
     acc = np.empty(8, dtype=np.uint64)
     pad = np.empty(PAGE_BYTES, dtype=np.uint8)
     for k in range(len(out)):
         start = k * PAGE_BYTES
-        out[k] = _hash_page_at(data, start, len(data) - start, acc, pad)
-
-
-@kernel
-def numba_page_checksums(data: np.ndarray, out: np.ndarray) -> None:
-    """``page_checksums`` by the numba implementation alone (the fallback; tested against the library)."""
-    acc = np.empty(8, dtype=np.uint64)
-    pad = np.empty(PAGE_BYTES, dtype=np.uint8)
-    for k in range(len(out)):
-        start = k * PAGE_BYTES
-        out[k] = _numba_hash_page_at(data, start, len(data) - start, acc, pad)
+        if numba_only:
+            out[k] = _numba_hash_page_at(data, start, len(data) - start, acc, pad)
+        else:
+            out[k] = _hash_page_at(data, start, len(data) - start, acc, pad)
 
 
 @kernel
