@@ -12,7 +12,7 @@ import xxhash
 
 from proto.errors import UserError
 
-__all__ = ["write_all", "pread_into", "file_xxh3", "HASH_CHUNK_BYTES"]
+__all__ = ["write_all", "pread_into", "read_failed", "range_xxh3", "file_xxh3", "HASH_CHUNK_BYTES"]
 
 HASH_CHUNK_BYTES = 8 << 20
 """Read size for checksumming: large enough to stream at disk speed, small next to any budget."""
@@ -54,15 +54,28 @@ def pread_into(fd: int, buffer: np.ndarray, offset: int, path: Path | str) -> No
         done += got
 
 
+def read_failed(path: Path | str, nbytes: int, offset: int, err: OSError) -> UserError:
+    """The one-line error of a read the OS refused (EIO and friends), naming file and byte."""
+    return UserError(f"{path}: read of {nbytes} bytes at byte {offset} failed ({err.strerror}); check the disk "
+                     f"(dmesg) and run 'megabatch verify'")
+
+
+def range_xxh3(fd: int, offset: int, length: int, buffer: memoryview, path: Path | str) -> int:
+    """xxh3-64 of ``length`` bytes of ``fd`` from ``offset``, read through ``buffer`` a chunk at a time."""
+    hasher = xxhash.xxh3_64()
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [buffer[:min(len(buffer), length - done)]], offset + done)
+        if got <= 0:
+            raise UserError(f"{path}: ends before byte {offset + length}")
+        hasher.update(buffer[:got])
+        done += got
+    return hasher.intdigest()
+
+
 def file_xxh3(path: Path) -> str:
     """xxh3-64 of a whole file as 16 hex digits, read in bounded chunks."""
-    hasher = xxhash.xxh3_64()
-    buffer = bytearray(HASH_CHUNK_BYTES)
-    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as handle:
-        while True:
-            got = handle.readinto(buffer)
-            if not got:
-                break
-            hasher.update(view[:got])
-    return hasher.hexdigest()
+        fd = handle.fileno()
+        digest = range_xxh3(fd, 0, os.fstat(fd).st_size, memoryview(bytearray(HASH_CHUNK_BYTES)), path)
+    return f"{digest:016x}"

@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from loader.exact_sampling_kernels import scatter_lists
+from loader.fileio import read_failed
 from loader.npyio import NpyReader
 from loader.read_checks import verify_pages
 from proto.errors import UserError
@@ -241,8 +242,7 @@ class NeighborReader:
                 try:
                     got = os.preadv(fd, [view[dest + done:dest + length]], offset + done)
                 except OSError as err:
-                    raise UserError(f"{self.path}: read of {length - done} bytes at byte {offset + done} failed "
-                                    f"({err.strerror}); check the disk (dmesg) and run 'megabatch verify'") from err
+                    raise read_failed(self.path, length - done, offset + done, err) from err
                 calls += 1
                 if got == 0:
                     raise UserError(f"{self.path}: file ends early (wanted {need} bytes at offset {offset}); "

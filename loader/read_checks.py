@@ -27,6 +27,7 @@ import xxhash
 
 from loader.checksum_kernels import PAGE_BYTES, first_bad_page, page_checksums
 from loader.dataset import CHECK_FILES, Dataset
+from loader.fileio import HASH_CHUNK_BYTES, range_xxh3
 from loader.npyio import NpyReader, read_npy, write_npy
 from proto.errors import UserError
 from proto.progress import Progress
@@ -39,10 +40,6 @@ log = logging.getLogger("megabatch.read_checks")
 
 PARTITION_CHECK_COLUMNS = ("features", "indices", "indptr")
 """Columns of ``partition_checksums.npy``."""
-
-_CHUNK = 8 << 20
-"""Bytes hashed per read when writing checksums (a multiple of the page)."""
-
 
 class CorruptData(UserError):
     """Bytes read from a dataset file do not match the checksum ``prepare`` recorded for them."""
@@ -65,10 +62,6 @@ class ReadChecks:
     """uint64, one per page of features.bin (empty when not loaded)."""
     index_pages: np.ndarray
     """uint64, one per page of indices.npy (empty when not loaded)."""
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.partition_sums.nbytes + self.feature_pages.nbytes + self.index_pages.nbytes)
 
 
 def page_table_bytes(dataset: Dataset) -> int:
@@ -133,12 +126,12 @@ def file_page_checksums(path: Path, progress: Progress | None = None) -> np.ndar
     """One checksum per 4 KiB page of ``path`` (the last page zero-padded), read in bounded chunks."""
     size = path.stat().st_size
     sums = np.empty(-(-size // PAGE_BYTES), dtype=np.uint64)
-    buffer = np.empty(_CHUNK, dtype=np.uint8)
+    buffer = np.empty(HASH_CHUNK_BYTES, dtype=np.uint8)
     view = buffer.data
     with open(path, "rb", buffering=0) as handle:
-        for first in range(0, size, _CHUNK):
-            got = handle.readinto(view[:min(_CHUNK, size - first)])
-            if got is None or got < min(_CHUNK, size - first):
+        for first in range(0, size, HASH_CHUNK_BYTES):
+            got = handle.readinto(view[:min(HASH_CHUNK_BYTES, size - first)])
+            if got is None or got < min(HASH_CHUNK_BYTES, size - first):
                 raise UserError(f"{path}: changed while being checksummed")
             page_checksums(buffer[:got], sums[first // PAGE_BYTES:(first + got + PAGE_BYTES - 1) // PAGE_BYTES])
             if progress is not None:
@@ -146,26 +139,12 @@ def file_page_checksums(path: Path, progress: Progress | None = None) -> np.ndar
     return sums
 
 
-def _range_xxh3(fd: int, offset: int, length: int, buffer: np.ndarray, path: Path) -> int:
-    hasher = xxhash.xxh3_64()
-    view = buffer.data
-    done = 0
-    while done < length:
-        want = min(len(buffer), length - done)
-        got = os.preadv(fd, [view[:want]], offset + done)
-        if got <= 0:
-            raise UserError(f"{path}: ends before byte {offset + length}")
-        hasher.update(view[:got])
-        done += got
-    return hasher.intdigest()
-
-
 def partition_checksum_table(directory: Path, partitions: np.ndarray, files: dict[str, str]) -> np.ndarray:
     """uint64 (P, 3): each partition's range of features.bin, indices.npy and indptr.npy, hashed."""
     with NpyReader(directory / files["indices"]) as idx, NpyReader(directory / files["indptr"]) as ptr:
         indices_at, itemsize, indptr_at = idx.data_offset, idx.dtype.itemsize, ptr.data_offset
     table = np.empty((len(partitions), len(PARTITION_CHECK_COLUMNS)), dtype=np.uint64)
-    buffer = np.empty(_CHUNK, dtype=np.uint8)
+    buffer = np.empty(HASH_CHUNK_BYTES, dtype=np.uint8)
     paths = [directory / files[name] for name in ("features", "indices", "indptr")]
     fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
     try:
@@ -175,7 +154,7 @@ def partition_checksum_table(directory: Path, partitions: np.ndarray, files: dic
                       (indices_at + edge_begin * itemsize, (edge_end - edge_begin) * itemsize),
                       (indptr_at + node_begin * 8, (node_end - node_begin + 1) * 8))
             for column, ((offset, length), fd, path) in enumerate(zip(ranges, fds, paths)):
-                table[p, column] = _range_xxh3(fd, offset, length, buffer, path)
+                table[p, column] = range_xxh3(fd, offset, length, buffer.data, path)
     finally:
         for fd in fds:
             os.close(fd)

@@ -19,15 +19,17 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.dataset import Dataset
+from loader.fileio import read_failed
 from loader.memplan import PAGE, round_up
 from loader.metrics import DaemonMetrics
 from loader.npyio import NpyReader
-from loader.read_checks import ReadChecks, verify_partition_range
+from loader.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_partition_range
 from loader.schedule import MegaBatchPlan
 from proto.errors import UserError
 
@@ -78,7 +80,7 @@ class PartitionReader:
                  direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None) -> None:
         self._arena = arena
         self._checks = checks
-        self._paths = (dataset.file("features"), dataset.file("indices"), dataset.file("indptr"))
+        self._paths = {name: dataset.file(name) for name in PARTITION_CHECK_COLUMNS}
         self._parts = partitions
         self._metrics = metrics
         self._block = read_block
@@ -120,13 +122,12 @@ class PartitionReader:
     def _read(self, req: ReadRequest) -> int:
         done = 0
         t0 = time.perf_counter()
-        path = self._paths[("features", "indices", "indptr").index(req.file)]
+        path = self._paths[req.file]
         while done < req.need:
             try:
                 got = os.preadv(req.fd, [req.dest[done:]], req.offset + done)
             except OSError as err:
-                raise UserError(f"{path}: read of {len(req.dest) - done} bytes at byte {req.offset + done} failed "
-                                f"({err.strerror}); check the disk (dmesg) and run 'megabatch verify'") from err
+                raise read_failed(path, len(req.dest) - done, req.offset + done, err) from err
             if got == 0:
                 raise UserError(f"{path}: file ends early (wanted {req.need} bytes at byte {req.offset}; it shrank "
                                 f"after the daemon started?); run 'megabatch verify'")
@@ -150,49 +151,43 @@ class PartitionReader:
         raw = buffer.raw_indices.view(np.uint8)
         scratch = buffer.raw_indptr_scratch.view(np.uint8)
         for i, (node_begin, node_end, edge_begin, edge_end, feat_offset, feat_nbytes) in enumerate(parts.tolist()):
-            partition = int(plan.partitions[i])
             padded = round_up(feat_nbytes, PAGE)
             if feat_pos + padded > buffer.feature_offset + buffer.feature_capacity:
                 raise RuntimeError("mega-batch features exceed the planned buffer (memory plan bug)")
             feature_base[i] = feat_pos
-            # O_DIRECT needs page-multiple lengths: read the padded range, require only the real bytes
-            requests.extend(self._requests(self._feat_fd, feat_offset, self._arena.view(feat_pos, padded),
-                                           feat_nbytes, "features"))
-            checks.append(RangeCheck(partition, 0, self._arena.view(feat_pos, padded), feat_offset))
+            n_edges, n_ptr = edge_end - edge_begin, node_end - node_begin + 1
+            # per file (PARTITION_CHECK_COLUMNS order): fd, file offset, destination, bytes that must arrive;
+            # O_DIRECT needs page-multiple lengths: features read the padded range and need only the real bytes
+            ranges = ((self._feat_fd, feat_offset, self._arena.view(feat_pos, padded), feat_nbytes),
+                      (self._indices_fd, self._indices_offset + edge_begin * isz,
+                       raw.data[edge_pos * isz:(edge_pos + n_edges) * isz], n_edges * isz),
+                      (self._indptr_fd, self._indptr_offset + node_begin * 8,
+                       scratch.data[ptr_pos * 8:(ptr_pos + n_ptr) * 8], n_ptr * 8))
+            for column, (name, (fd, offset, dest, need)) in enumerate(zip(PARTITION_CHECK_COLUMNS, ranges)):
+                requests.extend(self._requests(fd, offset, dest, need, name))
+                if self._checks is not None:
+                    checks.append(RangeCheck(int(plan.partitions[i]), column, dest, offset))
             feat_pos += padded
-            n_edges = edge_end - edge_begin
-            if n_edges:
-                requests.extend(self._requests(self._indices_fd, self._indices_offset + edge_begin * isz,
-                                               raw.data[edge_pos * isz:(edge_pos + n_edges) * isz],
-                                               n_edges * isz, "indices"))
-            checks.append(RangeCheck(partition, 1, raw.data[edge_pos * isz:(edge_pos + n_edges) * isz],
-                                     self._indices_offset + edge_begin * isz))
             edge_pos += n_edges
-            n_ptr = node_end - node_begin + 1
-            requests.extend(self._requests(self._indptr_fd, self._indptr_offset + node_begin * 8,
-                                           scratch.data[ptr_pos * 8:(ptr_pos + n_ptr) * 8], n_ptr * 8, "indptr"))
-            checks.append(RangeCheck(partition, 2, scratch.data[ptr_pos * 8:(ptr_pos + n_ptr) * 8],
-                                     self._indptr_offset + node_begin * 8))
             ptr_pos += n_ptr
-        return requests, feature_base, edge_pos, checks if self._checks is not None else []
+        return requests, feature_base, edge_pos, checks
 
     def _verify(self, check: RangeCheck) -> None:
         assert self._checks is not None
-        verify_partition_range(self._checks, check.partition, check.column, check.data, self._paths[check.column],
-                               check.file_offset)
+        verify_partition_range(self._checks, check.partition, check.column, check.data,
+                               self._paths[PARTITION_CHECK_COLUMNS[check.column]], check.file_offset)
 
     async def load(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
         t0 = time.perf_counter()
         requests, feature_base, edges, checks = self.plan_reads(plan, buffer)
         loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self._pool, self._read, req) for req in requests]
+        futures: list[asyncio.Future[Any]] = [loop.run_in_executor(self._pool, self._read, req) for req in requests]
         try:
             sizes = await asyncio.gather(*futures)
             # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
-            checking = [loop.run_in_executor(self._pool, self._verify, check) for check in checks]
-            futures = checking  # type: ignore[assignment]
-            await asyncio.gather(*checking)
+            futures = [loop.run_in_executor(self._pool, self._verify, check) for check in checks]
+            await asyncio.gather(*futures)
         except BaseException:
             # reads already running write into the buffer: let them land before it can be reused
             for fut in futures:

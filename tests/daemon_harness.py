@@ -21,9 +21,11 @@ from loader.prepare import PrepareOptions, prepare_dataset
 from loader.server import Daemon
 from proto.client import ControlClient
 from proto.codec import FrameDecoder
-from proto.messages import BatchReady, Credit, Message, Release
+from proto.errors import RemoteError
+from proto.messages import BatchReady, Credit, Message, Release, StartEpoch
 
-__all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume", "read_message"]
+__all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume", "read_message",
+           "train_until_error"]
 
 
 def small_dataset(root: Path, *, nodes: int = 3000, partitions: int = 16, feat_dim: int = 16, classes: int = 4,
@@ -118,6 +120,18 @@ def consume(client: ControlClient, request: Message, end_type: type
             assert isinstance(msg, end_type), msg
             assert msg.batches == len(batches)
             return batches, msg
+
+
+def train_until_error(client: ControlClient) -> RemoteError:
+    """Start epoch 0 and release every batch until the daemon's ``Error`` ends the stream; that error."""
+    client.send(StartEpoch(epoch=0))
+    try:
+        while True:
+            msg = client.recv(timeout=60)
+            assert isinstance(msg, BatchReady), msg
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+    except RemoteError as err:
+        return err
 
 
 def read_message(sock: socket.socket) -> Message | None:

@@ -60,6 +60,16 @@ def until_shutdown(client) -> tuple[list[BatchReady], DaemonShuttingDown]:
         batches.append(msg)
 
 
+def first_batch_then_sigterm(daemon, client) -> list[BatchReady]:
+    """Start epoch 0, take its first batch, SIGTERM the daemon: the batches held when ``Shutdown`` came."""
+    assert isinstance(daemon, LoopDaemon)
+    client.send(StartEpoch(epoch=0))
+    first = client.recv(timeout=60)
+    assert isinstance(first, BatchReady)
+    daemon.signal(signal.SIGTERM)
+    return [first, *until_shutdown(client)[0]]
+
+
 def test_drain_sends_shutdown_and_published_batches_stay_valid(dataset, tmp_path, loop_daemon):
     config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 600.0})
     with running_daemon(config) as daemon:
@@ -95,11 +105,7 @@ def test_drain_sends_shutdown_and_published_batches_stay_valid(dataset, tmp_path
 def test_second_signal_cuts_the_drain(dataset, tmp_path, loop_daemon):
     config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 3600.0})
     with running_daemon(config) as daemon, harness.connect(config) as client:
-        assert isinstance(daemon, LoopDaemon)
-        client.send(StartEpoch(epoch=0))
-        assert isinstance(client.recv(timeout=60), BatchReady)
-        daemon.signal(signal.SIGTERM)
-        until_shutdown(client)
+        first_batch_then_sigterm(daemon, client)
         # the batches stay held: only the second signal ends the hour-long drain
         daemon.signal(signal.SIGINT)
         with pytest.raises(DaemonShuttingDown):
@@ -111,12 +117,7 @@ def test_second_signal_cuts_the_drain(dataset, tmp_path, loop_daemon):
 def test_a_start_request_after_shutdown_is_refused_not_fatal(dataset, tmp_path, loop_daemon):
     config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 600.0})
     with running_daemon(config) as daemon, harness.connect(config) as client:
-        assert isinstance(daemon, LoopDaemon)
-        client.send(StartEpoch(epoch=0))
-        ready = client.recv(timeout=60)
-        assert isinstance(ready, BatchReady)
-        daemon.signal(signal.SIGTERM)
-        held = [ready, *until_shutdown(client)[0]]
+        held = first_batch_then_sigterm(daemon, client)
         client.send(StartEpoch(epoch=1))
         with pytest.raises(RemoteError, match="shutting down") as err:
             client.recv(timeout=60)

@@ -23,8 +23,8 @@ from loader.read_checks import CorruptData, load_read_checks
 from loader.row_reader import RowReader
 from loader.verify import verify_dataset
 from proto.errors import RemoteError, UserError
-from proto.messages import BatchReady, Release, StartEpoch, Stats, StatsRequest
-from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset
+from proto.messages import StartEpoch, Stats, StatsRequest
+from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset, train_until_error
 
 
 def reference_page_sums(data: bytes) -> list[int]:
@@ -182,13 +182,7 @@ def test_a_flipped_byte_fails_the_stream_with_data_corrupt_and_the_daemon_serves
     flip(copy / file, offset)
     config = daemon_config(copy, tmp_path / "s.sock", **MODES[mode])
     with running_daemon(config) as daemon, connect(config) as client:
-        client.send(StartEpoch(epoch=0))
-        with pytest.raises(RemoteError) as info:
-            while True:
-                msg = client.recv(timeout=60)
-                assert isinstance(msg, BatchReady), msg
-                client.send(Release(slot=msg.slot, seq=msg.seq))
-        err = info.value
+        err = train_until_error(client)
         assert err.code == "data_corrupt", err
         assert file in err.message and "fails its checksum" in err.message
         if mode != "hierarchical":  # the row-granular modes name the page; the hierarchical one the partition range
@@ -208,12 +202,8 @@ def test_a_flip_in_the_padding_between_partitions_is_caught_too(dataset, tmp_pat
     flip(copy / "features.bin", int(parts[p, 4] + parts[p, 5]))  # the first zero byte after its rows
     config = daemon_config(copy, tmp_path / "s.sock")
     with running_daemon(config), connect(config) as client:
-        client.send(StartEpoch(epoch=0))
-        with pytest.raises(RemoteError) as info:
-            while True:
-                msg = client.recv(timeout=60)
-                client.send(Release(slot=msg.slot, seq=msg.seq))
-        assert info.value.code == "data_corrupt" and f"partition {p}'s features range" in info.value.message
+        err = train_until_error(client)
+        assert err.code == "data_corrupt" and f"partition {p}'s features range" in err.message
 
 
 def test_serve_refuses_a_truncated_file_at_start(dataset, tmp_path):

@@ -17,9 +17,8 @@ import pytest
 from loader import row_reader_kernels as kernels
 from loader.dataset import open_dataset
 from loader.inmemory import load_in_memory
-from proto.errors import RemoteError
-from proto.messages import BatchReady, EpochEnd, Release, StartEpoch
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from proto.messages import EpochEnd, StartEpoch
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset, train_until_error
 
 MODES = {
     "hierarchical": {},
@@ -69,16 +68,6 @@ def inject_eio(monkeypatch, faults: Faults) -> None:
 
     monkeypatch.setattr(os, "preadv", preadv)
     monkeypatch.setattr(kernels, "read_groups", read_groups)
-
-
-def train_until_error(client) -> RemoteError:
-    client.send(StartEpoch(epoch=0))
-    with pytest.raises(RemoteError) as info:
-        while True:
-            msg = client.recv(timeout=60)
-            assert isinstance(msg, BatchReady), msg
-            client.send(Release(slot=msg.slot, seq=msg.seq))
-    return info.value
 
 
 def assert_whole_epoch(config, reference) -> None:
