@@ -71,8 +71,10 @@ class HierarchyConfig:
     """How partitions are grouped into mega-batches (default "balanced"): "balanced" deals a seeded
     shuffle so each group's training labels mix like the epoch's; "random" cuts the shuffle in order
     (HierBatching's Algorithm 1)."""
-    static_cache: bool = True
-    """Keep the prepared static nodes (highest degree) in RAM for every mega-batch (default true)."""
+    static_cache: bool | None = None
+    """Keep the prepared static nodes (highest degree) in RAM for every mega-batch: all (true), none
+    (false), or None ("auto", the default: as many of them, by degree, as gives the highest expected
+    neighbour coverage together with the mega-batch size the rest of the budget holds)."""
     passes: int | None = 1
     """Passes over each mega-batch (p >= 1), or None for "auto" (from load vs train time; default 1)."""
     max_passes: int = 4
@@ -264,8 +266,16 @@ def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
     if schedule not in SCHEDULES:
         raise _fail("hierarchy", "schedule", f"expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
     return HierarchyConfig(megabatch_fraction=None if fraction is None else float(fraction), schedule=schedule,
-                           static_cache=_bool("hierarchy", "static_cache", t.get("static_cache", d.static_cache)),
+                           static_cache=_static_cache(t.get("static_cache", "auto")),
                            passes=passes, max_passes=max_passes)
+
+
+def _static_cache(value: Any) -> bool | None:
+    if value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise _fail("hierarchy", "static_cache", f"expected true, false or \"auto\", got {value!r}")
+    return value
 
 
 def _mode(t: Mapping[str, Any]) -> ModeConfig:

@@ -94,7 +94,8 @@ class EpochQuality:
             found["coverage"] = (f"neighbour coverage {self.coverage:.3f} is below {COVERAGE_WARN}: "
                          f"{100 * (1 - self.coverage):.0f}% of the neighbours full-graph sampling would draw lie "
                          "outside the mega-batches; raise [hierarchy] megabatch_fraction (or set it to \"auto\" "
-                         "with a larger [memory] budget), keep static_cache = true, or use [loader] mode = \"exact\"")
+                         "with a larger [memory] budget), keep static_cache = true or \"auto\", or use "
+                         "[loader] mode = \"exact\"")
         if self.skew > SKEW_WARN:
             found["skew"] = (f"label skew {self.skew:.3f} is above {SKEW_WARN}: mega-batches' training labels differ "
                          "from the epoch's and training converges slower; set [hierarchy] schedule = \"balanced\", "
@@ -130,13 +131,14 @@ class WarningStreaks:
         return logged
 
 
-def expected_edge_coverage(edge_cut: float, partitions: int, per_megabatch: int) -> float:
-    """The share of a mega-batch's in-edges whose source it holds, before the static cache, on average.
+def expected_edge_coverage(edge_cut: float, partitions: int, per_megabatch: int, static_share: float = 0.0) -> float:
+    """The share of a mega-batch's in-edges whose source it holds, on average.
 
     An uncut edge always stays; a cut one stays when its source's partition is among the other
-    ``per_megabatch - 1`` of the ``partitions - 1``. Slot coverage is at least this where degrees
-    exceed the fanouts (a node keeps its fanout from fewer neighbours), so startup logs it as a floor.
+    ``per_megabatch - 1`` of the ``partitions - 1``, or when its source is a static node:
+    ``static_share`` is the share of cut edges that leave static nodes. Slot coverage is at least
+    this where degrees exceed the fanouts (a node keeps its fanout from fewer neighbours).
     """
     if partitions <= 1:
         return 1.0
-    return 1.0 - edge_cut * (1.0 - (per_megabatch - 1) / (partitions - 1))
+    return 1.0 - edge_cut * (1.0 - (per_megabatch - 1) / (partitions - 1)) * (1.0 - static_share)

@@ -12,17 +12,26 @@ where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest o
 so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits, up to
 every partition: at the same bytes read per epoch, a larger mega-batch keeps more neighbours and mixes
 more labels (docs/PERFORMANCE.md, "Training quality of the hierarchical mode").
+
+``static_cache = "auto"`` (``plan_with_static``) also chooses how many of the prepared static nodes to
+hold: static rows are held once but cost budget that could hold a larger N_d, and both keep cut
+neighbours. Each candidate prefix of the static nodes (by degree) gets its largest N_d, and the pair
+with the highest expected edge coverage wins, the smaller static cache on a tie (with N_d = every
+partition a static cache adds nothing).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from loader.coverage import expected_edge_coverage
 from loader.slot_sizing import SessionSizing
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["PAGE", "BufferSizes", "MemoryPlan", "plan_memory", "buffer_sizes", "round_up"]
+__all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "MemoryPlan", "plan_memory", "plan_with_static", "buffer_sizes",
+           "round_up"]
 
 PAGE = 4096
 
@@ -34,6 +43,10 @@ PASSES_IN_FLIGHT = 3
 
 PER_LOCAL_NODE_BYTES = 8 * 6
 """Per mega-batch node: global id, row offset, raw indptr, induced indptr, full degree, label/seed scratch."""
+
+
+STATIC_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
+"""Shares of the prepared static nodes ``static_cache = "auto"`` weighs (more would only refine a rough estimate)."""
 
 
 def round_up(value: int, multiple: int = PAGE) -> int:
@@ -152,3 +165,30 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction
         else:
             hi = mid - 1
     return make(lo)
+
+
+def plan_with_static(plan: Callable[[int, int], MemoryPlan], *, static_degrees: np.ndarray,
+                     static_cut_edges: np.ndarray, cut_edges: int, edge_cut: float,
+                     num_partitions: int) -> MemoryPlan:
+    """``static_cache = "auto"``: the static prefix and N_d with the highest expected edge coverage.
+
+    plan(static_nodes, static_edges): ``plan_memory`` with every other argument bound (``fraction`` None
+    or fixed). static_degrees and static_cut_edges: in-degree and cut in-edges of each prepared static
+    node, in the order prefixes are kept (highest degree first); cut_edges: all cut edges of the graph.
+    Raises ``plan``'s error when not even the plan without a static cache fits.
+    """
+    best: tuple[float, MemoryPlan] | None = None
+    for share in STATIC_SHARES:  # smallest first: a tie keeps the smaller cache
+        k = round(share * len(static_degrees))
+        try:
+            candidate = plan(k, int(static_degrees[:k].sum()))
+        except UserError:
+            if best is None:
+                raise
+            break  # a larger cache leaves even less room
+        static_share = min(1.0, int(static_cut_edges[:k].sum()) / cut_edges) if cut_edges else 0.0
+        coverage = expected_edge_coverage(edge_cut, num_partitions, candidate.buffer.partitions, static_share)
+        if best is None or coverage > best[0] + 1e-9:
+            best = coverage, candidate
+    assert best is not None
+    return best[1]

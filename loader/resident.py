@@ -35,6 +35,31 @@ class StaticCache:
     def num_nodes(self) -> int:
         return len(self.nodes)
 
+    def by_degree(self) -> np.ndarray:
+        """Positions of the static nodes, highest in-degree first (ties: lower id), the order in which
+        ``static_cache = "auto"`` keeps a prefix. ``prepare`` ranked them by in- plus out-degree; only
+        in-lists are resident, and on the undirected graphs GNN datasets mostly are the two agree."""
+        return np.lexsort((self.nodes, -np.diff(self.indptr)))
+
+    def cut_in_degree(self, partition_ends: np.ndarray) -> np.ndarray:
+        """Per static node, its in-neighbours in another partition (``partition_ends``: each partition's
+        end id). On an undirected graph these are also the cut edges the node is the source of."""
+        source_partition = np.searchsorted(partition_ends, self.indices, side="right")
+        cut = source_partition != np.repeat(self.partition, np.diff(self.indptr))
+        running = np.concatenate([[0], np.cumsum(cut, dtype=np.int64)])
+        return running[self.indptr[1:]] - running[self.indptr[:-1]]
+
+    def select(self, positions: np.ndarray) -> "StaticCache":
+        """The static cache of the nodes at ``positions`` (any order; kept in ascending id order)."""
+        rows = np.sort(np.asarray(positions, dtype=np.int64))
+        degree = np.diff(self.indptr)[rows]
+        indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(degree, out=indptr[1:])
+        # entry j of row i sits at old indptr[row] + j: one repeat and one arange, no per-row loop
+        gather = np.repeat(self.indptr[rows] - indptr[:-1], degree) + np.arange(indptr[-1])
+        return StaticCache(self.nodes[rows], self.partition[rows], indptr, self.indices[gather],
+                           self.features[rows])
+
     @classmethod
     def empty(cls, feat_dim: int, dtype: np.dtype, index_dtype: np.dtype) -> "StaticCache":
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64),

@@ -42,7 +42,7 @@ from loader.coverage import expected_edge_coverage
 from loader.dataset import Dataset, check_file_sizes, open_dataset
 from loader.eval_stream import EvalAccess, MemmapEval
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
-from loader.memplan import MemoryPlan, plan_memory
+from loader.memplan import MemoryPlan, plan_memory, plan_with_static
 from loader.metrics import DaemonMetrics
 from loader.modes import open_mode
 from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
@@ -174,7 +174,7 @@ class Daemon:
         check_file_sizes(dataset)
         m = dataset.manifest
         hierarchical = cfg.loader.mode == "hierarchical"
-        resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache)
+        resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache is not False)
         # one pilot sample sizes the slots and every memory plan
         pilot = pilot_batch_sizes(dataset, resident, cfg.sampler)
         if cfg.publisher.slot_bytes is not None:
@@ -214,18 +214,35 @@ class Daemon:
         batch_nodes, batch_edges = pilot.train_or_zero
         parts, train = resident.partitions, resident.split_ids["train"]
         train_counts = np.searchsorted(train, parts[:, 1]) - np.searchsorted(train, parts[:, 0])
-        plan = plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
-                           fraction=cfg.hierarchy.megabatch_fraction, static_nodes=resident.static.num_nodes,
-                           static_row_bytes=m.row_bytes, static_edges=len(resident.static.indices),
-                           index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
-                           batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
-        log.info("%s", plan.describe())
+        def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
+            return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
+                               fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
+                               static_row_bytes=m.row_bytes, static_edges=static_edges,
+                               index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
+                               batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
+
         cut = float(m.edge_cut.get("fraction", 0.0))
-        expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions)
-        # a floor, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
+        static = resident.static
+        if cfg.hierarchy.static_cache is None:
+            ranked = static.by_degree()
+            plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
+                                    static_cut_edges=static.cut_in_degree(parts[:, 1])[ranked],
+                                    cut_edges=round(cut * m.num_edges), edge_cut=cut, num_partitions=m.num_partitions)
+            log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
+                     f"{static.num_nodes:,}")
+            static = static.select(ranked[:plan.static_nodes])
+            resident = replace(resident, static=static)
+        else:
+            plan = plan_for(static.num_nodes, len(static.indices))
+        log.info("%s", plan.describe())
+        cut_edges = cut * m.num_edges
+        static_share = min(1.0, int(static.cut_in_degree(parts[:, 1]).sum()) / cut_edges) if cut_edges else 0.0
+        expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
+        # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
         # exceed the fanouts, so this line informs and never warns
-        log.info("mega-batches of %d of %d partitions with %.1f%% of edges cut keep about %.2f of their in-edges "
-                 "(before the static cache)", plan.buffer.partitions, m.num_partitions, 100 * cut, expected)
+        log.info("mega-batches of %d of %d partitions, %.1f%% of edges cut, %.1f%% of those leaving static nodes: "
+                 "about %.3f of in-edges kept", plan.buffer.partitions, m.num_partitions, 100 * cut,
+                 100 * static_share, expected)
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))

@@ -39,6 +39,9 @@ def test_auto_values():
     default = config_from_mapping(base())
     assert default.hierarchy.megabatch_fraction is None and default.hierarchy.schedule == "balanced"
     assert default.publisher.slots is None and default.server.max_clients is None
+    assert default.hierarchy.static_cache is None
+    assert config_from_mapping(base(hierarchy={"static_cache": "auto"})).hierarchy.static_cache is None
+    assert config_from_mapping(base(hierarchy={"static_cache": False})).hierarchy.static_cache is False
     explicit = config_from_mapping(base(publisher={"slots": 3}, server={"max_clients": 2},
                                         hierarchy={"schedule": "random"}))
     assert (explicit.publisher.slots, explicit.server.max_clients, explicit.hierarchy.schedule) == (3, 2, "random")
@@ -57,6 +60,7 @@ def test_auto_values():
     ({"sampler": {"batchsize": 3}}, "[sampler] batchsize: unknown option"),
     ({"hierarchy": {"megabatch_fraction": 1.5}}, "[hierarchy] megabatch_fraction"),
     ({"hierarchy": {"passes": 0}}, "[hierarchy] passes"),
+    ({"hierarchy": {"static_cache": "yes"}}, "[hierarchy] static_cache: expected true, false or \"auto\""),
     ({"hierarchy": {"passes": 9}}, "exceeds max_passes"),
     ({"memory": {"budget": "lots"}}, "[memory] budget"),
     ({"io": {"read_block": 5000}}, "[io] read_block: must be a multiple of 4096"),

@@ -102,6 +102,20 @@ def test_eval_covers_split_once_with_full_graph_neighbours(dataset, reference, t
                 check_batch(arrays, reference)
 
 
+@pytest.mark.parametrize("fraction, static_nodes", [(1.0, 0), (0.25, 30)])
+def test_auto_static_cache_holds_none_for_the_whole_graph_and_all_for_a_quarter(dataset, reference, tmp_path,
+                                                                                   fraction, static_nodes):
+    # the whole graph in one mega-batch needs no static node; a quarter of it keeps every prepared one
+    config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"megabatch_fraction": fraction, "passes": 1})
+    assert config.hierarchy.static_cache is None
+    with running_daemon(config) as daemon, connect(config) as client:
+        assert daemon.memory_plan is not None and daemon.memory_plan.static_nodes == static_nodes
+        assert daemon.metrics.static_nodes._value.get() == static_nodes
+        batches, _ = consume(client, StartEpoch(epoch=0), EpochEnd)
+        for _, arrays in batches:
+            check_batch(arrays, reference)
+
+
 def test_static_cache_off_still_covers_and_matches_features(dataset, reference, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"static_cache": False, "passes": 1})
     with running_daemon(config), connect(config) as client:

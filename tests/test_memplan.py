@@ -1,11 +1,15 @@
 """The memory plan: buffers bound any choice of N_d partitions; budgets that cannot fit are refused."""
 
+import contextlib
 import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from loader.memplan import PAGE, buffer_sizes, plan_memory
+from loader.coverage import expected_edge_coverage
+from loader.memplan import PAGE, STATIC_SHARES, buffer_sizes, plan_memory, plan_with_static
 from loader.slot_sizing import SessionSizing
 from proto.errors import UserError
 
@@ -67,3 +71,59 @@ def test_sampled_passes_in_flight_are_charged():
     assert charged.buffer.pass_bytes == 6 * 1000 + 8 * 550
     assert charged.total == plain.total + 3 * charged.buffer.pass_bytes
     assert "3 sampled passes" in charged.describe()
+
+
+def static_plans(**over):
+    """plan_memory with its static arguments left to plan_with_static (the harness's small table)."""
+    return lambda k, e: plan_memory(**kwargs(static_nodes=k, static_edges=e, **over))
+
+
+def choose(make, degrees, cut=0.4, cut_edges=1000):
+    return plan_with_static(make, static_degrees=degrees, static_cut_edges=degrees // 2, cut_edges=cut_edges,
+                            edge_cut=cut, num_partitions=5)
+
+
+def coverage_of(plan, degrees, cut=0.4, cut_edges=1000):
+    share = min(1.0, int((degrees // 2)[:plan.static_nodes].sum()) / cut_edges)
+    return expected_edge_coverage(cut, 5, plan.buffer.partitions, share)
+
+
+def test_auto_static_keeps_none_when_every_partition_fits():
+    degrees = np.array([400, 300, 200, 100, 50])
+    plan = choose(static_plans(fraction=None, budget=1 << 30), degrees)
+    assert plan.buffer.partitions == 5 and plan.static_nodes == 0  # the mega-batch is the whole graph
+
+
+def test_auto_static_keeps_every_static_node_under_a_fixed_fraction():
+    degrees = np.array([400, 300, 200, 100, 50])
+    plan = choose(static_plans(), degrees)
+    assert plan.buffer.partitions == 2 and plan.static_nodes == 5
+
+
+def test_auto_static_refuses_like_plan_memory():
+    with pytest.raises(UserError, match="too small"):
+        choose(static_plans(budget=4 << 20), np.array([400, 300]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(4 << 20, 12 << 20), row_bytes=st.sampled_from([64, 4096, 1 << 18]),
+       degrees=st.lists(st.integers(0, 600), min_size=0, max_size=16), cut=st.floats(0.0, 1.0))
+def test_auto_static_picks_the_best_fitting_candidate(budget, row_bytes, degrees, cut):
+    """Against a plain search: every candidate prefix that fits, its largest N_d, the highest expected
+    coverage, the smallest cache on a tie."""
+    degrees = np.sort(np.asarray(degrees, dtype=np.int64))[::-1]
+    make = static_plans(fraction=None, budget=budget, static_row_bytes=row_bytes)
+    candidates = []
+    for share in STATIC_SHARES:
+        k = round(share * len(degrees))
+        with contextlib.suppress(UserError):
+            candidates.append(make(k, int(degrees[:k].sum())))
+    if not candidates:
+        with pytest.raises(UserError):
+            choose(make, degrees, cut)
+        return
+    plan = choose(make, degrees, cut)
+    best = max(coverage_of(c, degrees, cut) for c in candidates)
+    assert coverage_of(plan, degrees, cut) == pytest.approx(best, abs=1e-9)
+    tied = [c.static_nodes for c in candidates if coverage_of(c, degrees, cut) >= best - 1e-9]
+    assert plan.static_nodes == min(tied) and plan.total <= budget
