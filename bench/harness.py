@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.dataset import open_dataset
+from loader.dataset import FORMAT_VERSION, open_dataset
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
            "machine_description", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape",
@@ -136,8 +136,8 @@ def generated_dataset(work: Path, nodes: int, avg_degree: float, feat_dim: int, 
         budget = ["--memory-budget", generate_budget] if generate_budget else []
         sh([sys.executable, "-m", "loader.cli", "-q", "generate", str(raw), "--nodes", str(nodes), "--avg-degree",
             str(avg_degree), "--feat-dim", str(feat_dim), "--classes", "16", *budget])
-    if dataset.exists() and not open_dataset(dataset).manifest.has_read_checks:
-        warn(f"{dataset} predates the read checks (format 1.1); preparing it again")
+    if dataset.exists() and open_dataset(dataset).manifest.version != FORMAT_VERSION:
+        warn(f"{dataset} is format {open_dataset(dataset).manifest.version}, not {FORMAT_VERSION}; preparing it again")
         shutil.rmtree(dataset)
     if not dataset.exists():
         sh([sys.executable, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions",

@@ -1,15 +1,16 @@
-"""numba kernels of the read checks: XXH3-64 of 4 KiB pages, computed and compared without the GIL.
+"""numba kernels of the read checks: XXH3-64 of fixed-size blocks, computed and compared without the GIL.
 
-A page checksum is XXH3-64 (seed 0, default secret) of one 4096-byte page of a file; the last page
-of a file whose length is not a multiple of 4096 is hashed as if zero-padded to 4096 bytes. Every
-input is therefore 4096 bytes, which takes only XXH3's long-input path (inputs over 240 bytes), so
-that path is all this module implements. The values equal ``xxhash.xxh3_64_intdigest(page)``
-(tests/test_read_checks.py checks that against the library on generated pages).
+A block checksum is XXH3-64 (seed 0, default secret) of one block of a file: 4096-byte pages, or for
+``features.bin`` (format 1.2) blocks sized to its rows, 512 to 4096 bytes, a power of two
+(``check_block_bytes``); the last block of a file whose length is not a multiple of the block size is
+hashed as if zero-padded. Every input is therefore 512 to 4096 bytes, which takes only XXH3's
+long-input path (inputs over 240 bytes), so that path is all this module implements. The values equal
+``xxhash.xxh3_64_intdigest(block)`` (tests/test_read_checks.py checks that against the library).
 
-Where it can, a page is hashed by the C function ``XXH3_64bits`` that the ``xxhash`` wheel's
+Where it can, a block is hashed by the C function ``XXH3_64bits`` that the ``xxhash`` wheel's
 extension module exports (12 GB/s with its SIMD code, against 3.8 GB/s for the numba
 implementation here: at the row readers' ~100k scattered pages/s on 2 cores that was 17% of the
-read rate against a few percent). Not a Python call per page: that would hold the GIL on the read
+read rate against a few percent). Not a Python call per block: that would hold the GIL on the read
 threads. The kernels call it by name (``numba.types.ExternalFunction``), and the name is bound to
 the function's address in LLVM's symbol table at import, so the compiled kernels carry no address
 and stay in numba's disk cache (a ctypes call would embed the address, which moves with every
@@ -30,9 +31,27 @@ from llvmlite import binding as llvm
 
 from loader.jit import kernel
 
-__all__ = ["PAGE_BYTES", "page_checksums", "first_bad_page", "bad_page_in", "USING_C_XXH3"]
+__all__ = ["PAGE_BYTES", "MIN_BLOCK_BYTES", "check_block_bytes", "block_checksums", "first_bad_block",
+           "bad_block_in", "USING_C_XXH3"]
 
 PAGE_BYTES = 4096
+"""The block of ``indices.npy``'s checks (and of ``features.bin``'s in format 1.1), and the largest block."""
+
+MIN_BLOCK_BYTES = 512
+"""The smallest block: XXH3's long path starts above 240 bytes, and a smaller block would only grow the table."""
+
+
+def check_block_bytes(row_bytes: int) -> int:
+    """The check block of a file of ``row_bytes`` rows: the largest power of two <= a row, in [512, 4096].
+
+    A row-granular reader hashes the blocks its row touches; a 4 KiB page per 1 KiB row hashed four
+    times the bytes used (docs/PERFORMANCE.md, "What the read checks cost"). The table costs 8 B per
+    block: 1.6% of the file at 512, 0.2% at 4096, held in RAM and charged to the memory plan.
+    """
+    block = MIN_BLOCK_BYTES
+    while block * 2 <= min(row_bytes, PAGE_BYTES):
+        block *= 2
+    return block
 
 _SECRET = bytes.fromhex(
     "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
@@ -93,11 +112,16 @@ def _accumulate(acc: np.ndarray, words: np.ndarray, at: int, keys: np.ndarray) -
 
 
 @kernel
-def _page_hash(words: np.ndarray, at: int, acc: np.ndarray) -> np.uint64:
-    """XXH3-64 of the 4096 bytes ``words[at:at + 512]`` (``acc``: 8 words of scratch)."""
+def _block_hash(words: np.ndarray, at: int, nbytes: int, acc: np.ndarray) -> np.uint64:
+    """XXH3-64 of the ``nbytes`` (a multiple of 64, over 240) bytes ``words[at:at + nbytes // 8]``.
+
+    XXH3's long path: blocks of 16 stripes of 64 bytes, each block followed by a scramble; then the
+    stripes left before the last byte; then one stripe ending at the last byte, keyed apart. 4096
+    bytes are 3 blocks, 15 stripes and the last; 1024 bytes are 15 stripes and the last.
+    """
     acc[:] = _INIT
-    # 4096 bytes: (4096 - 1) // 1024 = 3 full blocks of 16 stripes, then 15 stripes, then the last one
-    for block in range(3):
+    blocks = (nbytes - 1) // 1024
+    for block in range(blocks):
         for s in range(16):
             _accumulate(acc, words, at + block * 128 + s * 8, _STRIPE_KEYS[s])
         for i in range(8):
@@ -105,10 +129,10 @@ def _page_hash(words: np.ndarray, at: int, acc: np.ndarray) -> np.uint64:
             a ^= a >> np.uint64(47)
             a ^= _SCRAMBLE_KEYS[i]
             acc[i] = a * _PRIME32_1
-    for s in range(15):
-        _accumulate(acc, words, at + 384 + s * 8, _STRIPE_KEYS[s])
-    _accumulate(acc, words, at + 504, _LAST_KEYS)
-    h = np.uint64(PAGE_BYTES) * _PRIME64_1
+    for s in range(((nbytes - 1) - 1024 * blocks) // 64):
+        _accumulate(acc, words, at + blocks * 128 + s * 8, _STRIPE_KEYS[s])
+    _accumulate(acc, words, at + nbytes // 8 - 8, _LAST_KEYS)
+    h = np.uint64(nbytes) * _PRIME64_1
     for i in range(4):
         h += _fold_mul(acc[2 * i] ^ _MERGE_KEYS[2 * i], acc[2 * i + 1] ^ _MERGE_KEYS[2 * i + 1])
     h ^= h >> np.uint64(37)
@@ -118,15 +142,15 @@ def _page_hash(words: np.ndarray, at: int, acc: np.ndarray) -> np.uint64:
 
 
 @kernel
-def _numba_hash_page_at(data: np.ndarray, start: int, available: int, acc: np.ndarray, pad: np.ndarray
-                        ) -> np.uint64:
-    """Hash the page at ``data[start:]``; fewer than 4096 ``available`` bytes are zero-padded."""
-    if available >= PAGE_BYTES and start % 8 == 0 and len(data) % 8 == 0:
-        return _page_hash(data.view(np.uint64), start // 8, acc)
-    pad[:] = 0
-    take = min(available, PAGE_BYTES)
+def _numba_hash_block_at(data: np.ndarray, start: int, available: int, block: int, acc: np.ndarray,
+                         pad: np.ndarray) -> np.uint64:
+    """Hash the ``block`` bytes at ``data[start:]``; fewer ``available`` bytes are zero-padded."""
+    if available >= block and start % 8 == 0 and len(data) % 8 == 0:
+        return _block_hash(data.view(np.uint64), start // 8, block, acc)
+    pad[:block] = 0
+    take = min(available, block)
     pad[:take] = data[start:start + take]
-    return _page_hash(pad.view(np.uint64), 0, acc)
+    return _block_hash(pad.view(np.uint64), 0, block, acc)
 
 
 def _c_xxh3() -> Any:
@@ -149,20 +173,20 @@ USING_C_XXH3 = _XXH3 is not None
 
 if _XXH3 is not None:
     @kernel
-    def _hash_page_at(data: np.ndarray, start: int, available: int, acc: np.ndarray, pad: np.ndarray
-                      ) -> np.uint64:
-        if available >= PAGE_BYTES:
-            return _XXH3(data.ctypes.data + start, PAGE_BYTES)
-        pad[:] = 0
+    def _hash_block_at(data: np.ndarray, start: int, available: int, block: int, acc: np.ndarray,
+                       pad: np.ndarray) -> np.uint64:
+        if available >= block:
+            return _XXH3(data.ctypes.data + start, block)
+        pad[:block] = 0
         pad[:available] = data[start:start + available]
-        return _XXH3(pad.ctypes.data, PAGE_BYTES)
+        return _XXH3(pad.ctypes.data, block)
 else:
-    _hash_page_at = _numba_hash_page_at
+    _hash_block_at = _numba_hash_block_at
 
 
 @kernel
-def page_checksums(data: np.ndarray, out: np.ndarray, numba_only: bool = False) -> None:
-    """``out[k]`` = checksum of page k of ``data`` (uint8, C-contiguous); ``len(out)`` = ceil(len / 4096).
+def block_checksums(data: np.ndarray, out: np.ndarray, block: int, numba_only: bool = False) -> None:
+    """``out[k]`` = checksum of block k of ``data`` (uint8, C-contiguous); ``len(out)`` = ceil(len / block).
 
     ``numba_only``: hash with the numba implementation even where the C one is found (the fallback's
     test against the library).
@@ -170,37 +194,37 @@ def page_checksums(data: np.ndarray, out: np.ndarray, numba_only: bool = False) 
     acc = np.empty(8, dtype=np.uint64)
     pad = np.empty(PAGE_BYTES, dtype=np.uint8)
     for k in range(len(out)):
-        start = k * PAGE_BYTES
+        start = k * block
         if numba_only:
-            out[k] = _numba_hash_page_at(data, start, len(data) - start, acc, pad)
+            out[k] = _numba_hash_block_at(data, start, len(data) - start, block, acc, pad)
         else:
-            out[k] = _hash_page_at(data, start, len(data) - start, acc, pad)
+            out[k] = _hash_block_at(data, start, len(data) - start, block, acc, pad)
 
 
 @kernel
-def bad_page_in(data: np.ndarray, start: int, length: int, file_offset: int, sums: np.ndarray,
-                acc: np.ndarray, pad: np.ndarray) -> int:
-    """File offset of the first bad page of one range, or -1.
+def bad_block_in(data: np.ndarray, start: int, length: int, file_offset: int, sums: np.ndarray, block: int,
+                 acc: np.ndarray, pad: np.ndarray) -> int:
+    """File offset of the first bad block of one range, or -1.
 
-    ``data[start:start + length]`` holds the file's bytes from ``file_offset`` (page aligned); it is a
-    whole number of pages, or ends where the file ends (that last page counts as zero-padded).
+    ``data[start:start + length]`` holds the file's bytes from ``file_offset`` (block aligned); it is a
+    whole number of blocks, or ends where the file ends (that last block counts as zero-padded).
     ``acc`` (8 uint64) and ``pad`` (4096 uint8) are the caller's scratch.
     """
-    for k in range((length + PAGE_BYTES - 1) // PAGE_BYTES):
-        available = min(PAGE_BYTES, length - k * PAGE_BYTES)
-        if _hash_page_at(data, start + k * PAGE_BYTES, available, acc, pad) != sums[file_offset // PAGE_BYTES + k]:
-            return file_offset + k * PAGE_BYTES
+    for k in range((length + block - 1) // block):
+        available = min(block, length - k * block)
+        if _hash_block_at(data, start + k * block, available, block, acc, pad) != sums[file_offset // block + k]:
+            return file_offset + k * block
     return -1
 
 
 @kernel
-def first_bad_page(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, file_offsets: np.ndarray,
-                   sums: np.ndarray) -> int:
-    """File offset of the first page of ranges r (as in ``bad_page_in``) that fails ``sums``, or -1."""
+def first_bad_block(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, file_offsets: np.ndarray,
+                    sums: np.ndarray, block: int) -> int:
+    """File offset of the first block of ranges r (as in ``bad_block_in``) that fails ``sums``, or -1."""
     acc = np.empty(8, dtype=np.uint64)
     pad = np.empty(PAGE_BYTES, dtype=np.uint8)
     for r in range(len(starts)):
-        at = bad_page_in(data, starts[r], lengths[r], file_offsets[r], sums, acc, pad)
+        at = bad_block_in(data, starts[r], lengths[r], file_offsets[r], sums, block, acc, pad)
         if at >= 0:
             return at
     return -1

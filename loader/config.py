@@ -105,7 +105,7 @@ class IOConfig:
     read_block: int = 4 << 20
     """Largest single read in bytes; bigger ranges are split so several are in flight (default 4M)."""
     check_reads: bool = True
-    """Verify every byte read against the dataset's read checks (format 1.1: per partition, per 4 KiB page);
+    """Verify every byte read against the dataset's read checks (format 1.1+: per partition, per block);
     a mismatch fails the batch with ``data_corrupt`` instead of serving it (default true)."""
 
 

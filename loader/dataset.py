@@ -20,11 +20,11 @@ from proto.errors import UserError
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "FeatureDtype", "IndexDtype",
     "FileEntry", "Manifest", "Dataset", "open_dataset", "manifest_text", "manifest_checksum", "FILES", "CHECK_FILES",
-    "check_file_sizes",
+    "FEATURE_PAGES_1_1", "check_file_sizes",
 ]
 
 FORMAT_NAME = "megabatch-dataset"
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 FEATURE_ALIGNMENT = 4096
 """Byte alignment of each partition's first feature row (one page; O_DIRECT-friendly)."""
 
@@ -41,10 +41,13 @@ FILES = {
 """Logical name -> file name of every data file in a v1 dataset."""
 
 CHECK_FILES = {
-    "partition_checksums": "partition_checksums.npy", "feature_pages": "feature_pages.npy",
+    "partition_checksums": "partition_checksums.npy", "feature_blocks": "feature_blocks.npy",
     "index_pages": "index_pages.npy",
 }
-"""The read-check files format 1.1 adds (``loader.read_checks``); a 1.0 dataset has none of them."""
+"""The read-check files of format 1.2 (``loader.read_checks``); a 1.0 dataset has none of them."""
+
+FEATURE_PAGES_1_1 = "feature_pages.npy"
+"""Format 1.1's feature checks: 4096-byte blocks, where 1.2's ``feature_blocks.npy`` has row-sized ones."""
 
 
 class FeatureDtype(enum.Enum):
@@ -86,6 +89,8 @@ class Manifest:
     files: dict[str, FileEntry]
     created_by: dict[str, Any]
     source: dict[str, Any]
+    feature_check_block: int | None = None
+    """Bytes per checksum of ``feature_blocks.npy`` (format 1.2, ``features.check_block``); None before."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -95,7 +100,24 @@ class Manifest:
     @property
     def has_read_checks(self) -> bool:
         """Format 1.1 or later: every read-check file is listed (and checksummed) in ``files``."""
-        return all(name in self.files for name in CHECK_FILES.values())
+        return all(name in self.files for name in self.check_files)
+
+    @property
+    def check_files(self) -> tuple[str, ...]:
+        """The read-check files this dataset's version has (1.1 names its feature table differently)."""
+        if self.feature_check_block is None and FEATURE_PAGES_1_1 in self.files:
+            return CHECK_FILES["partition_checksums"], FEATURE_PAGES_1_1, CHECK_FILES["index_pages"]
+        return tuple(CHECK_FILES.values())
+
+    @property
+    def feature_check_file(self) -> str:
+        """The file of ``features.bin``'s block checksums: ``feature_blocks.npy``, or 1.1's pages."""
+        return CHECK_FILES["feature_blocks"] if self.feature_check_block is not None else FEATURE_PAGES_1_1
+
+    @property
+    def feature_check_bytes(self) -> int:
+        """Bytes per checksum of ``features.bin`` (4096 in format 1.1)."""
+        return self.feature_check_block or 4096
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = dict(self.extra)
@@ -103,7 +125,8 @@ class Manifest:
             "format": FORMAT_NAME, "version": self.version, "num_nodes": self.num_nodes,
             "num_edges": self.num_edges, "num_partitions": self.num_partitions, "num_classes": self.num_classes,
             "features": {"file": FILES["features"], "dim": self.feat_dim, "dtype": self.feat_dtype.value,
-                         "alignment": self.feature_alignment},
+                         "alignment": self.feature_alignment,
+                         **({} if self.feature_check_block is None else {"check_block": self.feature_check_block})},
             "index_dtype": self.index_dtype.value, "partitioner": self.partitioner, "edge_cut": self.edge_cut,
             "static_cache": self.static_cache, "neighbor_rank": self.neighbor_rank, "splits": self.splits,
             "files": {name: {"bytes": e.bytes, "xxh3_64": e.xxh3_64} for name, e in sorted(self.files.items())},
@@ -135,11 +158,15 @@ class Manifest:
                 static_cache=dict(data["static_cache"]), neighbor_rank=dict(data["neighbor_rank"]),
                 splits=dict(data["splits"]), files=files, created_by=dict(data["created_by"]),
                 source=dict(data.get("source") or {}),
+                feature_check_block=None if feats.get("check_block") is None else int(feats["check_block"]),
                 extra={k: v for k, v in data.items() if k not in known})
         except KeyError as err:
             raise UserError(f"{path}: missing field {err.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{path}: malformed field ({err})") from None
+        block = manifest.feature_check_block
+        if block is not None and (block < 512 or block > 4096 or block & (block - 1)):
+            raise UserError(f"{path}: features.check_block must be a power of two in [512, 4096], got {block}")
         for name in ("num_nodes", "num_partitions", "num_classes", "feat_dim", "feature_alignment"):
             if getattr(manifest, name) <= 0:
                 raise UserError(f"{path}: {name} must be positive, got {getattr(manifest, name)}")

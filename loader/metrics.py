@@ -80,7 +80,7 @@ class DaemonMetrics:
         self.disk_bytes = Counter("megabatch_disk_read_bytes", "Bytes read from the dataset", ["file"], registry=r)
         self.disk_reads = Counter("megabatch_disk_reads", "preadv calls on the dataset", ["file"], registry=r)
         self.read_check_failures = Counter(
-            "megabatch_read_check_failures", "Reads whose bytes failed their checksum (format 1.1 read checks); "
+            "megabatch_read_check_failures", "Reads whose bytes failed their checksum (format 1.1+ read checks); "
             "each failed the batch that needed them", ["file"], registry=r)
         self.disk_seconds = Histogram("megabatch_disk_read_seconds", "Latency of one preadv", ["file"],
                                       buckets=READ_LATENCY_BUCKETS, registry=r)

@@ -45,7 +45,7 @@ import numpy.typing as npt
 from loader.exact_sampling_kernels import scatter_lists
 from loader.fileio import read_failed
 from loader.npyio import NpyReader
-from loader.read_checks import verify_pages
+from loader.read_checks import PAGE_BYTES, verify_blocks
 from proto.errors import UserError
 
 __all__ = ["NeighborLists", "NeighborReader", "ALIGNMENT", "DEFAULT_GAP_BYTES", "DEFAULT_BLOCK_BYTES",
@@ -314,8 +314,8 @@ class NeighborReader:
             self._run_reads(range_begin, range_end, straight.astype(np.int64), dest,
                             (staging.data, out_bytes.data))
             if checked:
-                verify_pages(self.page_sums, staging, staged_at, np.minimum(range_end, self.file_size) - range_begin,
-                             range_begin, self.path)
+                verify_blocks(self.page_sums, PAGE_BYTES, staging, staged_at,
+                              np.minimum(range_end, self.file_size) - range_begin, range_begin, self.path)
             scattered = ~straight[range_of]
             if scattered.any():
                 source = staged_at[range_of] + list_begin - range_begin[range_of]

@@ -20,8 +20,8 @@ Memory (``plan_outofcore``), Ginex §3.5 adapted to a pipeline where sampling an
 the same time, so both caches share the budget instead of taking turns::
 
     node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
-    or static address table 4 B/node) + read-check page tables (8 B per 4 KiB page of
-    features.bin and indices.npy) + 3 superbatches in flight (sampling, planned,
+    or static address table 4 B/node) + read-check block tables (8 B per check block of
+    features.bin and per 4 KiB page of indices.npy) + 3 superbatches in flight (sampling, planned,
     publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
     (neighbour lists of one sample group's frontiers, 32 row-read spans) + neighbour cache
     + feature cache <= budget
@@ -52,7 +52,7 @@ from loader.metrics import DaemonMetrics
 from loader.neighbor_cache import NeighborCache
 from loader.neighbor_reader import NeighborReader
 from loader.publisher import BatchSource, FillFeatures
-from loader.read_checks import load_read_checks, page_table_bytes
+from loader.read_checks import block_table_bytes, load_read_checks
 from loader.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.sampling import SampledPass
 from proto.errors import UserError
@@ -82,7 +82,7 @@ class OutOfCorePlan:
     fixed_bytes: int
     """Node arrays and slots (as in every mode)."""
     graph_bytes: int
-    """indptr, the per-node scratch of sampler, planner and static address table, and the read-check page tables."""
+    """indptr, the per-node scratch of sampler, planner and static address table, and the read-check block tables."""
     working_bytes: int
     """Superbatches in flight and read buffers."""
     neighbor_cache_bytes: int
@@ -113,8 +113,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     n = m.num_nodes
     index_itemsize = np.dtype(m.index_dtype.value).itemsize
     scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
-    # the read checks' page tables (8 B per 4 KiB page of features.bin and indices.npy) live as long as the mode
-    graph_bytes = 8 * (n + 1) + scratch * n + (page_table_bytes(dataset) if config.io.check_reads else 0)
+    # the read checks' block tables (8 B per block of features.bin and page of indices.npy) live as long as the mode
+    graph_bytes = 8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
     superbatch = ex.superbatch * (batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE)
     mean_degree = m.num_edges / max(1, n)
     list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
@@ -176,7 +176,7 @@ class _OutOfCoreMode:
         self._feat_offset = np.ascontiguousarray(partitions[:, 4])
         direct = config.io.direct_io
         indptr = dataset.read("indptr", np.int64, 1)
-        checks = load_read_checks(dataset, pages=True) if config.io.check_reads else None
+        checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
         # O_DIRECT reads whole pages anyway; buffered reads gain nothing from reading gaps between lists
         reader = NeighborReader(indptr, Path(dataset.file("indices")), gap_bytes=4096 if direct else 0,
                                 read_threads=max(8, config.io.read_threads), direct_io=direct,
@@ -192,7 +192,9 @@ class _OutOfCoreMode:
             reader.close()
             raise
         self.rows = RowReader(dataset.file("features"), row_bytes=m.row_bytes, direct=direct,
-                              threads=ROW_READ_THREADS, page_sums=None if checks is None else checks.feature_pages)
+                              threads=ROW_READ_THREADS,
+                              block_sums=None if checks is None else checks.feature_blocks,
+                              check_block=m.feature_check_bytes)
         metrics.neighbor_cache_bytes.set(cache.nbytes)
         self._sampled_stats = self.sampler.stats
         self._lock = threading.Lock()

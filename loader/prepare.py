@@ -147,13 +147,14 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             write_npy(tmp / FILES["new_to_orig"], renumbering.new_to_orig)
             write_npy(tmp / FILES["static_nodes"], static_nodes)
             splits = _write_labels_and_splits(raw, renumbering, tmp)
-            write_read_checks(tmp, partitions, FILES, progress=options.progress)
+            feature_block = write_read_checks(tmp, partitions, FILES, row_bytes=head.feat_dim * out_dtype.itemsize,
+                                              progress=options.progress)
             files = _checksums(tmp, options.progress)
             manifest = Manifest(
                 version=FORMAT_VERSION, num_nodes=n, num_edges=head.num_edges,
                 num_partitions=options.num_partitions, num_classes=head.num_classes, feat_dim=head.feat_dim,
                 feat_dtype=FeatureDtype(out_dtype.name), index_dtype=IndexDtype(index_dtype.name),
-                feature_alignment=FEATURE_ALIGNMENT,
+                feature_alignment=FEATURE_ALIGNMENT, feature_check_block=feature_block,
                 partitioner={"name": partitioner.name, "params": partitioner.params(),
                              "seconds": round(partition_seconds, 3)},
                 edge_cut={"edges": cut_edges, "fraction": cut_edges / head.num_edges if head.num_edges else 0.0},

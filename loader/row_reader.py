@@ -86,14 +86,16 @@ class RowReader:
     direct: open with O_DIRECT (falls back to buffered with a warning where refused); threads:
     reads in flight (default 8); max_span: largest read in bytes, a positive multiple of 4096
     (default 256 KiB); merge_gap: pages of rows at most this many bytes apart are read as one span,
-    gap included (default 0: only overlapping or adjacent pages merge); page_sums: the file's read
-    checks, one XXH3-64 per 4 KiB page (``loader.read_checks``; None: unchecked): every page read is
-    verified on its read thread and a mismatch raises ``CorruptData`` naming the page. Raises
+    gap included (default 0: only overlapping or adjacent pages merge); block_sums: the file's read
+    checks, one XXH3-64 per ``check_block`` bytes (512 to 4096, a power of two; ``loader.read_checks``;
+    None: unchecked): every block a requested row touches is verified on its read thread and a
+    mismatch raises ``CorruptData`` naming the block. Raises
     ValueError for a bad argument and OSError when the file cannot be opened.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, row_bytes: int, direct: bool, threads: int = 8,
-                 max_span: int = DEFAULT_MAX_SPAN, merge_gap: int = 0, page_sums: np.ndarray | None = None) -> None:
+                 max_span: int = DEFAULT_MAX_SPAN, merge_gap: int = 0, block_sums: np.ndarray | None = None,
+                 check_block: int = PAGE) -> None:
         if row_bytes <= 0:
             raise ValueError(f"row_bytes: {row_bytes} is not positive")
         if threads < 1:
@@ -102,9 +104,12 @@ class RowReader:
             raise ValueError(f"max_span: {max_span} is not a positive multiple of {PAGE}")
         if merge_gap < 0:
             raise ValueError(f"merge_gap: {merge_gap} is negative")
+        if check_block < 1 or PAGE % check_block:
+            raise ValueError(f"check_block: {check_block} does not divide the {PAGE}-byte page")
         self.path = os.fspath(path)
         self.row_bytes = row_bytes
-        self.page_sums = np.empty(0, np.uint64) if page_sums is None else np.ascontiguousarray(page_sums, np.uint64)
+        self.block_sums = np.empty(0, np.uint64) if block_sums is None else np.ascontiguousarray(block_sums, np.uint64)
+        self.check_block = check_block
         self.threads = threads
         self.max_span = max_span
         self.merge_gap = merge_gap
@@ -207,8 +212,8 @@ class RowReader:
             row_lo = np.searchsorted(sorted_off, starts - self.row_bytes, side="right")
             row_hi = np.searchsorted(sorted_off, ends, side="left")
             # the span may run past EOF; only up to its last row's end must arrive, or, to check them, its
-            # whole pages up to the end of the file
-            if len(self.page_sums):
+            # whole blocks up to the end of the file
+            if len(self.block_sums):
                 need = np.minimum(ends, size) - starts
             else:
                 need = np.minimum(ends, sorted_off[row_hi - 1] + self.row_bytes) - starts
@@ -226,7 +231,7 @@ class RowReader:
             if failure is not None:
                 status, err, at = failure
                 if status == kernels.STATUS_CORRUPT:
-                    raise CorruptData(self.path, at, f"the {PAGE}-byte page")
+                    raise CorruptData(self.path, at, f"the {self.check_block}-byte block")
                 if status == kernels.STATUS_EOF:
                     raise OSError(errno.EIO, f"file ends at byte {at}, before the requested rows (truncated?)",
                                   self.path)
@@ -263,7 +268,7 @@ class RowReader:
     def _share(self, plan: tuple[np.ndarray, ...], g0: int, g1: int, bounce: np.ndarray, result: np.ndarray) -> None:
         starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat = plan
         kernels.read_groups(self._fd, starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest,
-                            self.row_bytes, flat, bounce, g0, g1, result, self.page_sums)
+                            self.row_bytes, flat, bounce, g0, g1, result, self.block_sums, self.check_block)
 
     def _account(self, results: np.ndarray, rows: int) -> None:
         self.reads += int(results[:, 2].sum())

@@ -11,7 +11,7 @@ import errno as _errno
 import numpy as np
 from numba import njit
 
-from loader.checksum_kernels import PAGE_BYTES, bad_page_in
+from loader.checksum_kernels import PAGE_BYTES, bad_block_in
 from loader.jit import kernel
 
 __all__ = ["STATUS_EOF", "STATUS_OK", "STATUS_OS_ERROR", "STATUS_CORRUPT", "RESULT_FIELDS", "plan_spans",
@@ -23,7 +23,7 @@ STATUS_OS_ERROR = 1
 STATUS_EOF = 2
 """pread returned 0 before the group's rows were complete: the file shrank under us."""
 STATUS_CORRUPT = 3
-"""A page read fails its read check (``result[4]``: the page's file offset)."""
+"""A block read fails its read check (``result[4]``: the block's file offset)."""
 
 RESULT_FIELDS = 5
 """Per share: status, errno, pread calls, bytes returned by pread, file offset of the failed read."""
@@ -95,7 +95,7 @@ def plan_spans(offsets: np.ndarray, row_bytes: int, page: int, merge_gap: int, m
 def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need: np.ndarray,
                 row_lo: np.ndarray, row_hi: np.ndarray, offsets: np.ndarray, dest: np.ndarray, row_bytes: int,
                 out: np.ndarray, bounce: np.ndarray, g0: int, g1: int, result: np.ndarray,
-                page_sums: np.ndarray) -> None:
+                block_sums: np.ndarray, block: int) -> None:
     """pread spans ``g0..g1`` into ``bounce`` one at a time and copy their rows into ``out``.
 
     Span g is ``span_len[g]`` bytes at ``span_start[g]``; at least ``span_need[g]`` must arrive (a
@@ -105,8 +105,10 @@ def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need
     the spans' copies, which touch disjoint bytes. Short reads are continued and EINTR retried.
     Writes status, errno, pread calls, bytes read and the failing offset to ``result`` (int64[5])
     and stops at the first error; rows of spans not reached are left as they were. With read checks
-    (``page_sums`` not empty, one per page of the file) each span's ``span_need[g]`` bytes (whole
-    pages, or up to the end of the file) are checked before any row is copied out of it.
+    (``block_sums`` not empty, one per ``block`` bytes of the file; ``block`` divides 4096) every
+    block a row of the span touches is checked, once, before any row is copied out of it: the span's
+    other bytes are read (pages are the unit of a read) but not hashed. ``span_need[g]`` then reaches
+    the end of the file, so a last, short block is whole.
     """
     reads = 0
     nbytes = 0
@@ -139,16 +141,24 @@ def read_groups(fd: int, span_start: np.ndarray, span_len: np.ndarray, span_need
                 return
             done += got
             nbytes += got
-        if len(page_sums):
-            bad = bad_page_in(bounce, 0, need, start, page_sums, acc, pad)
-            if bad >= 0:
-                result[0] = STATUS_CORRUPT
-                result[1] = 0
-                result[2] = reads
-                result[3] = nbytes
-                result[4] = bad
-                return
         end = start + length
+        if len(block_sums):
+            checked_to = start  # rows ascend, so the blocks already checked are those below this offset
+            for r in range(row_lo[g], row_hi[g]):
+                lo = max(max(offsets[r], start) // block * block, checked_to)
+                # whole blocks, except the file's last, which ends where the file does
+                hi = min((min(offsets[r] + row_bytes, end) + block - 1) // block * block, start + need)
+                if hi <= lo:
+                    continue
+                bad = bad_block_in(bounce, lo - start, hi - lo, lo, block_sums, block, acc, pad)
+                if bad >= 0:
+                    result[0] = STATUS_CORRUPT
+                    result[1] = 0
+                    result[2] = reads
+                    result[3] = nbytes
+                    result[4] = bad
+                    return
+                checked_to = hi
         for r in range(row_lo[g], row_hi[g]):
             row = offsets[r]
             lo = max(row, start)

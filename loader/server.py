@@ -246,7 +246,7 @@ class Daemon:
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
-        checks = load_read_checks(dataset, pages=False) if cfg.io.check_reads else None
+        checks = load_read_checks(dataset, blocks=False) if cfg.io.check_reads else None
         reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
                                  threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
         ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions,

@@ -15,7 +15,7 @@ import numpy as np
 from loader.dataset import CHECK_FILES, FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
 from loader.fileio import file_xxh3
 from loader.npyio import NpyReader, read_npy, rows_per_chunk
-from loader.read_checks import file_page_checksums, partition_checksum_table
+from loader.read_checks import PAGE_BYTES, file_block_checksums, partition_checksum_table
 from proto.errors import UserError
 from proto.progress import Progress
 
@@ -66,7 +66,7 @@ def _check_manifest_bytes(dataset: Dataset, report: VerifyReport) -> None:
         report.problems.append("manifest: manifest.json is not byte-identical to its canonical form")
     required = set(FILES.values())
     if _minor_version(dataset) >= 1:
-        required |= set(CHECK_FILES.values())  # format 1.1 adds the read checks
+        required |= set(dataset.manifest.check_files)  # format 1.1 adds the read checks
     missing = sorted(required - set(dataset.manifest.files))
     if missing:
         report.problems.append(f"manifest: no checksum recorded for {', '.join(missing)}")
@@ -237,15 +237,17 @@ def _check_static_cache(dataset: Dataset) -> list[str]:
 
 
 def _check_read_checks(dataset: Dataset) -> list[str]:
-    """The read checks (format 1.1) agree with the files they check: recomputed, not trusted."""
+    """The read checks (format 1.1, 1.2) agree with the files they check: recomputed, not trusted."""
     if not dataset.manifest.has_read_checks:
         return []
     problems = []
     stored = dataset.path / CHECK_FILES["partition_checksums"]
     if not np.array_equal(read_npy(stored), partition_checksum_table(dataset.path, dataset.partitions(), FILES)):
         problems.append(f"{stored.name} disagrees with the partition ranges it checks")
-    for name, data_file in (("feature_pages", "features"), ("index_pages", "indices")):
-        stored = dataset.path / CHECK_FILES[name]
-        if not np.array_equal(read_npy(stored), file_page_checksums(dataset.file(data_file))):
-            problems.append(f"{stored.name} disagrees with the pages of {FILES[data_file]}")
+    m = dataset.manifest
+    for name, data_file, block in ((m.feature_check_file, "features", m.feature_check_bytes),
+                                   (CHECK_FILES["index_pages"], "indices", PAGE_BYTES)):
+        stored = dataset.path / name
+        if not np.array_equal(read_npy(stored), file_block_checksums(dataset.file(data_file), block)):
+            problems.append(f"{stored.name} disagrees with the {block}-byte blocks of {FILES[data_file]}")
     return problems

@@ -1,8 +1,8 @@
-"""Checked reads (format 1.1): the page kernel against the xxhash library, the readers, and the daemon.
+"""Checked reads (format 1.1, 1.2): the block kernel against the xxhash library, the readers, and the daemon.
 
 The daemon tests flip one byte of ``features.bin`` or ``indices.npy`` in a copy of a prepared dataset
 and train one epoch in each disk-reading mode: the client must get ``data_corrupt`` naming the file and
-the byte's page or partition range instead of a batch, and the daemon must go on serving others.
+the byte's block or partition range instead of a batch, and the daemon must go on serving others.
 """
 
 import json
@@ -15,8 +15,8 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.checksum_kernels import PAGE_BYTES, USING_C_XXH3, first_bad_page, page_checksums
-from loader.dataset import CHECK_FILES, FORMAT_VERSION, manifest_text, open_dataset
+from loader.checksum_kernels import PAGE_BYTES, USING_C_XXH3, block_checksums, check_block_bytes, first_bad_block
+from loader.dataset import CHECK_FILES, FEATURE_PAGES_1_1, FORMAT_VERSION, manifest_text, open_dataset
 from loader.neighbor_reader import NeighborReader
 from loader.npyio import NpyReader
 from loader.read_checks import CorruptData, load_read_checks
@@ -27,38 +27,76 @@ from proto.messages import StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset, train_until_error
 
 
-def reference_page_sums(data: bytes) -> list[int]:
-    """The plain definition: xxh3_64 of each 4 KiB page, the last one zero-padded."""
-    pages = []
-    for start in range(0, len(data), PAGE_BYTES):
-        page = data[start:start + PAGE_BYTES]
-        pages.append(xxhash.xxh3_64_intdigest(page + bytes(PAGE_BYTES - len(page))))
-    return pages
+def reference_block_sums(data: bytes, block: int = PAGE_BYTES) -> list[int]:
+    """The plain definition: xxh3_64 of each ``block`` bytes, the last one zero-padded."""
+    sums = []
+    for start in range(0, len(data), block):
+        chunk = data[start:start + block]
+        sums.append(xxhash.xxh3_64_intdigest(chunk + bytes(block - len(chunk))))
+    return sums
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.binary(min_size=1, max_size=3 * PAGE_BYTES + 700))
-def test_page_checksums_equal_the_xxhash_library(data):
+BLOCKS = st.sampled_from([512, 1024, 2048, 4096])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.binary(min_size=1, max_size=3 * PAGE_BYTES + 700), BLOCKS)
+def test_block_checksums_equal_the_xxhash_library(data, block):
     for numba_only in (False, True):  # the C path where available, and the fallback
-        out = np.empty(-(-len(data) // PAGE_BYTES), dtype=np.uint64)
-        page_checksums(np.frombuffer(data, dtype=np.uint8), out, numba_only)
-        assert out.tolist() == reference_page_sums(data)
+        out = np.empty(-(-len(data) // block), dtype=np.uint64)
+        block_checksums(np.frombuffer(data, dtype=np.uint8), out, block, numba_only)
+        assert out.tolist() == reference_block_sums(data, block)
 
 
 def test_the_fast_c_hash_is_found_in_the_installed_xxhash():
-    assert USING_C_XXH3, "xxhash exports no XXH3_64bits: pages are hashed 3x slower by the numba fallback"
+    assert USING_C_XXH3, "xxhash exports no XXH3_64bits: blocks are hashed 3x slower by the numba fallback"
+
+
+@given(st.integers(1, 1 << 20))
+def test_the_check_block_is_the_largest_power_of_two_in_a_row_within_512_and_4096(row_bytes):
+    block = check_block_bytes(row_bytes)
+    assert block in (512, 1024, 2048, 4096)
+    assert block <= max(512, row_bytes) and (block == 4096 or 2 * block > row_bytes)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 5 * PAGE_BYTES), st.data())
-def test_first_bad_page_names_the_page_of_a_flipped_byte(size, draw):
+@given(st.integers(1, 5 * PAGE_BYTES), BLOCKS, st.data())
+def test_first_bad_block_names_the_block_of_a_flipped_byte(size, block, draw):
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    sums = np.array(reference_page_sums(data.tobytes()), dtype=np.uint64)
+    sums = np.array(reference_block_sums(data.tobytes(), block), dtype=np.uint64)
     whole = (np.zeros(1, np.int64), np.array([size], np.int64), np.zeros(1, np.int64))
-    assert first_bad_page(data, *whole, sums) == -1
+    assert first_bad_block(data, *whole, sums, block) == -1
     at = draw.draw(st.integers(0, size - 1))
     data[at] ^= 1 << draw.draw(st.integers(0, 7))
-    assert first_bad_page(data, *whole, sums) == at // PAGE_BYTES * PAGE_BYTES
+    assert first_bad_block(data, *whole, sums, block) == at // block * block
+
+
+@settings(max_examples=60, deadline=None)
+@given(row_bytes=st.integers(1, 3000), rows=st.integers(1, 40), data=st.data())
+def test_checked_row_reads_fail_exactly_when_a_requested_row_touches_the_flipped_block(tmp_path_factory, row_bytes,
+                                                                                    rows, data):
+    """Against the plain rule: a read fails iff a flipped block holds a byte of a requested row; a
+    read that passes returns the file's rows."""
+    path = tmp_path_factory.mktemp("rows") / "rows.bin"
+    size = rows * row_bytes + data.draw(st.integers(0, 100))  # trailing bytes no row owns
+    content = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    block = check_block_bytes(row_bytes)
+    sums = np.array(reference_block_sums(content.tobytes(), block), dtype=np.uint64)
+    flipped = data.draw(st.integers(0, size - 1))
+    content[flipped] ^= 0x40
+    path.write_bytes(content.tobytes())
+    wanted = np.array(sorted(data.draw(st.sets(st.integers(0, rows - 1), min_size=1, max_size=rows))), np.int64)
+    bad = flipped // block
+    touched = any(r * row_bytes // block <= bad <= (r * row_bytes + row_bytes - 1) // block for r in wanted.tolist())
+    out = np.zeros((len(wanted), row_bytes), dtype=np.uint8)
+    with RowReader(path, row_bytes=row_bytes, direct=False, block_sums=sums, check_block=block) as reader:
+        if touched:
+            with pytest.raises(CorruptData) as info:
+                reader.read_rows(wanted * row_bytes, out)
+            assert info.value.offset == bad * block
+        else:
+            reader.read_rows(wanted * row_bytes, out)
+            np.testing.assert_array_equal(out, content[:rows * row_bytes].reshape(rows, row_bytes)[wanted])
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +104,43 @@ def dataset(tmp_path_factory):
     return small_dataset(tmp_path_factory.mktemp("checked"))
 
 
-def test_prepare_writes_format_1_1_with_read_checks_that_verify_recomputes(dataset, tmp_path):
+def test_prepare_writes_format_1_2_with_read_checks_that_verify_recomputes(dataset, tmp_path):
     ds = open_dataset(dataset)
-    assert ds.manifest.version == FORMAT_VERSION == "1.1" and ds.manifest.has_read_checks
-    checks = load_read_checks(ds, pages=True)
+    assert ds.manifest.version == FORMAT_VERSION == "1.2" and ds.manifest.has_read_checks
+    assert ds.manifest.row_bytes == 64 and ds.manifest.feature_check_block == 512  # 16 float32 features
+    checks = load_read_checks(ds, blocks=True)
     assert checks is not None and checks.partition_sums.shape == (ds.manifest.num_partitions, 3)
-    assert checks.feature_pages.tolist() == reference_page_sums(ds.file("features").read_bytes())
-    assert checks.index_pages.tolist() == reference_page_sums(ds.file("indices").read_bytes())
+    assert checks.feature_block == 512
+    assert checks.feature_blocks.tolist() == reference_block_sums(ds.file("features").read_bytes(), 512)
+    assert checks.index_pages.tolist() == reference_block_sums(ds.file("indices").read_bytes())
     assert verify_dataset(dataset, progress=False).ok
 
     # read checks that disagree with their files (rewritten with a consistent manifest) are reported
     copy = shutil.copytree(dataset, tmp_path / "ds")
-    table = np.load(copy / CHECK_FILES["feature_pages"])
+    table = np.load(copy / CHECK_FILES["feature_blocks"])
     table[3] ^= np.uint64(1)
-    np.save(copy / CHECK_FILES["feature_pages"], table)
+    np.save(copy / CHECK_FILES["feature_blocks"], table)
     _rehash_manifest(copy)
     report = verify_dataset(copy, progress=False)
-    assert any("feature_pages.npy disagrees" in p for p in report.problems), report.problems
+    assert any("feature_blocks.npy disagrees with the 512-byte blocks" in p for p in report.problems), report.problems
+
+
+def test_a_format_1_1_dataset_is_checked_by_its_4096_byte_feature_pages(dataset, tmp_path):
+    copy = shutil.copytree(dataset, tmp_path / "v11")
+    (copy / CHECK_FILES["feature_blocks"]).unlink()
+    np.save(copy / FEATURE_PAGES_1_1, np.array(reference_block_sums((copy / "features.bin").read_bytes()), np.uint64))
+    data = json.loads((copy / "manifest.json").read_text())
+    data["version"] = "1.1"
+    del data["features"]["check_block"]
+    data["files"][FEATURE_PAGES_1_1] = data["files"].pop(CHECK_FILES["feature_blocks"])
+    (copy / "manifest.json").write_text(json.dumps(data))
+    _rehash_manifest(copy)
+    ds = open_dataset(copy)
+    assert ds.manifest.has_read_checks and ds.manifest.feature_check_bytes == PAGE_BYTES
+    checks = load_read_checks(ds, blocks=True)
+    assert checks is not None and checks.feature_block == PAGE_BYTES
+    assert len(checks.feature_blocks) == -(-(copy / "features.bin").stat().st_size // PAGE_BYTES)
+    assert verify_dataset(copy, progress=False).ok
 
 
 def _rehash_manifest(path):
@@ -102,11 +160,12 @@ def test_a_format_1_0_dataset_is_served_unchecked_with_a_warning(dataset, tmp_pa
     for name in CHECK_FILES.values():
         del data["files"][name]
         (copy / name).unlink()
+    del data["features"]["check_block"]
     del data["checksum"]
     (copy / "manifest.json").write_text(manifest_text(data))
     ds = open_dataset(copy)
     assert not ds.manifest.has_read_checks
-    assert load_read_checks(ds, pages=True) is None
+    assert load_read_checks(ds, blocks=True) is None
     assert "no read checks" in caplog.text
     assert verify_dataset(copy, progress=False).ok
 
@@ -119,22 +178,24 @@ def flip(path, offset):
         handle.write(bytes([byte ^ 0x10]))
 
 
-def test_row_and_neighbour_readers_refuse_a_flipped_page(dataset, tmp_path):
+def test_row_and_neighbour_readers_refuse_a_flipped_block(dataset, tmp_path):
     copy = shutil.copytree(dataset, tmp_path / "ds")
     ds = open_dataset(copy)
-    checks = load_read_checks(ds, pages=True)
+    checks = load_read_checks(ds, blocks=True)
     assert checks is not None
     row_bytes = ds.manifest.row_bytes
     size = ds.file("features").stat().st_size
     bad_row = 17
     flip(ds.file("features"), bad_row * row_bytes + 5)
     out = np.zeros((3, row_bytes), dtype=np.uint8)
-    with RowReader(ds.file("features"), row_bytes=row_bytes, direct=False, page_sums=checks.feature_pages) as rows:
+    block = checks.feature_block
+    with RowReader(ds.file("features"), row_bytes=row_bytes, direct=False, block_sums=checks.feature_blocks,
+                   check_block=block) as rows:
         far = (size // PAGE_BYTES - 1) * PAGE_BYTES  # a clean page: served
         rows.read_rows(np.array([far]), out[:1])
         with pytest.raises(CorruptData) as info:
             rows.read_rows(np.array([0, bad_row * row_bytes, far]), out)
-    assert info.value.offset == (bad_row * row_bytes + 5) // PAGE_BYTES * PAGE_BYTES
+    assert info.value.offset == (bad_row * row_bytes + 5) // block * block
     assert "features.bin" in str(info.value) and f"byte {info.value.offset}" in str(info.value)
 
     indptr = ds.read("indptr", np.int64, 1)
@@ -185,8 +246,9 @@ def test_a_flipped_byte_fails_the_stream_with_data_corrupt_and_the_daemon_serves
         err = train_until_error(client)
         assert err.code == "data_corrupt", err
         assert file in err.message and "fails its checksum" in err.message
-        if mode != "hierarchical":  # the row-granular modes name the page; the hierarchical one the partition range
-            assert f"at byte {offset // PAGE_BYTES * PAGE_BYTES} " in err.message
+        if mode != "hierarchical":  # the row-granular modes name the block; the hierarchical one the partition range
+            block = ds.manifest.feature_check_bytes if file == "features.bin" else PAGE_BYTES
+            assert f"at byte {offset // block * block} " in err.message
         assert daemon.metrics.read_check_failures.labels(file)._value.get() == 1
         with connect(config) as other:
             other.send(StatsRequest())

@@ -61,7 +61,8 @@ def inject_eio(monkeypatch, faults: Faults) -> None:
 
     def read_groups(fd, *args):
         if faults.take(fd):
-            result, span_start, g0 = args[-2], args[0], args[-4]
+            # read_groups(fd, span_start, ..., bounce, g0, g1, result, block_sums, check_block)
+            result, span_start, g0 = args[12], args[0], args[10]
             result[:] = (kernels.STATUS_OS_ERROR, errno.EIO, 1, 0, span_start[g0])
             return
         real_kernel(fd, *args)
