@@ -39,7 +39,7 @@ from bench.harness import (  # noqa: E402
     stop_process,
     wait_for_socket,
 )
-from loader.dataset import open_dataset  # noqa: E402
+from loader.format.dataset import open_dataset  # noqa: E402
 from loader.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
 from loader.sampling import sample_pass  # noqa: E402
 from proto.client import ControlClient  # noqa: E402

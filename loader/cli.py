@@ -28,7 +28,7 @@ from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
 
 if TYPE_CHECKING:
-    from loader.raw import RawDataset
+    from loader.format.raw import RawDataset
 
 __all__ = ["main", "build_parser", "EX_CONFIG"]
 
@@ -62,8 +62,8 @@ def _print_raw_summary(verb: str, raw: "RawDataset") -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from loader.format.splits import parse_split_ratios
     from loader.generate import generate_graph
-    from loader.splits import parse_split_ratios
 
     raw = generate_graph(Path(args.out), num_nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
                          num_classes=args.classes, seed=args.seed, feat_dtype=args.feat_dtype,
@@ -75,8 +75,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    from loader.format.splits import parse_split_ratios
     from loader.importers import ImportOptions, import_dataset
-    from loader.splits import parse_split_ratios
 
     options = ImportOptions(undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedup=args.dedup,
                             split=parse_split_ratios(args.split), split_seed=args.split_seed,

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import numpy as np
 
-from loader.dataset import Dataset
+from loader.format.dataset import Dataset
+from loader.format.npyio import NpyReader
 from loader.gather_kernels import row_offsets_for
-from loader.npyio import NpyReader
 from loader.publisher import BatchSource, gather_from
 from loader.sampling import CSCGraph, SampledPass, sample_pass
 

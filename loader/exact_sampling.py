@@ -37,7 +37,6 @@ from types import TracebackType
 
 import numpy as np
 
-from loader.dataset import Dataset
 from loader.exact_sampling_kernels import (
     STATUS_BAD_NEIGHBOUR,
     append_group,
@@ -45,6 +44,7 @@ from loader.exact_sampling_kernels import (
     frontier_union,
     sample_group_hop,
 )
+from loader.format.dataset import Dataset
 from loader.neighbor_cache import NeighborCache
 from loader.neighbor_reader import DEFAULT_GAP_BYTES, DEFAULT_READ_THREADS, NeighborReader
 from loader.sampling import SampledPass, as_int, as_int_array, check_pass_args

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.fileio import write_all
+from loader.format.fileio import write_all
 from proto.errors import UserError
 from proto.progress import Progress
 

@@ -10,8 +10,8 @@ page cache is the only cache; under a cgroup memory limit it is charged to the d
 
 import numpy as np
 
-from loader.dataset import Dataset
 from loader.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
+from loader.format.dataset import Dataset
 from loader.fullgraph import ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.inmemory import load_in_memory

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.npyio import rows_per_chunk
-from loader.raw import FEATURE_DTYPES, RawDataset, RawDatasetWriter
-from loader.splits import stratified_split
+from loader.format.npyio import rows_per_chunk
+from loader.format.raw import FEATURE_DTYPES, RawDataset, RawDatasetWriter
+from loader.format.splits import stratified_split
 from proto.errors import UserError
 from proto.progress import Progress
 

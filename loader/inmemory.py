@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from loader.dataset import Dataset
-from loader.fileio import pread_into
+from loader.format.dataset import Dataset
+from loader.format.fileio import pread_into
 from loader.sampling import CSCGraph, batch_keys, shuffle
 from proto.errors import UserError
 

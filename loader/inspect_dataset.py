@@ -5,8 +5,8 @@ from typing import Any
 
 import numpy as np
 
-from loader.dataset import open_dataset
-from loader.npyio import NpyReader, rows_per_chunk
+from loader.format.dataset import open_dataset
+from loader.format.npyio import NpyReader, rows_per_chunk
 from proto.sizes import format_size
 
 __all__ = ["partition_advice", "ADVISED_PARTITIONS", "MIN_PARTITION_BYTES", "dataset_summary", "format_summary"]

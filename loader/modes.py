@@ -1,7 +1,7 @@
 """Build the full-graph mode a config asks for, after checking it fits the memory budget."""
 
 from loader.config import LoaderConfig
-from loader.dataset import Dataset
+from loader.format.dataset import Dataset
 from loader.fullgraph import FullGraphMode
 from loader.fullgraph_modes import InMemoryMode, MmapMode
 from loader.memplan import NODE_ARRAY_BYTES

@@ -43,9 +43,9 @@ import numpy as np
 import numpy.typing as npt
 
 from loader.exact_sampling_kernels import scatter_lists
-from loader.fileio import read_failed
-from loader.npyio import NpyReader
-from loader.read_checks import verify_pages
+from loader.format.fileio import read_failed
+from loader.format.npyio import NpyReader
+from loader.format.read_checks import verify_pages
 from proto.errors import UserError
 
 __all__ = ["NeighborLists", "NeighborReader", "ALIGNMENT", "DEFAULT_GAP_BYTES", "DEFAULT_BLOCK_BYTES",
@@ -134,7 +134,7 @@ class NeighborReader:
     ``data_offset`` are both given); gap_bytes (default 4096): largest gap coalesced into one
     read, 0 for adjacent lists only; read_threads (default 8); direct_io (default False);
     block_bytes (default 1 MiB, rounded up to 4096): largest single read; page_sums: the file's read
-    checks, one XXH3-64 per 4 KiB page (``loader.read_checks``; None: unchecked). Checked reads are
+    checks, one XXH3-64 per 4 KiB page (``loader.format.read_checks``; None: unchecked). Checked reads are
     widened to whole pages and staged like O_DIRECT ones, every page is verified, and a mismatch raises
     ``CorruptData`` naming the page.
     """

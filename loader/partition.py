@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 import pymetis
 
-from loader.npyio import NpyReader, read_npy, rows_per_chunk
+from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
 from loader.partition_kernels import fennel_assign
 from proto.errors import UserError
 from proto.progress import Progress

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 import loader
-from loader.dataset import (
+from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
+from loader.format.dataset import (
     CHECK_FILES,
     FEATURE_ALIGNMENT,
     FILES,
@@ -33,14 +34,13 @@ from loader.dataset import (
     manifest_text,
     open_dataset,
 )
-from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
-from loader.fileio import file_xxh3, write_all
+from loader.format.fileio import file_xxh3, write_all
+from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
+from loader.format.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
+from loader.format.read_checks import write_read_checks
+from loader.format.splits import stratified_split
 from loader.layout import Renumbering, write_features, write_structure
-from loader.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.partition import SymmetricAdjacency, make_partitioner
-from loader.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
-from loader.read_checks import write_read_checks
-from loader.splits import stratified_split
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
 from proto.progress import Progress

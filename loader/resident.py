@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.dataset import Dataset
-from loader.npyio import NpyReader
+from loader.format.dataset import Dataset
+from loader.format.npyio import NpyReader
 
 __all__ = ["StaticCache", "ResidentData", "load_resident"]
 

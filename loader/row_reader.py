@@ -52,8 +52,8 @@ from types import TracebackType
 import numpy as np
 
 from loader import row_reader_kernels as kernels
+from loader.format.read_checks import CorruptData
 from loader.memplan import PAGE
-from loader.read_checks import CorruptData
 
 __all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader"]
 
@@ -87,7 +87,7 @@ class RowReader:
     reads in flight (default 8); max_span: largest read in bytes, a positive multiple of 4096
     (default 256 KiB); merge_gap: pages of rows at most this many bytes apart are read as one span,
     gap included (default 0: only overlapping or adjacent pages merge); page_sums: the file's read
-    checks, one XXH3-64 per 4 KiB page (``loader.read_checks``; None: unchecked): every page read is
+    checks, one XXH3-64 per 4 KiB page (``loader.format.read_checks``; None: unchecked): every page read is
     verified on its read thread and a mismatch raises ``CorruptData`` naming the page. Raises
     ValueError for a bad argument and OSError when the file cannot be opened.
     """

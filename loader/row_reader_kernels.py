@@ -11,7 +11,7 @@ import errno as _errno
 import numpy as np
 from numba import njit
 
-from loader.checksum_kernels import PAGE_BYTES, bad_page_in
+from loader.format.checksum_kernels import PAGE_BYTES, bad_page_in
 from loader.jit import kernel
 
 __all__ = ["STATUS_EOF", "STATUS_OK", "STATUS_OS_ERROR", "STATUS_CORRUPT", "RESULT_FIELDS", "plan_spans",

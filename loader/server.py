@@ -39,14 +39,14 @@ from loader import __version__
 from loader.arena import FeatureArena
 from loader.config import LoaderConfig
 from loader.coverage import expected_edge_coverage
-from loader.dataset import Dataset, check_file_sizes, open_dataset
 from loader.eval_stream import EvalAccess, MemmapEval
+from loader.format.dataset import Dataset, check_file_sizes, open_dataset
+from loader.format.read_checks import load_read_checks
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.memplan import MemoryPlan, plan_memory
 from loader.metrics import DaemonMetrics
 from loader.modes import open_mode
 from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
-from loader.read_checks import load_read_checks
 from loader.reader import PartitionReader
 from loader.resident import ResidentData, load_resident
 from loader.schedule import train_label_counts

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.config import SamplerConfig
-from loader.dataset import Dataset
 from loader.eval_stream import EvalData, open_eval_data
+from loader.format.dataset import Dataset
 from loader.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
 from loader.publisher import batch_specs
 from loader.resident import ResidentData

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.dataset import CHECK_FILES, FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
-from loader.fileio import file_xxh3
-from loader.npyio import NpyReader, read_npy, rows_per_chunk
-from loader.read_checks import file_page_checksums, partition_checksum_table
+from loader.format.dataset import CHECK_FILES, FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
+from loader.format.fileio import file_xxh3
+from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
+from loader.format.read_checks import file_page_checksums, partition_checksum_table
 from proto.errors import UserError
 from proto.progress import Progress
 

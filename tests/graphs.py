@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.raw import RawDataset, RawDatasetWriter, open_raw
+from loader.format.raw import RawDataset, RawDatasetWriter, open_raw
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

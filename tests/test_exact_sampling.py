@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.dataset import open_dataset
 from loader.exact_sampling import ExactSampler
+from loader.format.dataset import open_dataset
 from loader.importers import import_dataset
 from loader.neighbor_cache import NeighborCache
 from loader.neighbor_reader import ALIGNMENT, NeighborReader

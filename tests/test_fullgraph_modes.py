@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from loader.dataset import open_dataset
+from loader.format.dataset import open_dataset
 from loader.inmemory import epoch_batches_inmemory, load_in_memory
 from loader.sampling import sample_pass
 from proto.client import ControlClient

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from loader.dataset import open_dataset
+from loader.format.dataset import open_dataset
 from loader.inmemory import (
     STREAM_SHUFFLE,
     STREAM_TEST,

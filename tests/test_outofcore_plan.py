@@ -3,7 +3,7 @@
 import pytest
 
 from loader.config import config_from_mapping
-from loader.dataset import open_dataset
+from loader.format.dataset import open_dataset
 from loader.outofcore import plan_outofcore
 from proto.errors import UserError
 from tests.daemon_harness import small_dataset

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader.dataset import FEATURE_ALIGNMENT, open_dataset
-from loader.npyio import read_npy
+from loader.format.dataset import FEATURE_ALIGNMENT, open_dataset
+from loader.format.npyio import read_npy
 from loader.prepare import NODE_STATE_BYTES, PrepareOptions, prepare_dataset
 from proto.errors import UserError
 from tests.graphs import random_graph, shared_graph, write_raw

@@ -15,11 +15,11 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.checksum_kernels import PAGE_BYTES, USING_C_XXH3, first_bad_page, page_checksums
-from loader.dataset import CHECK_FILES, FORMAT_VERSION, manifest_text, open_dataset
+from loader.format.checksum_kernels import PAGE_BYTES, USING_C_XXH3, first_bad_page, page_checksums
+from loader.format.dataset import CHECK_FILES, FORMAT_VERSION, manifest_text, open_dataset
+from loader.format.npyio import NpyReader
+from loader.format.read_checks import CorruptData, load_read_checks
 from loader.neighbor_reader import NeighborReader
-from loader.npyio import NpyReader
-from loader.read_checks import CorruptData, load_read_checks
 from loader.row_reader import RowReader
 from loader.verify import verify_dataset
 from proto.errors import RemoteError, UserError
@@ -87,7 +87,7 @@ def test_prepare_writes_format_1_1_with_read_checks_that_verify_recomputes(datas
 
 def _rehash_manifest(path):
     """Record the current size and xxh3 of every file, as if prepare had written them."""
-    from loader.fileio import file_xxh3
+    from loader.format.fileio import file_xxh3
     data = json.loads((path / "manifest.json").read_text())
     for name, entry in data["files"].items():
         entry["bytes"], entry["xxh3_64"] = (path / name).stat().st_size, file_xxh3(path / name)

@@ -233,7 +233,7 @@ def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
     # the dataset and config are checked before torch is imported: their errors come in a blink
     opened = None
     if args.mode == "inmemory":
-        from loader.dataset import open_dataset
+        from loader.format.dataset import open_dataset
 
         sampler, dataset = resolve_sampler(args)
         if dataset is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loader.dataset import Dataset, open_dataset
+from loader.format.dataset import Dataset, open_dataset
 from loader.inmemory import (
     BatchPlan,
     InMemoryGraph,

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.fileio import pread_into
+from loader.format.fileio import pread_into
+from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
+from loader.format.raw import SPLIT_NAMES
 from loader.importers.common import ImportSource, ReadRequest, normalize_labels, split_from_mask
-from loader.npyio import NpyReader, read_npy, rows_per_chunk
-from loader.raw import SPLIT_NAMES
 from proto.errors import UserError
 
 __all__ = ["read_numpy_dir"]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from loader.format.npyio import rows_per_chunk
 from loader.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
-from loader.npyio import rows_per_chunk
 from proto.errors import UserError
 from proto.progress import Progress
 

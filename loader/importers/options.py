@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from loader.raw import FEATURE_DTYPES
+from loader.format.raw import FEATURE_DTYPES
 from proto.errors import UserError
 
 __all__ = ["ImportOptions"]

@@ -14,7 +14,7 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 
-from loader.fileio import pread_into, write_all
+from loader.format.fileio import pread_into, write_all
 from proto.errors import UserError
 
 __all__ = ["NpyReader", "NpyWriter", "read_npy", "write_npy", "rows_per_chunk"]

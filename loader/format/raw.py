@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from loader.fileio import write_all
-from loader.npyio import NpyReader, NpyWriter, read_npy, rows_per_chunk, write_npy
+from loader.format.fileio import write_all
+from loader.format.npyio import NpyReader, NpyWriter, read_npy, rows_per_chunk, write_npy
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
 from proto.progress import Progress

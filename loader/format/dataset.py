@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from loader.npyio import read_npy
+from loader.format.npyio import read_npy
 from proto.errors import UserError
 
 __all__ = [
@@ -44,7 +44,7 @@ CHECK_FILES = {
     "partition_checksums": "partition_checksums.npy", "feature_pages": "feature_pages.npy",
     "index_pages": "index_pages.npy",
 }
-"""The read-check files format 1.1 adds (``loader.read_checks``); a 1.0 dataset has none of them."""
+"""The read-check files format 1.1 adds (``loader.format.read_checks``); a 1.0 dataset has none of them."""
 
 
 class FeatureDtype(enum.Enum):

@@ -7,7 +7,7 @@ Two granularities, because the modes read at two granularities (docs/FORMAT.md, 
   the file), of ``indices.npy`` and of ``indptr.npy`` (its N_p + 1 entries), exactly the ranges the
   hierarchical reader reads. One library call per range; 10 GB/s next to a 0.7 GB/s disk.
 * per 4 KiB page (``feature_pages.npy``, ``index_pages.npy``, uint64, one per page of the file,
-  the last page zero-padded; ``loader.checksum_kernels``): the row-granular exact and static modes
+  the last page zero-padded; ``loader.format.checksum_kernels``): the row-granular exact and static modes
   read scattered pages of ``features.bin`` and ``indices.npy`` and check each one on the read thread
   (8 B per 4 KiB page: 0.2% of the file, held in RAM and charged to the memory plan).
 
@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from loader.checksum_kernels import PAGE_BYTES, first_bad_page, page_checksums
-from loader.dataset import CHECK_FILES, Dataset
-from loader.fileio import HASH_CHUNK_BYTES, range_xxh3
-from loader.npyio import NpyReader, read_npy, write_npy
+from loader.format.checksum_kernels import PAGE_BYTES, first_bad_page, page_checksums
+from loader.format.dataset import CHECK_FILES, Dataset
+from loader.format.fileio import HASH_CHUNK_BYTES, range_xxh3
+from loader.format.npyio import NpyReader, read_npy, write_npy
 from proto.errors import UserError
 from proto.progress import Progress
 
