@@ -16,8 +16,8 @@ import numpy as np
 import uvloop
 
 from loader.config import LoaderConfig, config_from_mapping
-from loader.generate import generate_graph
-from loader.prepare import PrepareOptions, prepare_dataset
+from loader.offline.generate import generate_graph
+from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.server import Daemon
 from proto.client import ControlClient
 from proto.codec import FrameDecoder

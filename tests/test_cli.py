@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import loader.format.fileio
-import loader.layout
+import loader.offline.layout
 from loader.cli import main
 from tests.graphs import random_graph, write_raw
 
@@ -144,7 +144,7 @@ def test_ctrl_c_mid_prepare_removes_the_temporary_dataset(tmp_path, capsys, monk
         seen["tmp"] = [p.name for p in tmp_path.iterdir()]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("loader.prepare.write_features", interrupted)
+    monkeypatch.setattr("loader.offline.prepare.write_features", interrupted)
     code, err = run_cli(["prepare", str(tmp_path / "raw"), str(tmp_path / "ds"), "--partitions", "2"], capsys)
     assert code == 130 and "interrupted" in err[0]
     assert any(name.startswith(".ds.tmp-") for name in seen["tmp"])  # work was under way

@@ -124,8 +124,8 @@ def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset,
 def physics(tmp_path_factory):
     """coauthor-physics: the real graph, labels and the first 32 of its 8415 feature columns (a 1 GiB
     feature matrix would only slow the test; rows are gathered by id either way)."""
-    from loader.importers import import_dataset
-    from loader.prepare import PrepareOptions, prepare_dataset
+    from loader.offline.importers import import_dataset
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
     from tests.graphs import shared_graph
 
     z = np.load(shared_graph("coauthor-physics.npz"))

@@ -10,7 +10,7 @@ from torch_geometric.nn import SAGEConv
 
 from loader.format.npyio import read_npy
 from loader.format.raw import iter_edge_chunks
-from loader.generate import generate_graph
+from loader.offline.generate import generate_graph
 
 
 class Sage(torch.nn.Module):

@@ -16,7 +16,7 @@ from loader.inmemory import (
     shuffle_key,
     split_stream,
 )
-from loader.prepare import PrepareOptions, prepare_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.sampling import batch_keys
 from proto.errors import UserError
 from tests.graphs import random_graph, write_raw

@@ -20,8 +20,8 @@ from loader.format.dataset import CHECK_FILES, FORMAT_VERSION, manifest_text, op
 from loader.format.npyio import NpyReader
 from loader.format.read_checks import CorruptData, load_read_checks
 from loader.neighbor_reader import NeighborReader
+from loader.offline.verify import verify_dataset
 from loader.row_reader import RowReader
-from loader.verify import verify_dataset
 from proto.errors import RemoteError, UserError
 from proto.messages import StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset, train_until_error

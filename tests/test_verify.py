@@ -9,8 +9,8 @@ import pytest
 from loader.format.dataset import FILES, manifest_text
 from loader.format.fileio import file_xxh3
 from loader.format.npyio import read_npy
-from loader.prepare import PrepareOptions, prepare_dataset
-from loader.verify import verify_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.offline.verify import verify_dataset
 from tests.graphs import random_graph, write_raw
 
 

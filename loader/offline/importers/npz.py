@@ -21,7 +21,7 @@ from typing import cast
 import numpy as np
 
 from loader.format.npyio import rows_per_chunk
-from loader.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
+from loader.offline.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
 from proto.errors import UserError
 
 __all__ = ["read_npz"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from loader.format.npyio import rows_per_chunk
-from loader.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
+from loader.offline.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
 from proto.errors import UserError
 from proto.progress import Progress
 

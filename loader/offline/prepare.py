@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 import loader
-from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.format.dataset import (
     CHECK_FILES,
     FEATURE_ALIGNMENT,
@@ -39,8 +38,9 @@ from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.format.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
 from loader.format.read_checks import write_read_checks
 from loader.format.splits import stratified_split
-from loader.layout import Renumbering, write_features, write_structure
-from loader.partition import SymmetricAdjacency, make_partitioner
+from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
+from loader.offline.layout import Renumbering, write_features, write_structure
+from loader.offline.partition import SymmetricAdjacency, make_partitioner
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
 from proto.progress import Progress

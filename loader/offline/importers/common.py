@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.format.npyio import NpyReader, NpyWriter, rows_per_chunk
 from loader.format.raw import SPLIT_NAMES, RawDataset, RawDatasetWriter, open_raw
 from loader.format.splits import stratified_split
-from loader.importers.options import ImportOptions
+from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
+from loader.offline.importers.options import ImportOptions
 from proto.atomic import io_error
 from proto.errors import UserError
 from proto.progress import Progress

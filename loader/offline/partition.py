@@ -15,7 +15,7 @@ import numpy as np
 import pymetis
 
 from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
-from loader.partition_kernels import fennel_assign
+from loader.offline.partition_kernels import fennel_assign
 from proto.errors import UserError
 from proto.progress import Progress
 from proto.sizes import format_size

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.format.dataset import FEATURE_ALIGNMENT
 from loader.format.fileio import write_all
 from loader.format.npyio import NpyReader, NpyWriter, rows_per_chunk, write_npy
 from loader.format.raw import RawDataset, iter_edge_chunks
+from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from proto.errors import UserError
 from proto.progress import Progress
 

@@ -19,7 +19,7 @@ import numpy as np
 from loader.format.fileio import pread_into
 from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
 from loader.format.raw import SPLIT_NAMES
-from loader.importers.common import ImportSource, ReadRequest, normalize_labels, split_from_mask
+from loader.offline.importers.common import ImportSource, ReadRequest, normalize_labels, split_from_mask
 from proto.errors import UserError
 
 __all__ = ["read_numpy_dir"]

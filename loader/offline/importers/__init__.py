@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loader.format.raw import RawDataset
-from loader.importers.common import ImportSource, ReadRequest, write_dataset
-from loader.importers.npz import read_npz
-from loader.importers.numpy_dir import read_numpy_dir
-from loader.importers.ogb import read_ogb
-from loader.importers.options import ImportOptions
+from loader.offline.importers.common import ImportSource, ReadRequest, write_dataset
+from loader.offline.importers.npz import read_npz
+from loader.offline.importers.numpy_dir import read_numpy_dir
+from loader.offline.importers.ogb import read_ogb
+from loader.offline.importers.options import ImportOptions
 from proto.errors import UserError
 
 __all__ = ["IMPORT_FORMATS", "ImportOptions", "import_dataset"]
