@@ -15,7 +15,7 @@ from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
 from loader.reader import LoadedMegaBatch
 from loader.resident import ResidentData
-from loader.sampling import CSCGraph
+from loader.sampling.sampling import CSCGraph
 from loader.schedule import MegaBatchPlan
 
 __all__ = ["MegaBatch", "assemble"]

@@ -137,7 +137,7 @@ from loader.changeset_kernels import (
     STATUS_PRIOR_SLOT_OUT_OF_RANGE,
     plan_kernel,
 )
-from loader.sampling import as_int
+from loader.sampling.sampling import as_int
 
 __all__ = ["CacheState", "ChangeSet", "CachePlan", "CachePlanner", "plan_cache"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.sampling import SampledPass
+from loader.sampling.sampling import SampledPass
 
 __all__ = ["COVERAGE_WARN", "SKEW_WARN", "WARN_EVERY", "WarningStreaks", "NeighbourSlots", "neighbour_slots",
            "EpochQuality", "expected_edge_coverage"]

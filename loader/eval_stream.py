@@ -20,7 +20,7 @@ from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
 from loader.gather_kernels import row_offsets_for
 from loader.publisher import BatchSource, gather_from
-from loader.sampling import CSCGraph, SampledPass, sample_pass
+from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 
 __all__ = ["EvalData", "open_eval_data", "EvalAccess", "MemmapEval"]
 

@@ -27,10 +27,10 @@ from typing import Protocol
 import numpy as np
 
 from loader.eval_stream import EvalAccess
-from loader.inmemory import epoch_batches_inmemory
 from loader.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.publisher import BatchSource
-from loader.sampling import SampledPass
+from loader.sampling.inmemory import epoch_batches_inmemory
+from loader.sampling.sampling import SampledPass
 from loader.serving import ServingContext
 
 __all__ = ["FullGraphMode", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
@@ -47,7 +47,7 @@ class FullGraphMode(Protocol):
     """Batches sampled per ``sample`` call."""
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
-        """Sample consecutive batches (``loader.sampling.sample_pass`` semantics, dataset ids as local ids)."""
+        """Sample consecutive batches (``loader.sampling.sampling.sample_pass`` semantics, dataset ids as local ids)."""
         ...
 
     def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:

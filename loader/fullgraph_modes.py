@@ -14,9 +14,9 @@ from loader.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
 from loader.format.dataset import Dataset
 from loader.fullgraph import ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
-from loader.inmemory import load_in_memory
 from loader.publisher import BatchSource, gather_from
-from loader.sampling import CSCGraph, SampledPass, sample_pass
+from loader.sampling.inmemory import load_in_memory
+from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from proto.errors import UserError
 from proto.sizes import format_size
 

@@ -43,18 +43,18 @@ from loader.changeset import CachePlan, CachePlanner, CacheState
 from loader.changeset_kernels import copy_rows
 from loader.config import LoaderConfig
 from loader.eval_stream import EvalAccess
-from loader.exact_sampling import ExactSampler
 from loader.feature_cache import FeatureCache
 from loader.format.dataset import Dataset
 from loader.format.read_checks import load_read_checks, page_table_bytes
 from loader.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.metrics import DaemonMetrics
-from loader.neighbor_cache import NeighborCache
-from loader.neighbor_reader import NeighborReader
 from loader.publisher import BatchSource, FillFeatures
 from loader.row_reader import DEFAULT_MAX_SPAN, RowReader
-from loader.sampling import SampledPass
+from loader.sampling.exact_sampling import ExactSampler
+from loader.sampling.neighbor_cache import NeighborCache
+from loader.sampling.neighbor_reader import NeighborReader
+from loader.sampling.sampling import SampledPass
 from proto.errors import UserError
 from proto.sizes import format_size
 

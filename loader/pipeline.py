@@ -25,12 +25,12 @@ from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.assemble import MegaBatch, assemble
 from loader.config import LoaderConfig
 from loader.coverage import WARN_EVERY, EpochQuality, NeighbourSlots, WarningStreaks, neighbour_slots
-from loader.inmemory import STREAM_TRAIN
 from loader.metrics import DaemonMetrics
 from loader.publisher import BatchSource, gather_from
 from loader.reader import LoadedMegaBatch, PartitionReader
 from loader.resident import ResidentData
-from loader.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+from loader.sampling.inmemory import STREAM_TRAIN
+from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 from loader.schedule import MegaBatchPlan, label_skew, schedule_epoch
 
 __all__ = ["SampledWork", "EpochDone", "run_timed", "run_in_pool", "PipelineContext", "TrainPipeline",

@@ -21,10 +21,10 @@ from typing import Any, Protocol
 from loader.changeset import CachePlan
 from loader.eval_stream import EvalAccess
 from loader.format.read_checks import CorruptData
-from loader.inmemory import eval_batches_plan, split_stream
 from loader.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
-from loader.sampling import SampledPass
+from loader.sampling.inmemory import eval_batches_plan, split_stream
+from loader.sampling.sampling import SampledPass
 from loader.serving import ServingContext
 from loader.trainer_cache import TrainerCache
 from proto.codec import FrameDecoder, encode

@@ -23,10 +23,10 @@ import numpy as np
 from loader.config import SamplerConfig
 from loader.eval_stream import EvalData, open_eval_data
 from loader.format.dataset import Dataset
-from loader.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
 from loader.publisher import batch_specs
 from loader.resident import ResidentData
-from loader.sampling import sample_pass
+from loader.sampling.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
+from loader.sampling.sampling import sample_pass
 from proto.sizes import format_size
 from proto.slots import HEADER_BYTES, slot_bytes_for
 

@@ -30,7 +30,7 @@ from loader.changeset import CachePlan, CachePlanner, CacheState
 from loader.changeset_kernels import copy_rows
 from loader.feature_cache import row_words
 from loader.publisher import BatchSource, batch_specs
-from loader.sampling import SampledPass
+from loader.sampling.sampling import SampledPass
 from proto.slots import SlotHeader, SlotRing, plan_slot
 
 __all__ = ["TrainerCache", "accepted_rows", "MAX_ROWS", "CachedSlot"]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from loader.changeset import CachePlan, CachePlanner, CacheState, plan_cache
 from loader.feature_cache import ArrayRowReader, FeatureCache
-from loader.sampling import CSCGraph, batch_keys, sample_pass
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 PROPERTY = settings(max_examples=100, deadline=None)
 

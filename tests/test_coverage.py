@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.coverage import COVERAGE_WARN, SKEW_WARN, EpochQuality, NeighbourSlots, neighbour_slots
-from loader.sampling import CSCGraph, batch_keys, sample_pass
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 
 def reference_slots(sampled, full_degree, fanouts):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from loader.format.dataset import open_dataset
-from loader.inmemory import load_in_memory
+from loader.sampling.inmemory import load_in_memory
 from proto.codec import encode
 from proto.errors import RemoteError
 from proto.messages import (

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from loader.format.dataset import open_dataset
-from loader.inmemory import load_in_memory
+from loader.sampling.inmemory import load_in_memory
 from proto.client import ControlClient
 from proto.messages import BatchReady, Credit, EpochEnd, EvalEnd, EvalRequest, Release, StartEpoch, Stats, StatsRequest
 from proto.shm import SEALS

@@ -19,9 +19,9 @@ from loader.format.checksum_kernels import PAGE_BYTES, USING_C_XXH3, first_bad_p
 from loader.format.dataset import CHECK_FILES, FORMAT_VERSION, manifest_text, open_dataset
 from loader.format.npyio import NpyReader
 from loader.format.read_checks import CorruptData, load_read_checks
-from loader.neighbor_reader import NeighborReader
 from loader.offline.verify import verify_dataset
 from loader.row_reader import RowReader
+from loader.sampling.neighbor_reader import NeighborReader
 from proto.errors import RemoteError, UserError
 from proto.messages import StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset, train_until_error

@@ -1,7 +1,7 @@
 """numba kernels of the exact out-of-core sampler and the neighbour reader (pure functions on numpy arrays).
 
-Semantics are ``loader.sampling``'s; the hop-major group layout they work on is described in
-``loader.exact_sampling``. The Floyd sampler and the RNG are ``loader.sampling_kernels``'s own
+Semantics are ``loader.sampling.sampling``'s; the hop-major group layout they work on is described in
+``loader.sampling.exact_sampling``. The Floyd sampler and the RNG are ``loader.sampling.sampling_kernels``'s own
 functions, so both samplers draw from one implementation.
 
 Group layout (G batches, L hops): ``gnodes`` holds the group's nodes level by level (level 0
@@ -17,14 +17,15 @@ in place, never copied per hop.
 import numpy as np
 
 from loader.jit import kernel
-from loader.sampling_kernels import GAMMA, _grown, _pick_positions, mix64, number_first_seen
+from loader.sampling.sampling_kernels import GAMMA, _grown, _pick_positions, mix64, number_first_seen
 
 __all__ = ["scatter_lists", "first_duplicate_seed", "frontier_union", "sample_group_hop", "append_group",
            "STATUS_OK", "STATUS_BAD_NEIGHBOUR"]
 
 STATUS_OK = 0
 STATUS_BAD_NEIGHBOUR = 2
-"""An in-neighbour id is outside [0, N); details: (target, neighbour). Same code as ``loader.sampling_kernels``."""
+"""An in-neighbour id is outside [0, N); details: (target, neighbour). Same code as
+``loader.sampling.sampling_kernels``."""
 
 
 @kernel
@@ -85,7 +86,8 @@ def frontier_union(gnodes: np.ndarray, begin: int, end: int, slot: np.ndarray) -
 @kernel
 def _relabel_two_sources(src: np.ndarray, cache_lists: np.ndarray, cache_len: int, read_lists: np.ndarray,
                          mark: np.ndarray, out_nodes: np.ndarray, out_at: int, count: int) -> tuple[int, int]:
-    """``loader.sampling_kernels._relabel`` over the two-array list space; new nodes go to ``out_nodes[out_at:]``.
+    """``loader.sampling.sampling_kernels._relabel`` over the two-array list space; new nodes go to
+    ``out_nodes[out_at:]``.
 
     Returns the batch's new node count and the index in ``src`` of the first neighbour outside
     [0, N), or -1. As there, ids are fetched in a tight loop first, so the CPU overlaps the misses.

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
+from loader.sampling.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
 __all__ = ["CSCGraph", "SampledBatch", "SampledPass", "batch_keys", "shuffle", "sample_pass", "check_pass_args",
            "as_int", "as_int_array"]

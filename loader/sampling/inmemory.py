@@ -14,7 +14,7 @@ import numpy as np
 
 from loader.format.dataset import Dataset
 from loader.format.fileio import pread_into
-from loader.sampling import CSCGraph, batch_keys, shuffle
+from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
 from proto.errors import UserError
 
 __all__ = [

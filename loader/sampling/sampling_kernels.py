@@ -1,6 +1,6 @@
 """numba kernels for multi-hop neighbour sampling of a whole pass (pure functions on numpy arrays).
 
-The semantics, the RNG and the output layout are specified in ``loader.sampling``; these
+The semantics, the RNG and the output layout are specified in ``loader.sampling.sampling``; these
 kernels are its hot path and trust the arrays that ``CSCGraph`` and ``sample_pass`` validated.
 """
 
@@ -171,7 +171,7 @@ def sample_pass_kernel(indptr: np.ndarray, indices: np.ndarray, global_ids: np.n
                        node_capacity: int, edge_capacity: int
                        ) -> tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                   np.ndarray, np.ndarray]:
-    """Sample every batch of a pass; see ``loader.sampling`` for the semantics.
+    """Sample every batch of a pass; see ``loader.sampling.sampling`` for the semantics.
 
     ``mark`` (length M, all -1) maps a local id to its position in the current batch; only
     the batch's own entries are reset afterwards, so a batch costs O(its output), not O(M).

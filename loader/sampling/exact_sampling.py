@@ -1,6 +1,6 @@
 """The exact out-of-core sampler (Ginex §3.1-3.2): superbatch sampling with only ``indptr`` in RAM.
 
-``ExactSampler.sample_pass`` returns exactly, bit for bit, what ``loader.sampling.sample_pass``
+``ExactSampler.sample_pass`` returns exactly, bit for bit, what ``loader.sampling.sampling.sample_pass``
 returns on the whole graph held in RAM with ``global_ids = arange(N)`` (same seeds, batch size,
 fanouts and keys; semantics, RNG and output layout are specified there). Neighbour lists come
 from a ``NeighborCache`` (static, filled offline by rank) or, on a miss, from disk through a
@@ -11,7 +11,7 @@ Order of work (hop-major over groups): the pass is cut into groups of ``group_si
 ascending set (each list fetched once per hop per group, however many batches reach the node:
 BatchGNN's macro-batch dedup); cached lists are addressed in place, the misses read in one
 coalesced request; then every batch of the group picks (Floyd, from
-``loader.sampling_kernels``) and relabels against that frontier set. A larger group shares more
+``loader.sampling.sampling_kernels``) and relabels against that frontier set. A larger group shares more
 fetches (and sorts fewer, longer requests) at the price of holding the group's sampled nodes
 and edges until the group ends.
 
@@ -37,17 +37,17 @@ from types import TracebackType
 
 import numpy as np
 
-from loader.exact_sampling_kernels import (
+from loader.format.dataset import Dataset
+from loader.sampling.exact_sampling_kernels import (
     STATUS_BAD_NEIGHBOUR,
     append_group,
     first_duplicate_seed,
     frontier_union,
     sample_group_hop,
 )
-from loader.format.dataset import Dataset
-from loader.neighbor_cache import NeighborCache
-from loader.neighbor_reader import DEFAULT_GAP_BYTES, DEFAULT_READ_THREADS, NeighborReader
-from loader.sampling import SampledPass, as_int, as_int_array, check_pass_args
+from loader.sampling.neighbor_cache import NeighborCache
+from loader.sampling.neighbor_reader import DEFAULT_GAP_BYTES, DEFAULT_READ_THREADS, NeighborReader
+from loader.sampling.sampling import SampledPass, as_int, as_int_array, check_pass_args
 
 __all__ = ["ExactSampler", "ExactSamplingStats", "DEFAULT_GROUP_SIZE"]
 
@@ -141,7 +141,7 @@ class ExactSampler:
     def _fetch(self, union: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(list starts, degrees, read lists) of the ascending frontier set ``union``.
 
-        Starts are in the two-array space of ``loader.exact_sampling_kernels``: a cached list at
+        Starts are in the two-array space of ``loader.sampling.exact_sampling_kernels``: a cached list at
         its place in the cache, a read one after the cache's end.
         """
         degrees = self.indptr[union + 1] - self.indptr[union]
@@ -162,11 +162,12 @@ class ExactSampler:
 
     def sample_pass(self, seeds: np.ndarray, batch_size: int, fanouts: Sequence[int], keys: np.ndarray
                     ) -> SampledPass:
-        """Sample every batch of a pass: ``loader.sampling.sample_pass`` on the full graph, from cache and disk.
+        """Sample every batch of a pass: ``loader.sampling.sampling.sample_pass`` on the full graph, from cache
+        and disk.
 
         seeds: node ids in batch order, cut into batches of ``batch_size`` (the last may be
         smaller), distinct within a batch; fanouts[h]: most neighbours per target at hop h+1,
-        -1 for all; keys: one uint64 per batch (``loader.sampling.batch_keys``).
+        -1 for all; keys: one uint64 per batch (``loader.sampling.sampling.batch_keys``).
         """
         seed_array, size, fanout_list, key_array = check_pass_args(seeds, batch_size, fanouts, keys, self.num_nodes)
         num_batches = len(key_array)

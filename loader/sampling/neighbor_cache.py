@@ -26,7 +26,7 @@ the caller's (the exact sampler counts them per fetched list).
 import numpy as np
 import numpy.typing as npt
 
-from loader.neighbor_reader import NeighborReader
+from loader.sampling.neighbor_reader import NeighborReader
 
 __all__ = ["NeighborCache", "ADDRESS_BYTES_PER_NODE", "DEFAULT_CHUNK_BYTES"]
 

@@ -1,6 +1,6 @@
 """Read the in-neighbour lists of any set of nodes from ``indices.npy`` with coalesced ``preadv`` calls.
 
-The exact out-of-core sampler (``loader.exact_sampling``) keeps only ``indptr`` in RAM; every
+The exact out-of-core sampler (``loader.sampling.exact_sampling``) keeps only ``indptr`` in RAM; every
 list the neighbour cache misses comes through here. A request is a strictly ascending array of
 node ids; the answer is their lists concatenated in that order (``NeighborLists``).
 
@@ -42,10 +42,10 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 
-from loader.exact_sampling_kernels import scatter_lists
 from loader.format.fileio import read_failed
 from loader.format.npyio import NpyReader
 from loader.format.read_checks import verify_pages
+from loader.sampling.exact_sampling_kernels import scatter_lists
 from proto.errors import UserError
 
 __all__ = ["NeighborLists", "NeighborReader", "ALIGNMENT", "DEFAULT_GAP_BYTES", "DEFAULT_BLOCK_BYTES",
