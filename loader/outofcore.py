@@ -5,9 +5,9 @@ filled by the prepared out/in-degree ranking, missed lists read from disk, each 
 per sample group) and read missed feature rows with ``RowReader`` (sorted, page-merged preads).
 They differ in the feature cache:
 
-* ``exact``: a cache of C rows run by Belady's plan over each superbatch (``loader.changeset``),
+* ``exact``: a cache of C rows run by Belady's plan over each superbatch (``loader.caches.changeset``),
   computed by the planner stage while the next superbatch is sampled and applied by the publisher
-  as it gathers (``loader.feature_cache``): the fewest row reads for that cache size within the
+  as it gathers (``loader.caches.feature_cache``): the fewest row reads for that cache size within the
   superbatch's horizon. The plan is in the demand model (``prefetch=False``: rows enter the cache
   only from the batches that read them, and rows not needed again in the superbatch stay while
   nothing else wants their slot). With the short superbatches a budget allows (a few batches of
@@ -39,18 +39,18 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.changeset import CachePlan, CachePlanner, CacheState
-from loader.changeset_kernels import copy_rows
+from loader.caches.changeset import CachePlan, CachePlanner, CacheState
+from loader.caches.changeset_kernels import copy_rows
+from loader.caches.feature_cache import FeatureCache
+from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.config import LoaderConfig
 from loader.eval_stream import EvalAccess
-from loader.feature_cache import FeatureCache
 from loader.format.dataset import Dataset
 from loader.format.read_checks import load_read_checks, page_table_bytes
 from loader.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
 from loader.gather_kernels import row_offsets_for
 from loader.metrics import DaemonMetrics
 from loader.publisher import BatchSource, FillFeatures
-from loader.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader

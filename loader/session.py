@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
-from loader.changeset import CachePlan
+from loader.caches.changeset import CachePlan
 from loader.eval_stream import EvalAccess
 from loader.format.read_checks import CorruptData
 from loader.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed

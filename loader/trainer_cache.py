@@ -2,7 +2,7 @@
 
 A trainer may keep a cache of feature rows on its training device (``Hello.feature_cache_bytes``).
 The daemon then runs, per session, the same Belady plan the exact mode runs for its own RAM
-cache (``loader.changeset``), but in the demand model (``prefetch=False``): the trainer's cache
+cache (``loader.caches.changeset``), but in the demand model (``prefetch=False``): the trainer's cache
 can only take rows out of the batches it receives. Per superbatch (every ``SampledWork``: a pass
 over a mega-batch, or a full-graph superbatch) the daemon plans over the dataset ids of its
 batches, and each training slot then carries only the missed rows in ``x`` plus the plan
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.changeset import CachePlan, CachePlanner, CacheState
-from loader.changeset_kernels import copy_rows
-from loader.feature_cache import row_words
+from loader.caches.changeset import CachePlan, CachePlanner, CacheState
+from loader.caches.changeset_kernels import copy_rows
+from loader.caches.feature_cache import row_words
 from loader.publisher import BatchSource, batch_specs
 from loader.sampling.sampling import SampledPass
 from proto.slots import SlotHeader, SlotRing, plan_slot

@@ -15,12 +15,12 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loader.caches.row_reader import RowReader
 from loader.format.checksum_kernels import PAGE_BYTES, USING_C_XXH3, first_bad_page, page_checksums
 from loader.format.dataset import CHECK_FILES, FORMAT_VERSION, manifest_text, open_dataset
 from loader.format.npyio import NpyReader
 from loader.format.read_checks import CorruptData, load_read_checks
 from loader.offline.verify import verify_dataset
-from loader.row_reader import RowReader
 from loader.sampling.neighbor_reader import NeighborReader
 from proto.errors import RemoteError, UserError
 from proto.messages import StartEpoch, Stats, StatsRequest

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from loader import row_reader_kernels as kernels
+from loader.caches import row_reader_kernels as kernels
 from loader.format.dataset import open_dataset
 from loader.sampling.inmemory import load_in_memory
 from proto.messages import EpochEnd, StartEpoch

@@ -1,4 +1,4 @@
-"""numba kernels of ``loader.row_reader``: plan page-aligned read spans, then pread them and scatter rows.
+"""numba kernels of ``loader.caches.row_reader``: plan page-aligned read spans, then pread them and scatter rows.
 
 Pure functions on numpy arrays; ``read_groups`` calls libc ``pread`` through ctypes from nopython
 code with the GIL released, so several threads can each have one read in flight. Callers

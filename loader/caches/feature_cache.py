@@ -1,6 +1,6 @@
-"""The executor of ``loader.changeset`` plans: a RAM cache of feature rows kept Belady-optimal.
+"""The executor of ``loader.caches.changeset`` plans: a RAM cache of feature rows kept Belady-optimal.
 
-Per superbatch, with a ``CachePlan`` from ``loader.changeset``::
+Per superbatch, with a ``CachePlan`` from ``loader.caches.changeset``::
 
     cache.fill(plan, read_rows)                 # rows of fill_ids read straight into their slots
     for t in range(plan.num_iterations):
@@ -19,8 +19,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from loader.changeset import CachePlan, CacheState
-from loader.changeset_kernels import copy_hit_rows, copy_rows
+from loader.caches.changeset import CachePlan, CacheState
+from loader.caches.changeset_kernels import copy_hit_rows, copy_rows
 
 __all__ = ["RowReader", "ArrayRowReader", "FeatureCache", "row_words"]
 

@@ -2,7 +2,7 @@
 
 A loader samples a superbatch of T mini-batches ahead of time, so every feature access of the
 superbatch is known before the first gather. ``plan_cache`` turns that trace into a plan that
-keeps a RAM cache of C feature rows optimal; ``loader.feature_cache.FeatureCache`` applies it.
+keeps a RAM cache of C feature rows optimal; ``loader.caches.feature_cache.FeatureCache`` applies it.
 
 Model
 -----
@@ -126,7 +126,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loader.changeset_kernels import (
+from loader.caches.changeset_kernels import (
     STATUS_DUPLICATE_ID,
     STATUS_ID_OUT_OF_RANGE,
     STATUS_INTERNAL,

@@ -1,8 +1,8 @@
 """numba kernels for Belady-optimal feature-cache plans and for the row copies that apply them.
 
-The model, the plan format, the algorithm and its proof are in ``loader.changeset``; these
-kernels are its hot path and trust the shapes and dtypes that ``loader.changeset`` and
-``loader.feature_cache`` validated. Values (ids, slots) are range-checked here, before any
+The model, the plan format, the algorithm and its proof are in ``loader.caches.changeset``; these
+kernels are its hot path and trust the shapes and dtypes that ``loader.caches.changeset`` and
+``loader.caches.feature_cache`` validated. Values (ids, slots) are range-checked here, before any
 scratch entry is touched, because numba does not bounds-check.
 """
 
@@ -142,7 +142,7 @@ def plan_kernel(trace_ptr: np.ndarray, trace_ids: np.ndarray, capacity: int, pri
                 update_slots: np.ndarray, update_positions: np.ndarray, update_ids: np.ndarray,
                 evicted_ids: np.ndarray, id_of: np.ndarray, prefetch: bool = True
                 ) -> tuple[int, int, int, int, int, int, int]:
-    """Belady's plan for one superbatch (the algorithm of ``loader.changeset``), written into the outputs.
+    """Belady's plan for one superbatch (the algorithm of ``loader.caches.changeset``), written into the outputs.
 
     prefetch: False for a cache that only a batch can feed (no fill reads; S_0 = the prior's
     ids, of which those not accessed in the superbatch are stale and evicted first; a miss not

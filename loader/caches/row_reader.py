@@ -51,7 +51,7 @@ from types import TracebackType
 
 import numpy as np
 
-from loader import row_reader_kernels as kernels
+from loader.caches import row_reader_kernels as kernels
 from loader.format.read_checks import CorruptData
 from loader.memplan import PAGE
 
