@@ -13,8 +13,8 @@ import numpy as np
 
 from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.resident import ResidentData
 from loader.reader import LoadedMegaBatch
-from loader.resident import ResidentData
 from loader.sampling.sampling import CSCGraph
 from loader.schedule import MegaBatchPlan
 

@@ -123,8 +123,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from loader.config import load_config
-    from loader.server import Daemon
+    from loader.daemon.config import load_config
+    from loader.daemon.server import Daemon
 
     try:
         config = load_config(args.config)
@@ -143,11 +143,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from loader.status import format_status, scrape
+    from loader.daemon.status import format_status, scrape
 
     url = args.url
     if url is None:
-        from loader.config import load_config
+        from loader.daemon.config import load_config
 
         metrics = load_config(args.config).metrics
         if metrics.port <= 0:

@@ -26,12 +26,12 @@ from typing import Protocol
 
 import numpy as np
 
-from loader.eval_stream import EvalAccess
+from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.publisher import BatchSource
+from loader.daemon.serving import ServingContext
 from loader.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
-from loader.publisher import BatchSource
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import SampledPass
-from loader.serving import ServingContext
 
 __all__ = ["FullGraphMode", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
 

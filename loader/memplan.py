@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.slot_sizing import SessionSizing
+from loader.daemon.slot_sizing import SessionSizing
 from proto.errors import UserError
 from proto.sizes import format_size
 

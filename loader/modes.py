@@ -1,14 +1,14 @@
 """Build the full-graph mode a config asks for, after checking it fits the memory budget."""
 
-from loader.config import LoaderConfig
+from loader.daemon.config import LoaderConfig
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.resident import ResidentData
+from loader.daemon.slot_sizing import PilotSizes, SessionSizing
 from loader.format.dataset import Dataset
 from loader.fullgraph import FullGraphMode
 from loader.fullgraph_modes import InMemoryMode, MmapMode
 from loader.memplan import NODE_ARRAY_BYTES
-from loader.metrics import DaemonMetrics
 from loader.outofcore import ExactMode, StaticMode, plan_outofcore
-from loader.resident import ResidentData
-from loader.slot_sizing import PilotSizes, SessionSizing
 from proto.errors import UserError
 from proto.sizes import format_size
 

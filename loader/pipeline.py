@@ -4,7 +4,7 @@
 later. Bounded queues give backpressure; the two mega-batch buffers circulate through
 ``free_buffers`` (double buffering: the reader fills one while the other is sampled and
 published) and come back only when the publisher has gathered the last batch of their last pass.
-The publisher lives with the client session (``loader.publisher``) and reads ``output``.
+The publisher lives with the client session (``loader.daemon.publisher``) and reads ``output``.
 """
 
 import asyncio
@@ -23,12 +23,12 @@ import numpy as np
 
 from loader.arena import FeatureArena, MegaBatchBuffer
 from loader.assemble import MegaBatch, assemble
-from loader.config import LoaderConfig
 from loader.coverage import WARN_EVERY, EpochQuality, NeighbourSlots, WarningStreaks, neighbour_slots
-from loader.metrics import DaemonMetrics
-from loader.publisher import BatchSource, gather_from
+from loader.daemon.config import LoaderConfig
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.publisher import BatchSource, gather_from
+from loader.daemon.resident import ResidentData
 from loader.reader import LoadedMegaBatch, PartitionReader
-from loader.resident import ResidentData
 from loader.sampling.inmemory import STREAM_TRAIN
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 from loader.schedule import MegaBatchPlan, label_skew, schedule_epoch

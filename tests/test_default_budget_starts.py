@@ -6,7 +6,7 @@ batch holds 19k of its 34k nodes, 626 MiB of 8415-dim rows): the slots must scal
 
 import pytest
 
-from loader.config import config_from_mapping
+from loader.daemon.config import config_from_mapping
 from loader.offline.importers import import_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from tests.daemon_harness import running_daemon

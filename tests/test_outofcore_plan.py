@@ -2,7 +2,7 @@
 
 import pytest
 
-from loader.config import config_from_mapping
+from loader.daemon.config import config_from_mapping
 from loader.format.dataset import open_dataset
 from loader.outofcore import plan_outofcore
 from proto.errors import UserError

@@ -19,14 +19,14 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from loader.caches.changeset import CachePlan
-from loader.eval_stream import EvalAccess
+from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
+from loader.daemon.serving import ServingContext
+from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
 from loader.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
-from loader.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
 from loader.sampling.inmemory import eval_batches_plan, split_stream
 from loader.sampling.sampling import SampledPass
-from loader.serving import ServingContext
-from loader.trainer_cache import TrainerCache
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow, UserError
 from proto.messages import (

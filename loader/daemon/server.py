@@ -37,24 +37,24 @@ import uvloop
 
 from loader import __version__
 from loader.arena import FeatureArena
-from loader.config import LoaderConfig
 from loader.coverage import expected_edge_coverage
-from loader.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.config import LoaderConfig
+from loader.daemon.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.resident import ResidentData, load_resident
+from loader.daemon.sdnotify import notify, watchdog_interval
+from loader.daemon.serving import ServingContext
+from loader.daemon.session import ControlProtocol, Session, loggable
+from loader.daemon.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
+from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
 from loader.format.read_checks import load_read_checks
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.memplan import MemoryPlan, plan_memory
-from loader.metrics import DaemonMetrics
 from loader.modes import open_mode
 from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
 from loader.reader import PartitionReader
-from loader.resident import ResidentData, load_resident
 from loader.schedule import train_label_counts
-from loader.sdnotify import notify, watchdog_interval
-from loader.serving import ServingContext
-from loader.session import ControlProtocol, Session, loggable
-from loader.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
-from loader.trainer_cache import TrainerCache, accepted_rows
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome

@@ -16,10 +16,10 @@ from typing import Protocol
 
 import numpy as np
 
+from loader.daemon.gather_kernels import row_offsets_for
+from loader.daemon.publisher import BatchSource, gather_from
 from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
-from loader.gather_kernels import row_offsets_for
-from loader.publisher import BatchSource, gather_from
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 
 __all__ = ["EvalData", "open_eval_data", "EvalAccess", "MemmapEval"]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.config import LoaderConfig
-from loader.metrics import DaemonMetrics
+from loader.daemon.config import LoaderConfig
+from loader.daemon.metrics import DaemonMetrics
 
 __all__ = ["ServingContext"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
-from loader.publisher import BatchSource, batch_specs
+from loader.daemon.publisher import BatchSource, batch_specs
 from loader.sampling.sampling import SampledPass
 from proto.slots import SlotHeader, SlotRing, plan_slot
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.config import SamplerConfig
-from loader.eval_stream import EvalData, open_eval_data
+from loader.daemon.config import SamplerConfig
+from loader.daemon.eval_stream import EvalData, open_eval_data
+from loader.daemon.publisher import batch_specs
+from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
-from loader.publisher import batch_specs
-from loader.resident import ResidentData
 from loader.sampling.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
 from loader.sampling.sampling import sample_pass
 from proto.sizes import format_size

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.gather_kernels import gather_rows
+from loader.daemon.gather_kernels import gather_rows
 from loader.sampling.sampling import SampledPass
 from proto.errors import SlotOverflow
 from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
