@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
+from loader.daemon.hierarchical.memplan import PAGE, buffer_sizes, plan_memory
 from loader.daemon.slot_sizing import SessionSizing
-from loader.memplan import PAGE, buffer_sizes, plan_memory
 from proto.errors import UserError
 
 

@@ -52,8 +52,8 @@ from types import TracebackType
 import numpy as np
 
 from loader.caches import row_reader_kernels as kernels
+from loader.daemon.hierarchical.memplan import PAGE
 from loader.format.read_checks import CorruptData
-from loader.memplan import PAGE
 
 __all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader"]
 

@@ -31,7 +31,7 @@ class DatasetConfig:
 MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
 
 SCHEDULES = ("balanced", "random")
-"""How the hierarchical mode groups partitions into mega-batches (``loader.schedule``)."""
+"""How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
 
 
 @dataclass(frozen=True)

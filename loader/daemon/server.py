@@ -36,10 +36,14 @@ import numpy as np
 import uvloop
 
 from loader import __version__
-from loader.arena import FeatureArena
-from loader.coverage import expected_edge_coverage
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.hierarchical.arena import FeatureArena
+from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory
+from loader.daemon.hierarchical.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
+from loader.daemon.hierarchical.reader import PartitionReader
+from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData, load_resident
 from loader.daemon.sdnotify import notify, watchdog_interval
@@ -50,11 +54,7 @@ from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
 from loader.format.read_checks import load_read_checks
 from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
-from loader.memplan import MemoryPlan, plan_memory
 from loader.modes import open_mode
-from loader.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
-from loader.reader import PartitionReader
-from loader.schedule import train_label_counts
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome

@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.hierarchical.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.daemon.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
 from loader.daemon.serving import ServingContext
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
-from loader.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.sampling.inmemory import eval_batches_plan, split_stream
 from loader.sampling.sampling import SampledPass
 from proto.codec import FrameDecoder, encode

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.schedule_kernels import balanced_group_of
+from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
 
 __all__ = ["MegaBatchPlan", "schedule_epoch", "label_skew", "train_label_counts"]
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.arena import FeatureArena, MegaBatchBuffer
-from loader.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.hierarchical.reader import LoadedMegaBatch
+from loader.daemon.hierarchical.schedule import MegaBatchPlan
 from loader.daemon.resident import ResidentData
-from loader.reader import LoadedMegaBatch
 from loader.sampling.sampling import CSCGraph
-from loader.schedule import MegaBatchPlan
 
 __all__ = ["MegaBatch", "assemble"]
 

@@ -21,17 +21,23 @@ from typing import TypeVar
 
 import numpy as np
 
-from loader.arena import FeatureArena, MegaBatchBuffer
-from loader.assemble import MegaBatch, assemble
-from loader.coverage import WARN_EVERY, EpochQuality, NeighbourSlots, WarningStreaks, neighbour_slots
 from loader.daemon.config import LoaderConfig
+from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.assemble import MegaBatch, assemble
+from loader.daemon.hierarchical.coverage import (
+    WARN_EVERY,
+    EpochQuality,
+    NeighbourSlots,
+    WarningStreaks,
+    neighbour_slots,
+)
+from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
+from loader.daemon.hierarchical.schedule import MegaBatchPlan, label_skew, schedule_epoch
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.publisher import BatchSource, gather_from
 from loader.daemon.resident import ResidentData
-from loader.reader import LoadedMegaBatch, PartitionReader
 from loader.sampling.inmemory import STREAM_TRAIN
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
-from loader.schedule import MegaBatchPlan, label_skew, schedule_epoch
 
 __all__ = ["SampledWork", "EpochDone", "run_timed", "run_in_pool", "PipelineContext", "TrainPipeline",
            "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]

@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from loader.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.memplan import PAGE, round_up
+from loader.daemon.hierarchical.schedule import MegaBatchPlan
 from loader.daemon.metrics import DaemonMetrics
 from loader.format.dataset import Dataset
 from loader.format.fileio import read_failed
 from loader.format.npyio import NpyReader
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_partition_range
-from loader.memplan import PAGE, round_up
-from loader.schedule import MegaBatchPlan
 from proto.errors import UserError
 
 __all__ = ["LoadedMegaBatch", "PartitionReader", "ReadRequest"]

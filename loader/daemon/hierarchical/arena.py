@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loader.daemon.hierarchical.memplan import PAGE, BufferSizes, round_up
 from loader.daemon.resident import StaticCache
-from loader.memplan import PAGE, BufferSizes, round_up
 
 __all__ = ["MegaBatchBuffer", "FeatureArena"]
 
