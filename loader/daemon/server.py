@@ -38,6 +38,8 @@ import uvloop
 from loader import __version__
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.fullgraph.fullgraph import FullGraphMode, start_fullgraph_pipeline
+from loader.daemon.fullgraph.modes import open_mode
 from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
 from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory
@@ -53,8 +55,6 @@ from loader.daemon.slot_sizing import PilotSizes, SessionSizing, estimate_slot_b
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
 from loader.format.read_checks import load_read_checks
-from loader.fullgraph import FullGraphMode, start_fullgraph_pipeline
-from loader.modes import open_mode
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome

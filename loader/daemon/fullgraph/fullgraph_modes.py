@@ -11,10 +11,10 @@ page cache is the only cache; under a cgroup memory limit it is charged to the d
 import numpy as np
 
 from loader.daemon.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
+from loader.daemon.fullgraph.fullgraph import ModeEval, labelled_source
 from loader.daemon.gather_kernels import row_offsets_for
 from loader.daemon.publisher import BatchSource, gather_from
 from loader.format.dataset import Dataset
-from loader.fullgraph import ModeEval, labelled_source
 from loader.sampling.inmemory import load_in_memory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from proto.errors import UserError

@@ -1,14 +1,14 @@
 """Build the full-graph mode a config asks for, after checking it fits the memory budget."""
 
 from loader.daemon.config import LoaderConfig
+from loader.daemon.fullgraph.fullgraph import FullGraphMode
+from loader.daemon.fullgraph.fullgraph_modes import InMemoryMode, MmapMode
+from loader.daemon.fullgraph.outofcore import ExactMode, StaticMode, plan_outofcore
 from loader.daemon.hierarchical.memplan import NODE_ARRAY_BYTES
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_sizing import PilotSizes, SessionSizing
 from loader.format.dataset import Dataset
-from loader.fullgraph import FullGraphMode
-from loader.fullgraph_modes import InMemoryMode, MmapMode
-from loader.outofcore import ExactMode, StaticMode, plan_outofcore
 from proto.errors import UserError
 from proto.sizes import format_size
 

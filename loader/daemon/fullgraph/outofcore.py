@@ -45,12 +45,12 @@ from loader.caches.feature_cache import FeatureCache
 from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
 from loader.daemon.gather_kernels import row_offsets_for
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.publisher import BatchSource, FillFeatures
 from loader.format.dataset import Dataset
 from loader.format.read_checks import load_read_checks, page_table_bytes
-from loader.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
 from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
