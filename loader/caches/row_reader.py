@@ -52,7 +52,7 @@ from types import TracebackType
 import numpy as np
 
 from loader.caches import row_reader_kernels as kernels
-from loader.daemon.hierarchical.memplan import PAGE
+from loader.format.checksum_kernels import PAGE_BYTES as PAGE
 from loader.format.read_checks import CorruptData
 
 __all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader"]
