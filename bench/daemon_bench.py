@@ -39,9 +39,9 @@ from bench.harness import (  # noqa: E402
     stop_process,
     wait_for_socket,
 )
-from loader.dataset import open_dataset  # noqa: E402
-from loader.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
-from loader.sampling import sample_pass  # noqa: E402
+from loader.format.dataset import open_dataset  # noqa: E402
+from loader.sampling.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
+from loader.sampling.sampling import sample_pass  # noqa: E402
 from proto.client import ControlClient  # noqa: E402
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402

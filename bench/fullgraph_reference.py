@@ -13,8 +13,8 @@ Training is full-batch: one Adam step per epoch on the loss over all training no
 and test accuracy over all their nodes with every neighbour (no fanouts). Early stopping on
 validation accuracy and the best-epoch bookkeeping follow ``megabatch train``: a better validation
 accuracy is a strictly higher one; stop after ``--patience`` epochs without one. The graph, features,
-labels and split come from the prepared dataset (``loader.dataset.open_dataset`` and
-``loader.inmemory.load_in_memory``). The JSON written by ``--json-out`` has the shape of
+labels and split come from the prepared dataset (``loader.format.dataset.open_dataset`` and
+``loader.sampling.inmemory.load_in_memory``). The JSON written by ``--json-out`` has the shape of
 ``megabatch train --json-out`` for the keys the accuracy bench reads.
 
     .venv/bin/python bench/fullgraph_reference.py DATASET --seed 0 --json-out full.json \\
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from loader.dataset import open_dataset
-from loader.inmemory import SPLITS, load_in_memory
+from loader.format.dataset import open_dataset
+from loader.sampling.inmemory import SPLITS, load_in_memory
 from proto.atomic import atomic_file
 from trainer.loop import resolve_device, seed_everything
 from trainer.models import SampledGNN, build_model

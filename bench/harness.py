@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.dataset import FORMAT_VERSION, open_dataset
+from loader.format.dataset import FORMAT_VERSION, open_dataset
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
            "machine_description", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape",

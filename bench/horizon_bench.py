@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import machine_description  # noqa: E402
-from loader.changeset import CachePlanner, CacheState  # noqa: E402
-from loader.dataset import open_dataset  # noqa: E402
-from loader.inmemory import epoch_batches_inmemory  # noqa: E402
-from loader.outofcore import BYTES_PER_SAMPLED_EDGE, BYTES_PER_SAMPLED_NODE, out_degree_ranking  # noqa: E402
-from loader.sampling import CSCGraph, sample_pass  # noqa: E402
+from loader.caches.changeset import CachePlanner, CacheState  # noqa: E402
+from loader.daemon.fullgraph.outofcore import BYTES_PER_SAMPLED_EDGE, BYTES_PER_SAMPLED_NODE, out_degree_ranking  # noqa: E402
+from loader.format.dataset import open_dataset  # noqa: E402
+from loader.sampling.inmemory import epoch_batches_inmemory  # noqa: E402
+from loader.sampling.sampling import CSCGraph, sample_pass  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size  # noqa: E402
 

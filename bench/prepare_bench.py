@@ -39,7 +39,8 @@ def cli(args: list[str], memory_limit: int | None = None) -> RunResult:
 
 
 def baseline_rss() -> int:
-    code = "import loader.prepare, loader.partition_kernels, pymetis, numpy; loader.partition_kernels.fennel_assign"
+    code = ("import loader.offline.prepare, loader.offline.partition_kernels, pymetis, numpy; "
+            "loader.offline.partition_kernels.fennel_assign")
     return run_measured([sys.executable, "-c", code], drop=False).peak_rss_bytes
 
 

@@ -62,9 +62,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import generated_dataset, machine_description, scrape, stop_process, wait_for_socket  # noqa: E402
-from loader.dataset import open_dataset  # noqa: E402
-from loader.inmemory import InMemoryGraph, load_in_memory  # noqa: E402
-from loader.server import HANDSHAKE_TIMEOUT  # noqa: E402
+from loader.daemon.server import HANDSHAKE_TIMEOUT  # noqa: E402
+from loader.format.dataset import open_dataset  # noqa: E402
+from loader.sampling.inmemory import InMemoryGraph, load_in_memory  # noqa: E402
 from proto.client import ControlClient, DaemonShuttingDown  # noqa: E402
 from proto.codec import FrameDecoder, encode  # noqa: E402
 from proto.errors import ConnectFailed, ConnectionClosed, ProtocolError, RemoteError, SlotError  # noqa: E402

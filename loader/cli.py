@@ -28,7 +28,7 @@ from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
 
 if TYPE_CHECKING:
-    from loader.raw import RawDataset
+    from loader.format.raw import RawDataset
 
 __all__ = ["main", "build_parser", "EX_CONFIG"]
 
@@ -62,8 +62,8 @@ def _print_raw_summary(verb: str, raw: "RawDataset") -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from loader.generate import generate_graph
-    from loader.splits import parse_split_ratios
+    from loader.format.splits import parse_split_ratios
+    from loader.offline.generate import generate_graph
 
     raw = generate_graph(Path(args.out), num_nodes=args.nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
                          num_classes=args.classes, seed=args.seed, feat_dtype=args.feat_dtype,
@@ -75,8 +75,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from loader.importers import ImportOptions, import_dataset
-    from loader.splits import parse_split_ratios
+    from loader.format.splits import parse_split_ratios
+    from loader.offline.importers import ImportOptions, import_dataset
 
     options = ImportOptions(undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedup=args.dedup,
                             split=parse_split_ratios(args.split), split_seed=args.split_seed,
@@ -89,8 +89,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from loader.inspect_dataset import dataset_summary, format_summary
-    from loader.prepare import PrepareOptions, prepare_dataset
+    from loader.offline.inspect_dataset import dataset_summary, format_summary
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
 
     options = PrepareOptions(num_partitions=args.partitions, partitioner=args.partitioner,
                              memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
@@ -102,7 +102,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from loader.verify import verify_dataset
+    from loader.offline.verify import verify_dataset
 
     report = verify_dataset(Path(args.dataset), progress=args.progress)
     for problem in report.problems:
@@ -115,7 +115,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from loader.inspect_dataset import dataset_summary, format_summary
+    from loader.offline.inspect_dataset import dataset_summary, format_summary
 
     summary = dataset_summary(Path(args.dataset))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
@@ -123,8 +123,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from loader.config import load_config
-    from loader.server import Daemon
+    from loader.daemon.config import load_config
+    from loader.daemon.server import Daemon
 
     try:
         config = load_config(args.config)
@@ -143,11 +143,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from loader.status import format_status, scrape
+    from loader.daemon.status import format_status, scrape
 
     url = args.url
     if url is None:
-        from loader.config import load_config
+        from loader.daemon.config import load_config
 
         metrics = load_config(args.config).metrics
         if metrics.port <= 0:

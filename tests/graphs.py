@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.raw import RawDataset, RawDatasetWriter, open_raw
+from loader.format.raw import RawDataset, RawDatasetWriter, open_raw
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -43,8 +43,8 @@ def random_graph(rng: np.random.Generator, n: int, e: int, d: int, classes: int 
 def generated_dataset(root: Path, *, nodes: int = 3000, avg_degree: float = 10, feat_dim: int = 32, classes: int = 5,
                       partitions: int = 4, seed: int = 1) -> Path:
     """A small learnable prepared dataset (``megabatch generate`` + ``prepare``) at ``root / "ds"``."""
-    from loader.generate import generate_graph
-    from loader.prepare import PrepareOptions, prepare_dataset
+    from loader.offline.generate import generate_graph
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
 
     generate_graph(root / "raw", num_nodes=nodes, avg_degree=avg_degree, feat_dim=feat_dim, num_classes=classes,
                    seed=seed, progress=False)

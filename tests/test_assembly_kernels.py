@@ -1,11 +1,12 @@
-"""loader.assembly_kernels: induced subgraph and the local_of map against plain Python references."""
+"""loader.daemon.hierarchical.assembly_kernels: induced subgraph and the local_of map against plain Python
+references."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
 
 
 def reference_induce(global_ids, raw_lists):

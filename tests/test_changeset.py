@@ -1,4 +1,4 @@
-"""loader.changeset and loader.feature_cache: Belady plans against a brute-force reference, replayed for
+"""loader.caches.changeset and loader.caches.feature_cache: Belady plans against a brute-force reference, replayed for
 validity, compared with LRU and a static cache, and applied bit-exactly by the executor."""
 
 import math
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.changeset import CachePlan, CachePlanner, CacheState, plan_cache
-from loader.feature_cache import ArrayRowReader, FeatureCache
-from loader.sampling import CSCGraph, batch_keys, sample_pass
+from loader.caches.changeset import CachePlan, CachePlanner, CacheState, plan_cache
+from loader.caches.feature_cache import ArrayRowReader, FeatureCache
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 PROPERTY = settings(max_examples=100, deadline=None)
 

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-import loader.fileio
-import loader.layout
+import loader.format.fileio
+import loader.offline.layout
 from loader.cli import main
 from tests.graphs import random_graph, write_raw
 
@@ -96,7 +96,7 @@ def test_existing_output_is_refused_and_untouched(tmp_path, capsys):
 
 
 class _FullDisk:
-    """Stand-in for the ``os`` module inside loader.fileio whose writes fail after a byte quota."""
+    """Stand-in for the ``os`` module inside loader.format.fileio whose writes fail after a byte quota."""
 
     def __init__(self, quota):
         self.quota = quota
@@ -121,7 +121,7 @@ class _FullDisk:
 @pytest.mark.parametrize("quota", [1000, 40_000, 80_000, 115_000])  # ~118 kB written in all
 def test_full_disk_mid_prepare(tmp_path, capsys, monkeypatch, quota):
     make_raw(tmp_path)
-    monkeypatch.setattr(loader.fileio, "os", _FullDisk(quota))
+    monkeypatch.setattr(loader.format.fileio, "os", _FullDisk(quota))
     code, err = run_cli(["prepare", str(tmp_path / "raw"), str(tmp_path / "ds"), "--partitions", "2"], capsys)
     assert code == 1
     assert len(err) == 1 and "no space left on device" in err[0], err
@@ -129,7 +129,7 @@ def test_full_disk_mid_prepare(tmp_path, capsys, monkeypatch, quota):
 
 
 def test_full_disk_mid_generate_leaves_nothing(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loader.fileio, "os", _FullDisk(50_000))
+    monkeypatch.setattr(loader.format.fileio, "os", _FullDisk(50_000))
     code, err = run_cli(["generate", str(tmp_path / "g"), "--nodes", "2000", "--avg-degree", "5",
                          "--feat-dim", "8", "--classes", "3"], capsys)
     assert code == 1 and "no space left on device" in err[0], err
@@ -144,7 +144,7 @@ def test_ctrl_c_mid_prepare_removes_the_temporary_dataset(tmp_path, capsys, monk
         seen["tmp"] = [p.name for p in tmp_path.iterdir()]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("loader.prepare.write_features", interrupted)
+    monkeypatch.setattr("loader.offline.prepare.write_features", interrupted)
     code, err = run_cli(["prepare", str(tmp_path / "raw"), str(tmp_path / "ds"), "--partitions", "2"], capsys)
     assert code == 130 and "interrupted" in err[0]
     assert any(name.startswith(".ds.tmp-") for name in seen["tmp"])  # work was under way

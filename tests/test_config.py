@@ -2,7 +2,7 @@
 
 import pytest
 
-from loader.config import config_from_mapping, load_config
+from loader.daemon.config import config_from_mapping, load_config
 from proto.errors import UserError
 
 

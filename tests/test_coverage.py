@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.coverage import COVERAGE_WARN, SKEW_WARN, EpochQuality, NeighbourSlots, neighbour_slots
-from loader.sampling import CSCGraph, batch_keys, sample_pass
+from loader.daemon.hierarchical.coverage import COVERAGE_WARN, SKEW_WARN, EpochQuality, NeighbourSlots, neighbour_slots
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 
 def reference_slots(sampled, full_degree, fanouts):
@@ -60,7 +60,7 @@ def test_epoch_quality_weights_and_warnings():
 
 
 def test_expected_edge_coverage():
-    from loader.coverage import expected_edge_coverage
+    from loader.daemon.hierarchical.coverage import expected_edge_coverage
     assert expected_edge_coverage(0.4, 32, 32) == 1.0  # every partition: nothing cut away
     assert expected_edge_coverage(0.0, 32, 1) == 1.0  # nothing cut
     assert abs(expected_edge_coverage(1.0, 33, 9) - 0.25) < 1e-12  # all cut: the other 8 of 32 partitions
@@ -68,7 +68,7 @@ def test_expected_edge_coverage():
 
 
 def test_a_warning_that_holds_is_logged_at_its_first_epoch_then_every_tenth():
-    from loader.coverage import WARN_EVERY, WarningStreaks
+    from loader.daemon.hierarchical.coverage import WARN_EVERY, WarningStreaks
     streaks = WarningStreaks()
     logged = [sorted(streaks.to_log({"skew"})) for _ in range(2 * WARN_EVERY + 1)]
     assert [i for i, kinds in enumerate(logged) if kinds] == [0, WARN_EVERY, 2 * WARN_EVERY]

@@ -6,8 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from loader.dataset import open_dataset
-from loader.inmemory import load_in_memory
+from loader.format.dataset import open_dataset
+from loader.sampling.inmemory import load_in_memory
 from proto.codec import encode
 from proto.errors import RemoteError
 from proto.messages import (

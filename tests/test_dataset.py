@@ -4,8 +4,8 @@ import shutil
 import numpy as np
 import pytest
 
-from loader.dataset import manifest_text, open_dataset
-from loader.prepare import PrepareOptions, prepare_dataset
+from loader.format.dataset import manifest_text, open_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
 from proto.errors import UserError
 from tests.graphs import random_graph, write_raw
 

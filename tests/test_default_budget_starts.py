@@ -6,9 +6,9 @@ batch holds 19k of its 34k nodes, 626 MiB of 8415-dim rows): the slots must scal
 
 import pytest
 
-from loader.config import config_from_mapping
-from loader.importers import import_dataset
-from loader.prepare import PrepareOptions, prepare_dataset
+from loader.daemon.config import config_from_mapping
+from loader.offline.importers import import_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
 from tests.daemon_harness import running_daemon
 from tests.graphs import shared_graph
 

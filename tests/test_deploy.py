@@ -425,7 +425,7 @@ def test_alert_rules():
 
 def test_loader_toml_example():
     """The shipped example parses with the daemon's own validation and sets what production needs."""
-    from loader.config import config_from_mapping
+    from loader.daemon.config import config_from_mapping
     cfg = loader_config()
     assert set(cfg) == {"dataset", "memory", "hierarchy", "sampler", "io", "publisher", "server", "metrics", "log"}
     parsed = config_from_mapping(cfg)
@@ -436,7 +436,7 @@ def test_loader_toml_example():
     assert parsed.server.socket == Path("/run/megabatch/loader.sock")
     # every key the example sets is a key the daemon knows (config_from_mapping refuses unknown ones) and
     # every [server] key is shown, so an operator sees the hardening knobs
-    from loader.config import ServerConfig
+    from loader.daemon.config import ServerConfig
     assert set(cfg["server"]) == set(ServerConfig.__dataclass_fields__) - {"max_frame_bytes"}
 
 

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.dataset import open_dataset
-from loader.exact_sampling import ExactSampler
-from loader.importers import import_dataset
-from loader.neighbor_cache import NeighborCache
-from loader.neighbor_reader import ALIGNMENT, NeighborReader
-from loader.prepare import PrepareOptions, prepare_dataset
-from loader.sampling import CSCGraph, SampledPass, batch_keys, sample_pass
+from loader.format.dataset import open_dataset
+from loader.offline.importers import import_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.sampling.exact_sampling import ExactSampler
+from loader.sampling.neighbor_cache import NeighborCache
+from loader.sampling.neighbor_reader import ALIGNMENT, NeighborReader
+from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass
 from proto.errors import UserError
 from tests.graphs import generated_dataset, shared_graph
 

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.extsort import SORT_BYTES_PER_EDGE, external_sort_edges
+from loader.offline.extsort import SORT_BYTES_PER_EDGE, external_sort_edges
 
 
 @settings(max_examples=60, deadline=None)

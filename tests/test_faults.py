@@ -31,9 +31,9 @@ import numpy as np
 import pytest
 
 import tests.daemon_harness as harness
-from loader.config import load_config
-from loader.server import Daemon
-from loader.session import Session
+from loader.daemon.config import load_config
+from loader.daemon.server import Daemon
+from loader.daemon.session import Session
 from proto.messages import EpochEnd, StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
 

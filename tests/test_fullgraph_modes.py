@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from loader.dataset import open_dataset
-from loader.inmemory import epoch_batches_inmemory, load_in_memory
-from loader.sampling import sample_pass
+from loader.format.dataset import open_dataset
+from loader.sampling.inmemory import epoch_batches_inmemory, load_in_memory
+from loader.sampling.sampling import sample_pass
 from proto.client import ControlClient
 from proto.errors import UserError
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch
@@ -124,8 +124,8 @@ def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset,
 def physics(tmp_path_factory):
     """coauthor-physics: the real graph, labels and the first 32 of its 8415 feature columns (a 1 GiB
     feature matrix would only slow the test; rows are gathered by id either way)."""
-    from loader.importers import import_dataset
-    from loader.prepare import PrepareOptions, prepare_dataset
+    from loader.offline.importers import import_dataset
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
     from tests.graphs import shared_graph
 
     z = np.load(shared_graph("coauthor-physics.npz"))
@@ -161,7 +161,7 @@ def test_exact_mode_on_coauthor_physics_equals_the_reference_bitwise(physics, tm
     ("hierarchical", {}), ("inmemory", {}), ("mmap", {}), ("exact", {"neighbor_cache": "16K", "feature_cache": "8K"}),
     ("static", {"neighbor_cache": 0, "feature_cache": "40K"})])
 def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
-    from loader.inmemory import STREAM_VAL, eval_batches_plan
+    from loader.sampling.inmemory import STREAM_VAL, eval_batches_plan
     from proto.messages import EvalEnd, EvalRequest
 
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"},

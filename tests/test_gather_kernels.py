@@ -1,11 +1,11 @@
-"""loader.gather_kernels: row gather and byte-offset lookup against plain Python references."""
+"""loader.daemon.gather_kernels: row gather and byte-offset lookup against plain Python references."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.gather_kernels import gather_rows, row_offsets_for
+from loader.daemon.gather_kernels import gather_rows, row_offsets_for
 
 
 def reference_gather(src, row_offsets, row_bytes, nodes):

@@ -1,4 +1,4 @@
-"""Tests for the synthetic graph generator (loader/generate.py)."""
+"""Tests for the synthetic graph generator (loader/offline/generate.py)."""
 
 import logging
 from pathlib import Path
@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loader.generate import GENERATOR, generate_graph
-from loader.npyio import read_npy
-from loader.raw import RawDataset, open_raw, validate_raw
+from loader.format.npyio import read_npy
+from loader.format.raw import RawDataset, open_raw, validate_raw
+from loader.offline.generate import GENERATOR, generate_graph
 from proto.errors import UserError
 
 N, AVG_DEGREE, DIM, CLASSES, SEED = 4000, 10.0, 32, 4, 7

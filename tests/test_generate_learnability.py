@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch_geometric.nn import SAGEConv
 
-from loader.generate import generate_graph
-from loader.npyio import read_npy
-from loader.raw import iter_edge_chunks
+from loader.format.npyio import read_npy
+from loader.format.raw import iter_edge_chunks
+from loader.offline.generate import generate_graph
 
 
 class Sage(torch.nn.Module):

@@ -15,8 +15,8 @@ import os
 import numpy as np
 import pytest
 
-from loader.dataset import open_dataset
-from loader.inmemory import load_in_memory
+from loader.format.dataset import open_dataset
+from loader.sampling.inmemory import load_in_memory
 from proto.client import ControlClient
 from proto.messages import BatchReady, Credit, EpochEnd, EvalEnd, EvalRequest, Release, StartEpoch, Stats, StatsRequest
 from proto.shm import SEALS

@@ -1,4 +1,4 @@
-"""Tests for ``loader.importers``: round trips per format, option semantics, bad input, a real file."""
+"""Tests for ``loader.offline.importers``: round trips per format, option semantics, bad input, a real file."""
 
 import errno
 import gzip
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader.importers import IMPORT_FORMATS, ImportOptions, import_dataset
-from loader.npyio import NpyReader, read_npy
-from loader.raw import RawDataset, RawDatasetWriter, validate_raw
-from loader.splits import stratified_split
+from loader.format.npyio import NpyReader, read_npy
+from loader.format.raw import RawDataset, RawDatasetWriter, validate_raw
+from loader.format.splits import stratified_split
+from loader.offline.importers import IMPORT_FORMATS, ImportOptions, import_dataset
 from proto.errors import UserError
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

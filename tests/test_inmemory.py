@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from loader.dataset import open_dataset
-from loader.inmemory import (
+from loader.format.dataset import open_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.sampling.inmemory import (
     STREAM_SHUFFLE,
     STREAM_TEST,
     STREAM_TRAIN,
@@ -16,8 +17,7 @@ from loader.inmemory import (
     shuffle_key,
     split_stream,
 )
-from loader.prepare import PrepareOptions, prepare_dataset
-from loader.sampling import batch_keys
+from loader.sampling.sampling import batch_keys
 from proto.errors import UserError
 from tests.graphs import random_graph, write_raw
 

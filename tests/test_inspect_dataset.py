@@ -1,6 +1,6 @@
 """The partition-count advice of ``inspect`` and ``prepare``."""
 
-from loader.inspect_dataset import ADVISED_PARTITIONS, MIN_PARTITION_BYTES, partition_advice
+from loader.offline.inspect_dataset import ADVISED_PARTITIONS, MIN_PARTITION_BYTES, partition_advice
 
 
 def test_advice_only_where_more_partitions_stay_large_reads():

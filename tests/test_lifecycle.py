@@ -14,7 +14,7 @@ import pytest
 
 import tests.daemon_harness as harness
 from loader.cli import EX_CONFIG
-from loader.server import Daemon
+from loader.daemon.server import Daemon
 from proto.client import ControlClient, DaemonShuttingDown
 from proto.errors import RemoteError
 from proto.logs import JournalFormatter, syslog_priority, to_journal

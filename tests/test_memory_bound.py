@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from loader.generate import generate_graph
-from loader.prepare import FIXED_OVERHEAD_BYTES
+from loader.offline.generate import generate_graph
+from loader.offline.prepare import FIXED_OVERHEAD_BYTES
 
 BUDGET = 64 << 20
 REPORT = """

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.coverage import expected_edge_coverage
-from loader.memplan import PAGE, STATIC_SHARES, buffer_sizes, plan_memory, plan_with_static
-from loader.slot_sizing import SessionSizing
+from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.hierarchical.memplan import PAGE, STATIC_SHARES, buffer_sizes, plan_memory, plan_with_static
+from loader.daemon.slot_sizing import SessionSizing
 from proto.errors import UserError
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loader.sampling import CSCGraph, batch_keys, sample_pass
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 from trainer.models import MODELS, build_model, mean_weights
 
 

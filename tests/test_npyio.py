@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.npyio import NpyReader, NpyWriter, read_npy, write_npy
+from loader.format.npyio import NpyReader, NpyWriter, read_npy, write_npy
 from proto.errors import UserError
 
 

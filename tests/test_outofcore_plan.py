@@ -2,9 +2,9 @@
 
 import pytest
 
-from loader.config import config_from_mapping
-from loader.dataset import open_dataset
-from loader.outofcore import plan_outofcore
+from loader.daemon.config import config_from_mapping
+from loader.daemon.fullgraph.outofcore import plan_outofcore
+from loader.format.dataset import open_dataset
 from proto.errors import UserError
 from tests.daemon_harness import small_dataset
 

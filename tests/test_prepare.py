@@ -5,9 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader.dataset import FEATURE_ALIGNMENT, open_dataset
-from loader.npyio import read_npy
-from loader.prepare import NODE_STATE_BYTES, PrepareOptions, prepare_dataset
+from loader.format.dataset import FEATURE_ALIGNMENT, open_dataset
+from loader.format.npyio import read_npy
+from loader.offline.prepare import NODE_STATE_BYTES, PrepareOptions, prepare_dataset
 from proto.errors import UserError
 from tests.graphs import random_graph, shared_graph, write_raw
 
@@ -66,8 +66,8 @@ def test_round_trip_random_graphs(tmp_path_factory, n, avg, d, parts, partitione
 
 def test_small_budget_forces_many_buckets_and_stays_exact(tmp_path, monkeypatch):
     """Tiny sort and feature buckets exercise the multi-bucket paths of the external algorithms."""
-    import loader.extsort as extsort
-    import loader.layout as layout
+    import loader.offline.extsort as extsort
+    import loader.offline.layout as layout
 
     monkeypatch.setattr(extsort, "SORT_BYTES_PER_EDGE", 1 << 24)  # ~64 edges per sort bucket
     original = layout.rows_per_chunk
@@ -163,7 +163,7 @@ def test_refusals_name_the_problem(tmp_path):
 
 
 def test_metis_over_budget_suggests_stream(tmp_path, monkeypatch):
-    from loader.partition import MetisPartitioner
+    from loader.offline.partition import MetisPartitioner
 
     rng = np.random.default_rng(6)
     write_raw(tmp_path / "raw", *random_graph(rng, 100, 1000, 2), 3)

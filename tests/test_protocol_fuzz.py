@@ -31,8 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader.config import LoaderConfig
-from loader.server import Daemon
+from loader.daemon.config import LoaderConfig
+from loader.daemon.server import Daemon
 from proto.codec import MAX_CONTAINER_LEN, FrameDecoder, encode
 from proto.errors import ProtocolError
 from proto.messages import (

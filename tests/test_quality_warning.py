@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from loader.cli import main
-from loader.config import config_from_mapping
-from loader.generate import generate_graph
-from loader.prepare import PrepareOptions, prepare_dataset
-from loader.status import format_status, scrape
+from loader.daemon.config import config_from_mapping
+from loader.daemon.status import format_status, scrape
+from loader.offline.generate import generate_graph
+from loader.offline.prepare import PrepareOptions, prepare_dataset
 from proto.messages import EpochEnd, StartEpoch
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
 

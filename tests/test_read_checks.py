@@ -15,13 +15,13 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.checksum_kernels import PAGE_BYTES, USING_C_XXH3, block_checksums, check_block_bytes, first_bad_block
-from loader.dataset import CHECK_FILES, FEATURE_PAGES_1_1, FORMAT_VERSION, manifest_text, open_dataset
-from loader.neighbor_reader import NeighborReader
-from loader.npyio import NpyReader
-from loader.read_checks import CorruptData, load_read_checks
-from loader.row_reader import RowReader
-from loader.verify import verify_dataset
+from loader.caches.row_reader import RowReader
+from loader.format.checksum_kernels import PAGE_BYTES, USING_C_XXH3, block_checksums, check_block_bytes, first_bad_block
+from loader.format.dataset import CHECK_FILES, FEATURE_PAGES_1_1, FORMAT_VERSION, manifest_text, open_dataset
+from loader.format.npyio import NpyReader
+from loader.format.read_checks import CorruptData, load_read_checks
+from loader.offline.verify import verify_dataset
+from loader.sampling.neighbor_reader import NeighborReader
 from proto.errors import RemoteError, UserError
 from proto.messages import StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset, train_until_error
@@ -145,7 +145,7 @@ def test_a_format_1_1_dataset_is_checked_by_its_4096_byte_feature_pages(dataset,
 
 def _rehash_manifest(path):
     """Record the current size and xxh3 of every file, as if prepare had written them."""
-    from loader.fileio import file_xxh3
+    from loader.format.fileio import file_xxh3
     data = json.loads((path / "manifest.json").read_text())
     for name, entry in data["files"].items():
         entry["bytes"], entry["xxh3_64"] = (path / name).stat().st_size, file_xxh3(path / name)

@@ -14,9 +14,9 @@ import shutil
 import numpy as np
 import pytest
 
-from loader import row_reader_kernels as kernels
-from loader.dataset import open_dataset
-from loader.inmemory import load_in_memory
+from loader.caches import row_reader_kernels as kernels
+from loader.format.dataset import open_dataset
+from loader.sampling.inmemory import load_in_memory
 from proto.messages import EpochEnd, StartEpoch
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset, train_until_error
 

@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader.generate import generate_graph
-from loader.importers import ImportOptions, import_dataset
-from loader.npyio import read_npy
-from loader.prepare import PrepareOptions, prepare_dataset
-from loader.raw import iter_edge_chunks
+from loader.format.npyio import read_npy
+from loader.format.raw import iter_edge_chunks
+from loader.offline.generate import generate_graph
+from loader.offline.importers import ImportOptions, import_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
 from tests.graphs import shared_graph
 from tests.test_importers import random_graph, write_npz, write_numpy, write_ogb
 from tests.test_prepare import assert_round_trip, read_features

@@ -1,4 +1,4 @@
-"""loader.row_reader (+ row_reader_kernels): scattered row reads against numpy's own reading of the file."""
+"""loader.caches.row_reader (+ row_reader_kernels): scattered row reads against numpy's own reading of the file."""
 
 import errno
 import logging
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader import row_reader_kernels as kernels
-from loader.row_reader import RowReader
+from loader.caches import row_reader_kernels as kernels
+from loader.caches.row_reader import RowReader
 
 PAGE = 4096
 

@@ -1,11 +1,11 @@
-"""loader.sampling: the superbatch sampler against a naive reference, structural properties, validation."""
+"""loader.sampling.sampling: the superbatch sampler against a naive reference, structural properties, validation."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 
 MASK = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15

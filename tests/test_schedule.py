@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.schedule import label_skew, schedule_epoch, train_label_counts
+from loader.daemon.hierarchical.schedule import label_skew, schedule_epoch, train_label_counts
 
 
 @settings(max_examples=60, deadline=None)

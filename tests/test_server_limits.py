@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-import loader.server
-from loader.config import config_from_mapping
-from loader.server import Daemon
-from loader.session import WRITE_BUFFER_HIGH, ControlProtocol, Session, loggable
+import loader.daemon.server
+from loader.daemon.config import config_from_mapping
+from loader.daemon.server import Daemon
+from loader.daemon.session import WRITE_BUFFER_HIGH, ControlProtocol, Session, loggable
 from proto.client import ControlClient
 from proto.codec import encode
 from proto.errors import RemoteError, UserError
@@ -346,7 +346,7 @@ def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(data
         return await original(self)
 
     monkeypatch.setattr(Daemon, "_accept", failing_accept)
-    monkeypatch.setattr(loader.server, "ACCEPT_BACKOFF", 0.01)
+    monkeypatch.setattr(loader.daemon.server, "ACCEPT_BACKOFF", 0.01)
     caplog.set_level(logging.WARNING, logger="megabatch")
     config = daemon_config(dataset, tmp_path / "s.sock")
     t0 = time.monotonic()
@@ -358,7 +358,7 @@ def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(data
     lines = [r.getMessage() for r in caplog.records if "accept failed" in r.getMessage()]
     assert lines and "Too many open files" in lines[0]
     # one line per LOG_INTERVAL, however fast accept fails (unthrottled: one per failure, 32,918 in 5 s)
-    assert len(lines) <= 1 + int(elapsed // loader.server.LOG_INTERVAL)
+    assert len(lines) <= 1 + int(elapsed // loader.daemon.server.LOG_INTERVAL)
 
 
 # --- 5. client strings in the log ------------------------------------------------------------------------------

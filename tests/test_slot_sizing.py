@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.slot_sizing import AUTO_CLIENTS, AUTO_SLOTS, HEADROOM, SIGMAS, _allowance, size_sessions
+from loader.daemon.slot_sizing import AUTO_CLIENTS, AUTO_SLOTS, HEADROOM, SIGMAS, _allowance, size_sessions
 
 MiB = 1 << 20
 

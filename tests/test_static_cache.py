@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.resident import StaticCache
+from loader.daemon.resident import StaticCache
 
 
 @st.composite

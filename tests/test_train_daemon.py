@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from loader.dataset import open_dataset
+from loader.format.dataset import open_dataset
 from tests.daemon_harness import daemon_config, running_daemon, small_dataset
 from trainer.daemon_source import DaemonError, DaemonSource
 from trainer.inmemory_source import InMemorySource

@@ -1,4 +1,4 @@
-"""The trainer-side feature cache, end to end: loader.trainer_cache plans it per superbatch, the slots carry
+"""The trainer-side feature cache, end to end: loader.daemon.trainer_cache plans it per superbatch, the slots carry
 only the rows it lacks, trainer.device_cache assembles x, and every batch equals a cache-less client's bitwise."""
 
 import msgpack

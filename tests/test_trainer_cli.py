@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from loader.dataset import open_dataset
+from loader.format.dataset import open_dataset
 from tests.graphs import generated_dataset
 from trainer.cli import build_parser, main, resolve_sampler
 

@@ -6,11 +6,11 @@ import shutil
 import numpy as np
 import pytest
 
-from loader.dataset import FILES, manifest_text
-from loader.fileio import file_xxh3
-from loader.npyio import read_npy
-from loader.prepare import PrepareOptions, prepare_dataset
-from loader.verify import verify_dataset
+from loader.format.dataset import FILES, manifest_text
+from loader.format.fileio import file_xxh3
+from loader.format.npyio import read_npy
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.offline.verify import verify_dataset
 from tests.graphs import random_graph, write_raw
 
 

@@ -164,7 +164,7 @@ def resolve_sampler(args: argparse.Namespace) -> tuple[SamplerSettings, Path | N
     values = dict(_SAMPLER_DEFAULTS)
     dataset = Path(args.dataset) if args.dataset else None
     if args.config:
-        from loader.config import load_config
+        from loader.daemon.config import load_config
 
         config = load_config(args.config)
         values.update(batch_size=config.sampler.batch_size, fanouts=config.sampler.fanouts,
@@ -233,7 +233,7 @@ def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
     # the dataset and config are checked before torch is imported: their errors come in a blink
     opened = None
     if args.mode == "inmemory":
-        from loader.dataset import open_dataset
+        from loader.format.dataset import open_dataset
 
         sampler, dataset = resolve_sampler(args)
         if dataset is None:

@@ -2,7 +2,7 @@
 
 With ``--feature-cache SIZE`` the trainer asks the daemon (``Hello.feature_cache_bytes``) to plan a
 cache of that many bytes of feature rows; the daemon runs Belady's plan for it over each
-superbatch (``loader.trainer_cache``) and ships per training batch only the rows the cache does
+superbatch (``loader.daemon.trainer_cache``) and ships per training batch only the rows the cache does
 not hold, plus the plan: ``hit_slot`` (the cache slot of each node's row, -1 = the next shipped
 row) and the update ``cache[upd_slot] = x[upd_pos]``. ``DeviceFeatureCache.assemble`` rebuilds
 the full ``x`` on the device, so a CUDA run copies only the shipped rows over PCIe.

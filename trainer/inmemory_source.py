@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loader.dataset import Dataset, open_dataset
-from loader.inmemory import (
+from loader.format.dataset import Dataset, open_dataset
+from loader.sampling.inmemory import (
     BatchPlan,
     InMemoryGraph,
     epoch_batches_inmemory,
@@ -21,7 +21,7 @@ from loader.inmemory import (
     load_in_memory,
     split_stream,
 )
-from loader.sampling import SampledBatch, sample_pass
+from loader.sampling.sampling import SampledBatch, sample_pass
 from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo

@@ -1,0 +1,1 @@
+"""Belady-planned feature-row caches and the scattered row reads that fill them."""

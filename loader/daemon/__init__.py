@@ -1,0 +1,1 @@
+"""The loader daemon: server, client sessions, publishing into slots, config, metrics."""

@@ -1,0 +1,1 @@
+"""The full-graph modes (exact, static, mmap, inmemory): superbatches sampled over the whole graph."""

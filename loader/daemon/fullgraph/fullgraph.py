@@ -1,0 +1,153 @@
+"""The full-graph training modes: every mini-batch sampled over the whole graph, as in ``--mode inmemory``.
+
+The modes ("exact", "static", "mmap", "inmemory") share the batch plan of the in-memory
+reference (``epoch_batches_inmemory``: every training node once per epoch, same seeds, same
+keys) and its sampler semantics, so their batches are identical; they differ only in where
+neighbour lists and feature rows come from. A ``FullGraphMode`` supplies exactly that:
+
+* ``sample``: sample a superbatch (a run of consecutive batches of the epoch) over the full graph;
+* ``plan``: turn a sampled superbatch into the ``BatchSource`` the publisher fills slots from.
+
+Stages, wired in ``start_fullgraph_pipeline`` and joined by bounded queues::
+
+    sampler (superbatch k+1) -> planner (superbatch k) -> publisher (superbatch k-1, in the session)
+
+so sampling, cache planning and gathering of consecutive superbatches overlap (Ginex's
+superbatch-level pipeline). At most ``SUPERBATCHES_IN_FLIGHT`` superbatches exist at once: the
+sampler takes a token per superbatch and the publisher hands it back after its last batch, so a
+slow trainer stalls the sampler and memory stays what the plan charged.
+"""
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.hierarchical.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
+from loader.daemon.publisher import BatchSource
+from loader.daemon.serving import ServingContext
+from loader.sampling.inmemory import epoch_batches_inmemory
+from loader.sampling.sampling import SampledPass
+
+__all__ = ["FullGraphMode", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
+
+SUPERBATCHES_IN_FLIGHT = 3
+"""One being sampled, one planned, one being published: sampling k+1 overlaps planning k and gathering k-1."""
+
+
+class FullGraphMode(Protocol):
+    """Where one full-graph mode reads neighbour lists and rows (runs on the CPU pool)."""
+
+    name: str
+    superbatch: int
+    """Batches sampled per ``sample`` call."""
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        """Sample consecutive batches (``loader.sampling.sampling.sample_pass`` semantics, dataset ids as local ids)."""
+        ...
+
+    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+        """The source the publisher fills this superbatch's slots from, and the planning state for the
+        next superbatch; called in superbatch order with the state the previous call returned."""
+        ...
+
+    def describe(self) -> str:
+        """The memory plan line ``serve`` logs at startup."""
+        ...
+
+    def eval_access(self) -> EvalAccess:
+        """How an evaluation stream samples and fills its batches in this mode (may run beside training)."""
+        ...
+
+    def restart(self) -> object:
+        """A new training stream starts (the previous one may have stopped mid-superbatch): reset what
+        the publisher side holds and return the first planning state. The state lives in the
+        planner stage, not in the mode, so a stopped stream's late planner cannot corrupt it."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SampledSuperbatch:
+    """Sampler -> planner: batches ``first_batch ..`` of an epoch of ``epoch_batches``."""
+
+    epoch: int
+    first_batch: int
+    epoch_batches: int
+    seeds: np.ndarray
+    sampled: SampledPass
+
+
+async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, tokens: asyncio.Semaphore,
+                   out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
+    cfg = ctx.config.sampler
+    train = ctx.split_ids["train"]
+    for epoch in itertools.count(start_epoch):
+        plan = epoch_batches_inmemory(train, cfg.batch_size, cfg.seed, epoch)
+        total = len(plan.keys)
+        for first in range(0, total, mode.superbatch):
+            last = min(total, first + mode.superbatch)
+            seeds = plan.seeds[first * cfg.batch_size:last * cfg.batch_size]
+            await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
+            sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", mode.sample, seeds, cfg.batch_size,
+                                      cfg.fanouts, plan.keys[first:last])
+            await out.put(SampledSuperbatch(epoch, first, total, seeds, sampled))
+        await out.put(EpochDone(epoch, total, 1))
+
+
+async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object, tokens: asyncio.Semaphore,
+                   inp: "asyncio.Queue[SampledSuperbatch | EpochDone]", out: "asyncio.Queue[SampledWork | EpochDone]"
+                   ) -> None:
+    while True:
+        item = await inp.get()
+        if isinstance(item, EpochDone):
+            await out.put(item)
+            continue
+        source, state = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", mode.plan, item.sampled, state)
+        await out.put(SampledWork(source, tokens.release, 0, item.sampled, item.seeds, item.first_batch,
+                                  item.epoch_batches, True))
+
+
+def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:
+    """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch``."""
+    state = mode.restart()
+    # Superbatches alive at once (sampled, planned, being published), whatever the queues hold:
+    # the memory plan charges exactly this many.
+    tokens = asyncio.Semaphore(SUPERBATCHES_IN_FLIGHT)
+    sampled: asyncio.Queue[SampledSuperbatch | EpochDone] = asyncio.Queue(maxsize=1)
+    output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
+    for name, queue in (("sampled", sampled), ("planned", output)):
+        ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
+    pipeline = TrainPipeline(start_epoch, output)
+    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, tokens, sampled))
+    pipeline.add_stage("planner", _planner(ctx, mode, state, tokens, sampled, output))
+    return pipeline
+
+
+@dataclass
+class ModeEval:
+    """An ``EvalAccess`` made of a mode's sampler and a row source that need no closing."""
+
+    source: BatchSource
+    sampler: Callable[[np.ndarray, int, tuple[int, ...], np.ndarray], SampledPass]
+
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
+        return self.sampler(seeds, batch_size, fanouts, keys)
+
+    def close(self) -> None:
+        pass
+
+
+def labelled_source(fill: Callable[[int, np.ndarray, np.ndarray], None], labels: np.ndarray, feat_dim: int,
+                    feat_dtype: np.dtype, fills_any_subset: bool = False) -> BatchSource:
+    """A ``BatchSource`` over dataset ids (local id = dataset id in the full-graph modes).
+
+    fills_any_subset: see ``BatchSource`` (default False).
+    """
+    return BatchSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype,
+                       fills_any_subset)

@@ -1,0 +1,66 @@
+"""The feature arena and the two mega-batch buffers (double buffering).
+
+One anonymous, page-aligned mapping holds the static features once, then the feature regions
+of buffer 0 and buffer 1, so O_DIRECT reads land in place and the gather kernel addresses any
+row (static or dynamic) with one byte offset into one array. Index arrays of a buffer are
+allocated once too; nothing per mega-batch grows beyond what ``memplan`` charged.
+"""
+
+import contextlib
+import mmap
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.hierarchical.memplan import PAGE, BufferSizes, round_up
+from loader.daemon.resident import StaticCache
+
+__all__ = ["MegaBatchBuffer", "FeatureArena"]
+
+
+@dataclass
+class MegaBatchBuffer:
+    """One of the two buffers: where the reader puts a mega-batch and the assembler builds on it."""
+
+    index: int
+    """0 or 1 (for logs and metrics)."""
+    feature_offset: int
+    """Byte offset of this buffer's feature region in the arena (page aligned)."""
+    feature_capacity: int
+    raw_indices: np.ndarray
+    """Edge lists as read (dataset ids, the file's index dtype)."""
+    raw_indptr_scratch: np.ndarray
+    """int64: the partitions' ``indptr`` slices as read (n_p + 1 entries each)."""
+
+
+class FeatureArena:
+    """Owns the mapping; ``buffers`` are handed out and returned through the pipeline's free queue."""
+
+    def __init__(self, static: StaticCache, row_bytes: int, sizes: BufferSizes, index_dtype: np.dtype) -> None:
+        self.row_bytes = row_bytes
+        self.static_bytes = round_up(static.num_nodes * row_bytes)
+        self.nbytes = self.static_bytes + 2 * round_up(sizes.feature_bytes)
+        self._map = mmap.mmap(-1, max(self.nbytes, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.data = np.frombuffer(self._map, dtype=np.uint8)
+        """The whole arena as bytes: the gather kernel's source array."""
+        if static.num_nodes:
+            flat = np.ascontiguousarray(static.features).reshape(-1).view(np.uint8)
+            self.data[:len(flat)] = flat
+        self.static_row_offsets = np.arange(static.num_nodes, dtype=np.int64) * row_bytes
+        cap = round_up(sizes.feature_bytes)
+        self.buffers = [
+            MegaBatchBuffer(i, self.static_bytes + i * cap, cap,
+                            np.empty(sizes.max_raw_edges, dtype=index_dtype),
+                            np.empty(sizes.max_nodes + sizes.partitions, dtype=np.int64))
+            for i in range(2)]
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """Writable bytes of the arena (the destination of a feature read)."""
+        return memoryview(self._map)[offset:offset + nbytes]
+
+    def close(self) -> None:
+        del self.data
+        self.buffers.clear()
+        # a view may still be exported (a batch being written); the mapping then goes with the last view
+        with contextlib.suppress(BufferError):
+            self._map.close()

@@ -1,0 +1,108 @@
+"""Stage 3, the assembler: the subgraph induced by (mega-batch nodes + static nodes) in a buffer.
+
+Local ids: the mega-batch's nodes first, partition by partition in plan order (so their feature
+rows sit where the reader put them), then the static nodes outside the mega-batch. Training
+seeds are mega-batch nodes only: a static node is trained on in the mega-batch of its own
+partition, which keeps "each training node once per pass" exact.
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.hierarchical.reader import LoadedMegaBatch
+from loader.daemon.hierarchical.schedule import MegaBatchPlan
+from loader.daemon.resident import ResidentData
+from loader.sampling.sampling import CSCGraph
+
+__all__ = ["MegaBatch", "assemble"]
+
+
+@dataclass(frozen=True)
+class MegaBatch:
+    """Assembler -> superbatch sampler -> publisher: one mega-batch ready to sample from."""
+
+    plan: MegaBatchPlan
+    buffer: MegaBatchBuffer
+    graph: CSCGraph
+    """Induced in-neighbour CSC over local ids; ``graph.global_ids`` maps back to dataset ids."""
+    row_offsets: np.ndarray
+    """int64 (M,): arena byte offset of each local node's feature row."""
+    labels: np.ndarray
+    """int64 (M,)."""
+    full_degree: np.ndarray
+    """int64 (M,): each local node's in-degree over the full graph (neighbour coverage compares with it)."""
+    train_seeds: np.ndarray
+    """int64: local ids of the mega-batch's training nodes, ascending."""
+    static_extra: int
+    """Static nodes that joined from outside the mega-batch."""
+    bytes_read: int
+    load_seconds: float
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.graph.global_ids)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.graph.indices)
+
+
+def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureArena) -> MegaBatch:
+    """Build the induced subgraph (CPU work; numba kernels release the GIL)."""
+    t0 = time.perf_counter()
+    plan, buf = loaded.plan, loaded.buffer
+    parts = resident.partitions[plan.partitions]
+    counts = parts[:, 1] - parts[:, 0]
+    n_mb = int(counts.sum())
+    static = resident.static
+    extra_mask = ~np.isin(static.partition, plan.partitions)
+    extra = np.flatnonzero(extra_mask)
+
+    # dataset ids of the mega-batch nodes: consecutive runs node_begin .. node_end per partition
+    starts = np.repeat(parts[:, 0] - np.cumsum(counts) + counts, counts)
+    global_ids = np.concatenate([np.arange(n_mb, dtype=np.int64) + starts, static.nodes[extra]])
+
+    # degrees from the indptr slices (n_p + 1 entries per partition, back to back in the scratch)
+    ptr = buf.raw_indptr_scratch[:n_mb + len(parts)]
+    deg_all = np.diff(ptr)
+    boundaries = np.cumsum(counts + 1)[:-1] - 1  # the diff across two partitions' slices is meaningless
+    deg_mb = np.delete(deg_all, boundaries)
+    static_deg = np.diff(static.indptr)[extra]
+    full_degree = np.concatenate([deg_mb, static_deg]).astype(np.int64, copy=False)
+    raw_indptr = np.zeros(len(global_ids) + 1, dtype=np.int64)
+    np.cumsum(full_degree, out=raw_indptr[1:])
+
+    # static extras' lists go after the partitions' lists, gathered from the resident copy
+    if len(extra):
+        lens = static_deg
+        src_start = np.repeat(static.indptr[extra], lens)
+        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        tail = static.indices[src_start + within]
+    else:
+        tail = static.indices[:0]
+    raw_indices = buf.raw_indices
+    n_raw = loaded.raw_edges + len(tail)
+    if n_raw > len(raw_indices):
+        raise RuntimeError("mega-batch edges exceed the planned buffer (memory plan bug)")
+    raw_indices[loaded.raw_edges:n_raw] = tail
+
+    fill_local_of(resident.local_of, global_ids)
+    try:
+        indptr, indices = induce_subgraph(resident.local_of, raw_indptr, raw_indices[:n_raw])
+    finally:
+        clear_local_of(resident.local_of, global_ids)
+
+    row_offsets = np.empty(len(global_ids), dtype=np.int64)
+    within_part = np.arange(n_mb, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    row_offsets[:n_mb] = np.repeat(loaded.feature_base, counts) + within_part * arena.row_bytes
+    row_offsets[n_mb:] = arena.static_row_offsets[extra]
+
+    labels = resident.labels[global_ids]
+    train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)
+    graph = CSCGraph(indptr=indptr, indices=indices, global_ids=global_ids)
+    return MegaBatch(plan, buf, graph, row_offsets, labels, full_degree, train_seeds, len(extra), loaded.bytes_read,
+                     loaded.seconds + time.perf_counter() - t0)

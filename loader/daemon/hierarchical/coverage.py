@@ -1,0 +1,144 @@
+"""What the hierarchical mode loses against full-graph sampling, measured as it trains.
+
+Two numbers per mega-batch, summed over an epoch, logged, exported and warned about:
+
+* **Neighbour coverage**: of the neighbour slots full-graph sampling would fill for the targets a
+  pass expanded (``min(fanout, full in-degree)`` per target and hop, every in-neighbour for fanout
+  -1), the share the mega-batch filled (``min(fanout, in-degree inside mega-batch + static cache)``,
+  exactly the pass's sampled edges). A cut neighbour is one the model never aggregates in training
+  but does at evaluation over the full graph.
+* **Label skew**: the total variation distance between the training labels of the mega-batch and
+  those of the whole epoch. Min-cut partitions are homophilous; a skewed mega-batch pulls the model
+  toward its own classes for as many steps as it lasts, which slows convergence far more than the
+  lost neighbours do (docs/PERFORMANCE.md, "Training quality of the hierarchical mode").
+
+The thresholds are heuristics calibrated on the shared graphs and the demo graph (documented in
+docs/CONFIG.md): below ``COVERAGE_WARN`` or above ``SKEW_WARN`` the daemon warns (at the first epoch,
+then every ``WARN_EVERY``-th while it holds) and names the knobs that help.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.sampling.sampling import SampledPass
+
+__all__ = ["COVERAGE_WARN", "SKEW_WARN", "WARN_EVERY", "WarningStreaks", "NeighbourSlots", "neighbour_slots",
+           "EpochQuality", "expected_edge_coverage"]
+
+COVERAGE_WARN = 0.70
+"""An epoch whose neighbour coverage falls below this is warned about."""
+
+SKEW_WARN = 0.20
+"""An epoch whose mean label skew (weighted by training seeds) exceeds this is warned about."""
+
+
+@dataclass(frozen=True)
+class NeighbourSlots:
+    """Neighbour slots of a pass: ``filled`` in the mega-batch, ``full`` over the whole graph."""
+
+    filled: int
+    full: int
+
+
+def neighbour_slots(sampled: SampledPass, full_degree: np.ndarray, fanouts: tuple[int, ...]) -> NeighbourSlots:
+    """Slots the pass filled and the slots its targets have over the full graph (vectorized, O(nodes)).
+
+    full_degree: int64 (M,) full-graph in-degree of each local node of the mega-batch. The targets of
+    hop h are the nodes a batch first reached at hop h-1 (``num_sampled_nodes`` blocks, in order).
+    """
+    hops = sampled.num_hops
+    if sampled.num_batches == 0 or hops == 0:
+        return NeighbourSlots(0, 0)
+    hop_of_block = np.tile(np.arange(hops + 1, dtype=np.int8), sampled.num_batches)
+    hop_of_node = np.repeat(hop_of_block, sampled.num_sampled_nodes.ravel())
+    is_target = hop_of_node < hops
+    degree = full_degree[sampled.nodes[is_target]]
+    fanout = np.asarray(fanouts, dtype=np.int64)[hop_of_node[is_target]]
+    full = int(np.where(fanout < 0, degree, np.minimum(fanout, degree)).sum())
+    return NeighbourSlots(int(sampled.num_sampled_edges.sum()), full)
+
+
+class EpochQuality:
+    """Accumulates one epoch's coverage and skew, mega-batch by mega-batch (the sampler stage owns it)."""
+
+    def __init__(self) -> None:
+        self.filled = 0
+        self.full = 0
+        self.skew_weighted = 0.0
+        self.seeds = 0
+        self.megabatches = 0
+
+    def add(self, slots: NeighbourSlots, skew: float, seeds: int) -> None:
+        self.filled += slots.filled
+        self.full += slots.full
+        self.skew_weighted += skew * seeds
+        self.seeds += seeds
+        self.megabatches += 1
+
+    @property
+    def coverage(self) -> float:
+        """Filled / full slots (1.0 when nothing was sampled: nothing was lost)."""
+        return self.filled / self.full if self.full else 1.0
+
+    @property
+    def skew(self) -> float:
+        """Seed-weighted mean label skew of the epoch's mega-batches."""
+        return self.skew_weighted / self.seeds if self.seeds else 0.0
+
+    def warnings(self) -> dict[str, str]:
+        """What is wrong with this epoch's batches ("coverage", "skew") and the knobs that help; empty when
+        all is well."""
+        found = {}
+        if self.coverage < COVERAGE_WARN:
+            found["coverage"] = (f"neighbour coverage {self.coverage:.3f} is below {COVERAGE_WARN}: "
+                         f"{100 * (1 - self.coverage):.0f}% of the neighbours full-graph sampling would draw lie "
+                         "outside the mega-batches; raise [hierarchy] megabatch_fraction (or set it to \"auto\" "
+                         "with a larger [memory] budget), keep static_cache = true or \"auto\", or use "
+                         "[loader] mode = \"exact\"")
+        if self.skew > SKEW_WARN:
+            found["skew"] = (f"label skew {self.skew:.3f} is above {SKEW_WARN}: mega-batches' training labels differ "
+                         "from the epoch's and training converges slower; set [hierarchy] schedule = \"balanced\", "
+                         "raise megabatch_fraction, or prepare with more --partitions (more, smaller partitions "
+                         "mix better at the same fraction)")
+        return found
+
+
+WARN_EVERY = 10
+"""A quality warning that holds epoch after epoch is logged at its first epoch and then every this many."""
+
+
+class WarningStreaks:
+    """Which epochs' quality warnings reach the log: the first of a streak, then every ``WARN_EVERY``-th.
+
+    The condition is a property of the dataset and the config, so it holds for every epoch of a run; a
+    line per epoch buries everything else in the log (a short-epoch soak wrote 55 in 30 s). The metric
+    ``megabatch_quality_warnings_total`` still counts every epoch.
+    """
+
+    def __init__(self) -> None:
+        self._streak: dict[str, int] = {}
+
+    def to_log(self, kinds: set[str]) -> set[str]:
+        for kind in set(self._streak) - kinds:
+            del self._streak[kind]  # the condition cleared: the next occurrence is news again
+        logged = set()
+        for kind in kinds:
+            count = self._streak.get(kind, 0)
+            if count % WARN_EVERY == 0:
+                logged.add(kind)
+            self._streak[kind] = count + 1
+        return logged
+
+
+def expected_edge_coverage(edge_cut: float, partitions: int, per_megabatch: int, static_share: float = 0.0) -> float:
+    """The share of a mega-batch's in-edges whose source it holds, on average.
+
+    An uncut edge always stays; a cut one stays when its source's partition is among the other
+    ``per_megabatch - 1`` of the ``partitions - 1``, or when its source is a static node:
+    ``static_share`` is the share of cut edges that leave static nodes. Slot coverage is at least
+    this where degrees exceed the fanouts (a node keeps its fanout from fewer neighbours).
+    """
+    if partitions <= 1:
+        return 1.0
+    return 1.0 - edge_cut * (1.0 - (per_megabatch - 1) / (partitions - 1)) * (1.0 - static_share)

@@ -1,0 +1,194 @@
+"""Split one ``memory_budget`` between the static cache, two mega-batch buffers and the slots.
+
+HierBatching (Appendix B) keeps two copies of (static + dynamic) data so loading mega-batch
+i+1 overlaps training on i: 2 (r_s + r_d)(A + B) <= C. We hold the static *features* once (both
+buffers gather from the same static region) and only the per-mega-batch parts twice, so the
+bound we enforce is
+
+    node arrays + static features + 2 x buffer(N_d) + 3 sampled passes + clients x slots x slot_bytes
+        <= budget
+
+where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest of each kind),
+so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits, up to
+every partition: at the same bytes read per epoch, a larger mega-batch keeps more neighbours and mixes
+more labels (docs/PERFORMANCE.md, "Training quality of the hierarchical mode").
+
+``static_cache = "auto"`` (``plan_with_static``) also chooses how many of the prepared static nodes to
+hold: static rows are held once but cost budget that could hold a larger N_d, and both keep cut
+neighbours. Each candidate prefix of the static nodes (by degree) gets its largest N_d, and the pair
+with the highest expected edge coverage wins, the smaller static cache on a tie (with N_d = every
+partition a static cache adds nothing).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.slot_sizing import SessionSizing
+from proto.errors import UserError
+from proto.sizes import format_size
+
+__all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "MemoryPlan", "plan_memory", "plan_with_static", "buffer_sizes",
+           "round_up"]
+
+PAGE = 4096
+
+NODE_ARRAY_BYTES = 8 + 4 + 1
+"""Per dataset node, held for the daemon's life: label (int64), local-id map (int32), train mask."""
+
+PASSES_IN_FLIGHT = 3
+"""Sampled passes alive at once: one being sampled, one queued, one being published."""
+
+PER_LOCAL_NODE_BYTES = 8 * 6
+"""Per mega-batch node: global id, row offset, raw indptr, induced indptr, full degree, label/seed scratch."""
+
+
+STATIC_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
+"""Shares of the prepared static nodes ``static_cache = "auto"`` weighs (more would only refine a rough estimate)."""
+
+
+def round_up(value: int, multiple: int = PAGE) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class BufferSizes:
+    """Capacity of one mega-batch buffer (an upper bound over every choice of N_d partitions)."""
+
+    partitions: int
+    """N_d: partitions per mega-batch."""
+    max_nodes: int
+    """Mega-batch nodes plus every static node (static nodes outside the mega-batch join it)."""
+    max_raw_edges: int
+    """In-edges of those nodes before filtering to the induced subgraph."""
+    feature_bytes: int
+    """Page-padded feature bytes of the N_d largest partitions."""
+    index_bytes: int
+    """Raw edge lists + induced edge lists + per-node arrays."""
+    pass_bytes: int = 0
+    """One sampled pass over such a mega-batch (all its batches' nodes and edges, from a pilot sample)."""
+
+    @property
+    def total(self) -> int:
+        return self.feature_bytes + self.index_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The resolved split of the budget; ``describe()`` is what ``serve`` logs at startup."""
+
+    budget: int
+    node_array_bytes: int
+    static_nodes: int
+    static_bytes: int
+    buffer: BufferSizes
+    sessions: SessionSizing
+
+    @property
+    def slots_bytes(self) -> int:
+        return self.sessions.total
+
+    @property
+    def total(self) -> int:
+        return (self.node_array_bytes + self.static_bytes + 2 * self.buffer.total
+                + PASSES_IN_FLIGHT * self.buffer.pass_bytes + self.slots_bytes)
+
+    def describe(self) -> str:
+        return (f"memory plan: budget {format_size(self.budget)} = node arrays {format_size(self.node_array_bytes)}"
+                f" + static cache {self.static_nodes:,} nodes {format_size(self.static_bytes)}"
+                f" + 2 x mega-batch buffer ({self.buffer.partitions} partitions, "
+                f"{format_size(self.buffer.total)} each)"
+                f" + {PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}"
+                f" + {self.sessions.describe()}"
+                f" = {format_size(self.total)} used")
+
+
+def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edges: int,
+                 index_itemsize: int, train_counts: np.ndarray | None = None, batch_size: int = 1,
+                 batch_bytes: int = 0) -> BufferSizes:
+    """Upper bound of one buffer for ``n_d`` partitions (``partitions`` is the (P, 6) table).
+
+    train_counts (training nodes per partition), batch_size and batch_bytes (a sampled batch's
+    nodes and edges) bound a sampled pass: the batches of the N_d partitions richest in seeds.
+    """
+    nodes = partitions[:, 1] - partitions[:, 0]
+    edges = partitions[:, 3] - partitions[:, 2]
+    feat = (partitions[:, 5] + PAGE - 1) // PAGE * PAGE
+    top_nodes = int(np.sort(nodes)[::-1][:n_d].sum())
+    top_edges = int(np.sort(edges)[::-1][:n_d].sum())
+    top_feat = int(np.sort(feat)[::-1][:n_d].sum())
+    max_nodes = top_nodes + static_nodes
+    max_raw = top_edges + static_edges
+    # raw lists arrive in the file's index width; the induced lists are int32 local ids.
+    index_bytes = max_raw * (index_itemsize + 4) + (max_nodes + 1) * PER_LOCAL_NODE_BYTES + 2 * PAGE
+    pass_bytes = 0
+    if train_counts is not None and batch_bytes:
+        seeds = int(np.sort(train_counts)[::-1][:n_d].sum())
+        pass_bytes = -(-seeds // max(1, batch_size)) * batch_bytes + 8 * seeds
+    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes)
+
+
+def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction: float | None,
+                static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
+                sessions: SessionSizing, train_counts: np.ndarray | None = None,
+                batch_size: int = 1, batch_bytes: int = 0) -> MemoryPlan:
+    """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``."""
+    num_partitions = len(partitions)
+    node_bytes = num_nodes * NODE_ARRAY_BYTES
+    static_bytes = round_up(static_nodes * static_row_bytes)
+
+    def make(n_d: int) -> MemoryPlan:
+        return MemoryPlan(budget, node_bytes, static_nodes, static_bytes,
+                          buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize, train_counts,
+                                       batch_size, batch_bytes),
+                          sessions)
+
+    if fraction is not None:
+        n_d = min(num_partitions, max(1, round(fraction * num_partitions)))
+        plan = make(n_d)
+        if plan.total > budget:
+            raise UserError(
+                f"memory budget {format_size(budget)} is too small: {plan.describe()}; raise [memory] budget, "
+                f"lower [hierarchy] megabatch_fraction, [publisher] slots or [server] max_clients, "
+                f"or set static_cache = false")
+        return plan
+    lo, hi = 1, num_partitions
+    if make(lo).total > budget:
+        raise UserError(f"memory budget {format_size(budget)} cannot hold even one partition per mega-batch: "
+                        f"{make(lo).describe()}")
+    while lo < hi:  # the total grows with n_d, so the largest fitting n_d is a binary search away
+        mid = (lo + hi + 1) // 2
+        if make(mid).total <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return make(lo)
+
+
+def plan_with_static(plan: Callable[[int, int], MemoryPlan], *, static_degrees: np.ndarray,
+                     static_cut_edges: np.ndarray, cut_edges: int, edge_cut: float,
+                     num_partitions: int) -> MemoryPlan:
+    """``static_cache = "auto"``: the static prefix and N_d with the highest expected edge coverage.
+
+    plan(static_nodes, static_edges): ``plan_memory`` with every other argument bound (``fraction`` None
+    or fixed). static_degrees and static_cut_edges: in-degree and cut in-edges of each prepared static
+    node, in the order prefixes are kept (highest degree first); cut_edges: all cut edges of the graph.
+    Raises ``plan``'s error when not even the plan without a static cache fits.
+    """
+    best: tuple[float, MemoryPlan] | None = None
+    for share in STATIC_SHARES:  # smallest first: a tie keeps the smaller cache
+        k = round(share * len(static_degrees))
+        try:
+            candidate = plan(k, int(static_degrees[:k].sum()))
+        except UserError:
+            if best is None:
+                raise
+            break  # a larger cache leaves even less room
+        static_share = min(1.0, int(static_cut_edges[:k].sum()) / cut_edges) if cut_edges else 0.0
+        coverage = expected_edge_coverage(edge_cut, num_partitions, candidate.buffer.partitions, static_share)
+        if best is None or coverage > best[0] + 1e-9:
+            best = coverage, candidate
+    assert best is not None
+    return best[1]

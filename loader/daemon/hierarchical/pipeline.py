@@ -1,0 +1,322 @@
+"""The training pipeline: scheduler -> disk reader -> assembler -> superbatch sampler -> (publisher).
+
+``start_train_pipeline`` wires every stage, queue and bound in one place; nothing rewires it
+later. Bounded queues give backpressure; the two mega-batch buffers circulate through
+``free_buffers`` (double buffering: the reader fills one while the other is sampled and
+published) and come back only when the publisher has gathered the last batch of their last pass.
+The publisher lives with the client session (``loader.daemon.publisher``) and reads ``output``.
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+
+from loader.daemon.config import LoaderConfig
+from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.assemble import MegaBatch, assemble
+from loader.daemon.hierarchical.coverage import (
+    WARN_EVERY,
+    EpochQuality,
+    NeighbourSlots,
+    WarningStreaks,
+    neighbour_slots,
+)
+from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
+from loader.daemon.hierarchical.schedule import MegaBatchPlan, label_skew, schedule_epoch
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.publisher import BatchSource, gather_from
+from loader.daemon.resident import ResidentData
+from loader.sampling.inmemory import STREAM_TRAIN
+from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+
+__all__ = ["SampledWork", "EpochDone", "run_timed", "run_in_pool", "PipelineContext", "TrainPipeline",
+           "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
+
+log = logging.getLogger("megabatch.pipeline")
+
+STREAM_MEGABATCH_SHUFFLE = 16
+"""batch_keys stream of the per-pass seed shuffle inside a mega-batch (train/val/test use 0-2)."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SampledWork:
+    """Superbatch sampler -> publisher: every batch of one pass (over one mega-batch, or a superbatch
+    of the full graph in the other modes)."""
+
+    source: BatchSource
+    """Where the pass's rows, ids and labels come from."""
+    release: Callable[[], None] | None
+    """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
+    pass_index: int
+    sampled: SampledPass
+    seeds: np.ndarray
+    """Local seed ids in batch order (``batch_size`` per batch)."""
+    first_batch: int
+    """Index within the epoch of this pass's first batch."""
+    epoch_batches: int
+    """Batches in the whole epoch, or -1 when unknown (``passes = "auto"``)."""
+    last_pass: bool
+    """The publisher hands the buffer back after this one."""
+
+
+@dataclass(frozen=True)
+class EpochDone:
+    """Sampler -> publisher: the epoch's last batch has been handed over."""
+
+    epoch: int
+    batches: int
+    passes: int
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """What the stages share: resolved once at startup, read-only afterwards (but ``warning_streaks``)."""
+
+    config: LoaderConfig
+    resident: ResidentData
+    arena: FeatureArena
+    reader: PartitionReader
+    metrics: DaemonMetrics
+    cpu_pool: ThreadPoolExecutor
+    partitions_per_megabatch: int
+    label_counts: np.ndarray
+    """float64 (P, C): training labels per partition; the balanced schedule and the label skew read it."""
+    warning_streaks: WarningStreaks = field(default_factory=WarningStreaks)
+    """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
+
+
+@dataclass
+class TrainPipeline:
+    """The running stages of one training stream; ``output`` feeds a session's publisher."""
+
+    start_epoch: int
+    output: "asyncio.Queue[SampledWork | EpochDone]"
+    free_buffers: "asyncio.Queue[MegaBatchBuffer] | None" = None
+    """The hierarchical mode's circulating buffers (None in the full-graph modes)."""
+    tasks: list["asyncio.Task[None]"] = field(default_factory=list)
+    failure: BaseException | None = None
+
+    def release_buffer(self, buffer: MegaBatchBuffer) -> None:
+        assert self.free_buffers is not None
+        self.free_buffers.put_nowait(buffer)
+
+    def add_stage(self, name: str, coro: Awaitable[None]) -> None:
+        """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"megabatch-{name}")
+        task.add_done_callback(lambda t: _record_failure(self, name, t))
+        self.tasks.append(task)
+
+    async def stop(self) -> None:
+        """Cancel every stage and wait for them (reads in flight land first)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_size: int, passes: int) -> int:
+    """Batches of an epoch with a fixed number of passes (each mega-batch's seeds in ceil(n/B) batches)."""
+    parts = resident.partitions
+    total = 0
+    train_sorted = resident.split_ids["train"]
+    for plan in plans:
+        begin, end = parts[plan.partitions, 0], parts[plan.partitions, 1]
+        per_part = np.searchsorted(train_sorted, end) - np.searchsorted(train_sorted, begin)
+        total += -(-int(per_part.sum()) // batch_size)
+    return total * passes
+
+
+async def run_in_pool(pool: ThreadPoolExecutor, func: Callable[..., T], *args: object) -> T:
+    """``func(*args)`` on ``pool``; when cancelled, still waits for the job to finish before raising.
+
+    A thread cannot be interrupted: a job outliving its cancelled stage would keep its memory (a
+    sampled superbatch, views of a slot) alive and could write into a buffer a new pipeline now
+    owns. Waiting keeps "the stage is gone" meaning "its work is gone".
+    """
+    job = asyncio.get_running_loop().run_in_executor(pool, func, *args)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])
+        raise
+
+
+async def run_timed(pool: ThreadPoolExecutor, metrics: DaemonMetrics, stage: str, func: Callable[..., T],
+                    *args: object) -> T:
+    """Run CPU work on ``pool`` (numba kernels drop the GIL) and charge its seconds to ``stage``."""
+    t0 = time.perf_counter()
+    try:
+        return await run_in_pool(pool, func, *args)
+    finally:
+        metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
+
+
+async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args: object) -> T:
+    return await run_timed(ctx.cpu_pool, ctx.metrics, stage, func, *args)
+
+
+async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Queue[MegaBatchPlan]") -> None:
+    cfg = ctx.config
+    for epoch in itertools.count(start_epoch):
+        t0 = time.perf_counter()
+        balanced = ctx.label_counts if cfg.hierarchy.schedule == "balanced" else None
+        schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch,
+                                  balanced)
+        if cfg.hierarchy.passes is not None:
+            total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes)
+            schedule = [dataclasses.replace(plan, epoch_batches=total) for plan in schedule]
+        ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
+        for plan in schedule:
+            await plans.put(plan)
+
+
+async def _reader(ctx: PipelineContext, plans: "asyncio.Queue[MegaBatchPlan]",
+                  free: "asyncio.Queue[MegaBatchBuffer]", loaded: "asyncio.Queue[LoadedMegaBatch]") -> None:
+    while True:
+        plan = await plans.get()
+        buffer = await free.get()
+        t0 = time.perf_counter()
+        result = await ctx.reader.load(plan, buffer)
+        ctx.metrics.stage_busy.labels("reader").inc(time.perf_counter() - t0)
+        await loaded.put(result)
+
+
+async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatch]",
+                     ready: "asyncio.Queue[MegaBatch]") -> None:
+    while True:
+        item = await loaded.get()
+        mb = await _timed(ctx, "assembler", assemble, item, ctx.resident, ctx.arena)
+        m = ctx.metrics
+        m.mb_loaded.inc()
+        m.mb_load_seconds.observe(mb.load_seconds)
+        m.mb_bytes.set(mb.bytes_read)
+        log.debug("mega-batch %d/%d of epoch %d: %d partitions, %d nodes (%d static joined), %d edges, %d seeds, "
+                  "%.3f s", mb.plan.index + 1, mb.plan.count, mb.plan.epoch, len(mb.plan.partitions), mb.num_nodes,
+                  mb.static_extra, mb.num_edges, len(mb.train_seeds), mb.load_seconds)
+        await ready.put(mb)
+
+
+def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> BatchSource:
+    """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region)."""
+    arena = ctx.arena
+    static = ctx.resident.static.features
+    return BatchSource(gather_from(arena.data, lambda nodes: mb.row_offsets[nodes], arena.row_bytes),
+                       lambda nodes: mb.graph.global_ids[nodes], lambda nodes: mb.labels[nodes],
+                       int(static.shape[1]), static.dtype, fills_any_subset=True)
+
+
+def _sample_measured(graph: CSCGraph, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...],
+                     keys: np.ndarray, full_degree: np.ndarray | None) -> tuple[SampledPass, NeighbourSlots | None]:
+    """``sample_pass``, plus the pass's neighbour slots when ``full_degree`` is given (the first pass)."""
+    sampled = sample_pass(graph, seeds, batch_size, fanouts, keys)
+    return sampled, None if full_degree is None else neighbour_slots(sampled, full_degree, fanouts)
+
+
+def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> None:
+    m = ctx.metrics
+    m.epoch_coverage.set(quality.coverage)
+    m.epoch_label_skew.set(quality.skew)
+    log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %d mega-batches of %d partitions",
+             epoch, quality.coverage, quality.skew, quality.megabatches, ctx.partitions_per_megabatch)
+    warnings = quality.warnings()
+    logged = ctx.warning_streaks.to_log(set(warnings))
+    for kind, warning in warnings.items():
+        m.quality_warnings.labels(kind).inc()
+        if kind in logged:
+            log.warning("epoch %d: %s (logged again every %d epochs while it holds)", epoch, warning, WARN_EVERY)
+
+
+async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",
+                   output: "asyncio.Queue[SampledWork | EpochDone]",
+                   release: Callable[[MegaBatchBuffer], None]) -> None:
+    cfg = ctx.config
+    fixed_passes = cfg.hierarchy.passes
+    batch_size = cfg.sampler.batch_size
+    epoch, batch_in_epoch, passes_in_epoch = start_epoch, 0, 0
+    quality = EpochQuality()
+    while True:
+        mb = await ready.get()
+        if mb.plan.epoch != epoch:
+            raise RuntimeError(f"pipeline out of order: mega-batch of epoch {mb.plan.epoch} while in {epoch}")
+        epoch_batches = mb.plan.epoch_batches
+        ctx.metrics.mb_nodes.set(mb.num_nodes)
+        ctx.metrics.mb_edges.set(mb.num_edges)
+        source = megabatch_source(ctx, mb)
+        for pass_index in itertools.count():
+            key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.plan.index, 1)[0])
+            seeds = shuffle(mb.train_seeds, key)
+            n_batches = -(-len(seeds) // batch_size)
+            keys = batch_keys(cfg.sampler.seed, STREAM_TRAIN, epoch, 0, batch_in_epoch, n_batches)
+            # later passes over the same mega-batch lose what the first did: measure once per mega-batch
+            sampled, slots = await _timed(ctx, "sampler", _sample_measured, mb.graph, seeds, batch_size,
+                                          cfg.sampler.fanouts, keys, mb.full_degree if pass_index == 0 else None)
+            if slots is not None:
+                skew = label_skew(ctx.label_counts, mb.plan.partitions)
+                quality.add(slots, skew, len(seeds))
+                ctx.metrics.mb_coverage.set(slots.filled / slots.full if slots.full else 1.0)
+                ctx.metrics.mb_label_skew.set(skew)
+                ctx.metrics.neighbour_slots.labels("filled").inc(slots.filled)
+                ctx.metrics.neighbour_slots.labels("lost").inc(slots.full - slots.filled)
+            if fixed_passes is not None:
+                last = pass_index + 1 >= fixed_passes
+            else:
+                # Appendix B: reuse while the next mega-batch is still loading (p <= T_load / T_comp), capped
+                last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.plan.is_last
+                        or n_batches == 0)
+            ctx.metrics.pass_index.set(pass_index)
+            await output.put(SampledWork(source, functools.partial(release, mb.buffer), pass_index, sampled, seeds,
+                                         batch_in_epoch, epoch_batches, last))
+            batch_in_epoch += n_batches
+            passes_in_epoch += 1
+            if last:
+                ctx.metrics.passes.set(pass_index + 1)
+                break
+        if mb.plan.is_last:
+            _report_epoch(ctx, epoch, quality)
+            await output.put(EpochDone(epoch, batch_in_epoch, passes_in_epoch))
+            epoch, batch_in_epoch, passes_in_epoch = epoch + 1, 0, 0
+            quality = EpochQuality()
+
+
+def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipeline:
+    """Create the queues and stage tasks of a training stream starting at ``start_epoch``."""
+    plans: asyncio.Queue[MegaBatchPlan] = asyncio.Queue(maxsize=2)
+    loaded: asyncio.Queue[LoadedMegaBatch] = asyncio.Queue(maxsize=1)
+    ready: asyncio.Queue[MegaBatch] = asyncio.Queue(maxsize=1)
+    output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
+    free: asyncio.Queue[MegaBatchBuffer] = asyncio.Queue(maxsize=len(ctx.arena.buffers))
+    for buffer in ctx.arena.buffers:
+        free.put_nowait(buffer)
+    for name, queue in (("plans", plans), ("loaded", loaded), ("ready", ready), ("sampled", output),
+                        ("free_buffers", free)):
+        ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
+    pipeline = TrainPipeline(start_epoch, output, free)
+    pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, plans))
+    pipeline.add_stage("reader", _reader(ctx, plans, free, loaded))
+    pipeline.add_stage("assembler", _assembler(ctx, loaded, ready))
+    pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, pipeline.release_buffer))
+    return pipeline
+
+
+def _record_failure(pipeline: TrainPipeline, name: str, task: "asyncio.Task[None]") -> None:
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is not None and pipeline.failure is None:
+        pipeline.failure = err
+        log.error("stage %s failed: %s", name, err)
+        # wake the publisher: it waits on ``output`` and must see the failure, not hang
+        with contextlib.suppress(asyncio.QueueFull):
+            pipeline.output.put_nowait(EpochDone(-1, 0, 0))

@@ -1,0 +1,203 @@
+"""Stage 2, the disk reader: each partition of a mega-batch as sequential reads into a buffer.
+
+Features of a partition are one contiguous, page-aligned range of ``features.bin`` (the prepared
+layout guarantees it), read with ``os.preadv`` straight into the buffer's region of the arena,
+O_DIRECT when configured. Edge lists (``indices.npy``) and ``indptr`` slices are contiguous too and
+are read into the buffer's preallocated index arrays. Ranges larger than ``read_block`` are split
+so several reads are in flight on the dedicated read pool.
+
+With read checks (format 1.1, ``[io] check_reads``), each partition's three ranges are hashed on the
+read pool once they have landed and compared with ``partition_checksums.npy``; a mismatch fails the
+mega-batch with ``CorruptData`` before the assembler sees a byte of it.
+"""
+
+import asyncio
+import errno
+import logging
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
+from loader.daemon.hierarchical.memplan import PAGE, round_up
+from loader.daemon.hierarchical.schedule import MegaBatchPlan
+from loader.daemon.metrics import DaemonMetrics
+from loader.format.dataset import Dataset
+from loader.format.fileio import read_failed
+from loader.format.npyio import NpyReader
+from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_partition_range
+from proto.errors import UserError
+
+__all__ = ["LoadedMegaBatch", "PartitionReader", "ReadRequest"]
+
+log = logging.getLogger("megabatch.reader")
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One preadv: ``nbytes`` at ``offset`` of ``fd`` into ``dest`` (at least ``need`` must arrive)."""
+
+    fd: int
+    offset: int
+    dest: memoryview
+    need: int
+    file: str
+
+
+@dataclass(frozen=True)
+class RangeCheck:
+    """One partition's range of one file, landed in ``data``, to be hashed against its checksum."""
+
+    partition: int
+    column: int
+    data: memoryview
+    file_offset: int
+
+
+@dataclass(frozen=True)
+class LoadedMegaBatch:
+    """Disk reader -> assembler: a mega-batch's raw data in ``buffer``."""
+
+    plan: MegaBatchPlan
+    buffer: MegaBatchBuffer
+    feature_base: np.ndarray
+    """int64 per partition of the plan: arena byte offset of its first feature row."""
+    raw_edges: int
+    """Edge-list entries read into ``buffer.raw_indices`` (partitions in plan order)."""
+    bytes_read: int
+    seconds: float
+
+
+class PartitionReader:
+    """Owns the dataset's file descriptors and the read pool."""
+
+    def __init__(self, dataset: Dataset, arena: FeatureArena, partitions: np.ndarray, metrics: DaemonMetrics, *,
+                 direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None) -> None:
+        self._arena = arena
+        self._checks = checks
+        self._paths = {name: dataset.file(name) for name in PARTITION_CHECK_COLUMNS}
+        self._parts = partitions
+        self._metrics = metrics
+        self._block = read_block
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="megabatch-read")
+        self._fds: list[int] = []
+        self.direct_io = direct_io
+        self._feat_fd = self._open(dataset.file("features"), direct=direct_io)
+        with NpyReader(dataset.file("indices")) as idx, NpyReader(dataset.file("indptr"), expect_dtype=np.int64) as ptr:
+            self._indices_offset, self._index_itemsize = idx.data_offset, idx.dtype.itemsize
+            self._indptr_offset = ptr.data_offset
+        self._indices_fd = self._open(dataset.file("indices"), direct=False)
+        self._indptr_fd = self._open(dataset.file("indptr"), direct=False)
+
+    def _open(self, path: os.PathLike[str], *, direct: bool) -> int:
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        if direct:
+            try:
+                fd = os.open(path, flags | os.O_DIRECT)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise UserError(f"{path}: cannot open ({err.strerror})") from None
+                log.warning("%s: the filesystem refuses O_DIRECT; reading through the page cache", path)
+                self.direct_io = False
+            else:
+                self._fds.append(fd)
+                return fd
+        try:
+            fd = os.open(path, flags)
+        except OSError as err:
+            raise UserError(f"{path}: cannot open ({err.strerror})") from None
+        self._fds.append(fd)
+        return fd
+
+    def _requests(self, fd: int, offset: int, dest: memoryview, need: int, file: str) -> Iterable[ReadRequest]:
+        for start in range(0, len(dest), self._block):
+            chunk = dest[start:start + self._block]
+            yield ReadRequest(fd, offset + start, chunk, max(0, min(len(chunk), need - start)), file)
+
+    def _read(self, req: ReadRequest) -> int:
+        done = 0
+        t0 = time.perf_counter()
+        path = self._paths[req.file]
+        while done < req.need:
+            try:
+                got = os.preadv(req.fd, [req.dest[done:]], req.offset + done)
+            except OSError as err:
+                raise read_failed(path, len(req.dest) - done, req.offset + done, err) from err
+            if got == 0:
+                raise UserError(f"{path}: file ends early (wanted {req.need} bytes at byte {req.offset}; it shrank "
+                                f"after the daemon started?); run 'megabatch verify'")
+            done += got
+        self._metrics.disk_seconds.labels(req.file).observe(time.perf_counter() - t0)
+        self._metrics.disk_reads.labels(req.file).inc()
+        self._metrics.disk_bytes.labels(req.file).inc(done)
+        return done
+
+    def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer
+                   ) -> tuple[list[ReadRequest], np.ndarray, int, list[RangeCheck]]:
+        """The reads of one mega-batch, its partitions' arena offsets, its edge count and its range checks."""
+        parts = self._parts[plan.partitions]
+        requests: list[ReadRequest] = []
+        checks: list[RangeCheck] = []
+        feature_base = np.empty(len(parts), dtype=np.int64)
+        feat_pos = buffer.feature_offset
+        edge_pos = 0
+        ptr_pos = 0
+        isz = self._index_itemsize
+        raw = buffer.raw_indices.view(np.uint8)
+        scratch = buffer.raw_indptr_scratch.view(np.uint8)
+        for i, (node_begin, node_end, edge_begin, edge_end, feat_offset, feat_nbytes) in enumerate(parts.tolist()):
+            padded = round_up(feat_nbytes, PAGE)
+            if feat_pos + padded > buffer.feature_offset + buffer.feature_capacity:
+                raise RuntimeError("mega-batch features exceed the planned buffer (memory plan bug)")
+            feature_base[i] = feat_pos
+            n_edges, n_ptr = edge_end - edge_begin, node_end - node_begin + 1
+            # per file (PARTITION_CHECK_COLUMNS order): fd, file offset, destination, bytes that must arrive;
+            # O_DIRECT needs page-multiple lengths: features read the padded range and need only the real bytes
+            ranges = ((self._feat_fd, feat_offset, self._arena.view(feat_pos, padded), feat_nbytes),
+                      (self._indices_fd, self._indices_offset + edge_begin * isz,
+                       raw.data[edge_pos * isz:(edge_pos + n_edges) * isz], n_edges * isz),
+                      (self._indptr_fd, self._indptr_offset + node_begin * 8,
+                       scratch.data[ptr_pos * 8:(ptr_pos + n_ptr) * 8], n_ptr * 8))
+            for column, (name, (fd, offset, dest, need)) in enumerate(zip(PARTITION_CHECK_COLUMNS, ranges)):
+                requests.extend(self._requests(fd, offset, dest, need, name))
+                if self._checks is not None:
+                    checks.append(RangeCheck(int(plan.partitions[i]), column, dest, offset))
+            feat_pos += padded
+            edge_pos += n_edges
+            ptr_pos += n_ptr
+        return requests, feature_base, edge_pos, checks
+
+    def _verify(self, check: RangeCheck) -> None:
+        assert self._checks is not None
+        verify_partition_range(self._checks, check.partition, check.column, check.data,
+                               self._paths[PARTITION_CHECK_COLUMNS[check.column]], check.file_offset)
+
+    async def load(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
+        """Issue every read of ``plan`` on the read pool and wait for all of them."""
+        t0 = time.perf_counter()
+        requests, feature_base, edges, checks = self.plan_reads(plan, buffer)
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.run_in_executor(self._pool, self._read, req) for req in requests]
+        try:
+            sizes = await asyncio.gather(*futures)
+            # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
+            futures = [loop.run_in_executor(self._pool, self._verify, check) for check in checks]
+            await asyncio.gather(*futures)
+        except BaseException:
+            # reads already running write into the buffer: let them land before it can be reused
+            for fut in futures:
+                fut.cancel()
+            await asyncio.wait(futures)
+            raise
+        return LoadedMegaBatch(plan, buffer, feature_base, edges, int(sum(sizes)), time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()

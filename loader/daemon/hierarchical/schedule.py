@@ -1,0 +1,110 @@
+"""Stage 1, the scheduler: which partitions form each mega-batch of an epoch.
+
+HierBatching (Algorithm 1, line 12) cuts a seeded shuffle of all partitions into groups of N_d
+("random"). Min-cut partitions are homophilous, so their labels cluster: a random group's training
+labels can be far from the epoch's mix, and the model chases each mega-batch's mix in turn (on
+amazon-photo, 32 METIS partitions, N_d/N_p = 1/4, the groups' labels are 0.26 away from the epoch's
+in total variation, and validation accuracy lags in-memory sampling by 5-30 points for the first
+10 epochs). "balanced" (the default) keeps the shuffle but deals the shuffled partitions greedily,
+each to the open group whose label mix it evens most (``balanced_group_of``), which brings that
+distance to 0.15 (0.03 with 256 partitions): stratified mega-batches, still random and seeded.
+
+Either way every partition is in exactly one group per epoch, so every training node is in exactly
+one mega-batch, which is what makes "each training node once per pass" hold across the epoch.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
+
+__all__ = ["MegaBatchPlan", "schedule_epoch", "label_skew", "train_label_counts"]
+
+_SCHEDULE_STREAM = 0x5C4ED
+_TIE_STREAM = 0xBA1A
+
+
+@dataclass(frozen=True)
+class MegaBatchPlan:
+    """One mega-batch to load: scheduler -> disk reader."""
+
+    epoch: int
+    index: int
+    """Position of this mega-batch within its epoch (0-based)."""
+    count: int
+    """Mega-batches in the epoch."""
+    partitions: np.ndarray
+    """int64 partition ids, ascending (so reads walk the files forward)."""
+    epoch_batches: int = -1
+    """Batches the whole epoch will publish, or -1 when not known ahead (``passes = "auto"``)."""
+
+    def __post_init__(self) -> None:
+        parts = np.ascontiguousarray(self.partitions, dtype=np.int64)
+        if parts.ndim != 1 or len(parts) == 0:
+            raise ValueError(f"MegaBatchPlan.partitions must be a non-empty 1-D array, got shape {parts.shape}")
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"MegaBatchPlan.index {self.index} outside [0, {self.count})")
+        object.__setattr__(self, "partitions", parts)
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.count - 1
+
+
+def schedule_epoch(num_partitions: int, per_megabatch: int, seed: int, epoch: int,
+                   label_counts: np.ndarray | None = None) -> list[MegaBatchPlan]:
+    """The epoch's mega-batches; a pure function of its arguments (same seed, same schedule).
+
+    Without ``label_counts`` ("random"): the shuffle cut into groups of ``per_megabatch``. With
+    ``label_counts`` (float (P, C), training labels per partition; "balanced"): as many groups,
+    sizes differing by at most one, dealt by ``balanced_group_of`` in the shuffle's order.
+    """
+    if num_partitions <= 0 or per_megabatch <= 0:
+        raise ValueError(f"need positive partition counts, got {num_partitions} and {per_megabatch}")
+    rng = np.random.Generator(np.random.PCG64([seed, _SCHEDULE_STREAM, epoch]))
+    order = rng.permutation(num_partitions).astype(np.int64)
+    if label_counts is None:
+        groups = [order[i:i + per_megabatch] for i in range(0, num_partitions, per_megabatch)]
+    else:
+        counts = np.ascontiguousarray(label_counts, dtype=np.float64)
+        if counts.ndim != 2 or counts.shape[0] != num_partitions:
+            raise ValueError(f"label_counts: shape {counts.shape}, expected ({num_partitions}, classes)")
+        num_groups = -(-num_partitions // per_megabatch)
+        capacity = np.full(num_groups, num_partitions // num_groups, dtype=np.int64)
+        capacity[:num_partitions % num_groups] += 1
+        tie = np.random.Generator(np.random.PCG64([seed, _TIE_STREAM, epoch])).random(num_groups) * 1e-9
+        group_of = balanced_group_of(counts, order, capacity, tie)
+        # each group's partitions, groups in id order (which group is dealt first is random: ``tie``)
+        by_group = np.argsort(group_of[order], kind="stable")
+        bounds = np.cumsum(np.bincount(group_of, minlength=num_groups))[:-1]
+        groups = np.split(order[by_group], bounds)
+    return [MegaBatchPlan(epoch, i, len(groups), np.sort(g)) for i, g in enumerate(groups)]
+
+
+def label_skew(label_counts: np.ndarray, partitions: np.ndarray) -> float:
+    """Total variation distance between the training labels of ``partitions`` and of all partitions.
+
+    0 when the group's labels are mixed exactly as the epoch's, 1 when they share no class; 0 for a
+    group without training nodes (it trains nothing).
+    """
+    group = label_counts[partitions].sum(axis=0)
+    total = label_counts.sum(axis=0)
+    if group.sum() <= 0 or total.sum() <= 0:
+        return 0.0
+    return float(0.5 * np.abs(group / group.sum() - total / total.sum()).sum())
+
+
+def train_label_counts(partitions: np.ndarray, train_ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """float64 (P, C): training nodes of each class in each partition (unlabelled ones left out).
+
+    partitions: the (P, 6) table (columns 0 and 1 the node range); train_ids: sorted dataset ids;
+    labels: int64 (N,), -1 = unlabelled.
+    """
+    num_parts = len(partitions)
+    part_of = np.searchsorted(partitions[:, 1], train_ids, side="right")
+    train_labels = labels[train_ids]
+    keep = train_labels >= 0
+    classes = int(train_labels[keep].max()) + 1 if keep.any() else 1
+    flat = np.bincount(part_of[keep] * classes + train_labels[keep], minlength=num_parts * classes)
+    return flat.reshape(num_parts, classes).astype(np.float64)

@@ -1,0 +1,160 @@
+"""Stage 5, the publisher: gather each batch into a free shared-memory slot and announce it.
+
+A slot holds one batch: ``n_id`` (dataset ids), ``x`` (feature rows, gathered straight from the
+arena or the memory-mapped file into the slot: no intermediate copy), ``y`` (seed labels),
+``edge_index`` and the per-hop counts. ``SlotFlow`` is the credit/slot bookkeeping of one client:
+a batch goes out only when the client has credit and a slot is free, so in-flight batches are
+capped by the slots and a slow trainer stalls the whole pipeline through the bounded queues.
+"""
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.gather_kernels import gather_rows
+from loader.sampling.sampling import SampledPass
+from proto.errors import SlotOverflow
+from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
+
+__all__ = ["SlotFlow", "BatchSource", "FillFeatures", "gather_from", "batch_specs", "fill_slot", "overflow_message"]
+
+
+class SlotFlow:
+    """Credits and free slots of one session (all methods run on the event loop; one waiter)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._free = list(range(count - 1, -1, -1))
+        self._in_use: dict[int, int] = {}
+        self._credit = 0
+        self._changed = asyncio.Event()
+        self.closed = False
+
+    @property
+    def in_use(self) -> int:
+        return len(self._in_use)
+
+    async def acquire(self, seq: int) -> int:
+        """Wait for a credit and a free slot; the slot is then owned by batch ``seq``."""
+        while not (self.closed or (self._credit > 0 and self._free)):
+            self._changed.clear()
+            await self._changed.wait()
+        if self.closed:
+            raise ConnectionError("client gone")
+        self._credit -= 1
+        slot = self._free.pop()
+        self._in_use[slot] = seq
+        return slot
+
+    def abandon(self, slot: int) -> None:
+        """Give back a slot acquired for a batch that was never announced (and its credit)."""
+        self._in_use.pop(slot, None)
+        self._free.append(slot)
+        self._credit += 1
+        self._changed.set()
+
+    def grant(self, count: int) -> None:
+        self._credit += count
+        self._changed.set()
+
+    def release(self, slot: int, seq: int) -> str | None:
+        """Free ``slot``; returns an error text when the client releases what it does not hold."""
+        if self._in_use.get(slot) != seq:
+            return f"release of slot {slot} seq {seq}, which the client does not hold"
+        del self._in_use[slot]
+        self._free.append(slot)
+        self._credit += 1
+        self._changed.set()
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+        self._changed.set()
+
+
+FillFeatures = Callable[[int, np.ndarray, np.ndarray], None]
+"""(batch index within its pass, the batch's local node ids, ``x`` to fill: (nodes, D) in the feature dtype)."""
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """Where the batches of one sampled pass get their rows, ids and labels.
+
+    ``fill_features`` writes every row of ``x`` (a view of the slot): a gather from the arena or a
+    memory map, or, in the exact mode, cache hits plus disk reads driven by a cache plan, which is
+    why it is told the batch index and why batches of a pass are filled strictly in order.
+    """
+
+    fill_features: FillFeatures
+    global_ids: Callable[[np.ndarray], np.ndarray]
+    """Local node ids -> int64 dataset ids."""
+    labels: Callable[[np.ndarray], np.ndarray]
+    """Local node ids -> int64 labels."""
+    feat_dim: int
+    feat_dtype: np.dtype
+    fills_any_subset: bool = False
+    """``fill_features`` accepts any subset of a batch's nodes, in any order (a plain gather), so a
+    slot for a client with a feature cache gathers only the rows it ships. False (the default, and
+    the exact mode, whose cache plan needs every batch whole and in order): the whole batch is
+    gathered into a scratch buffer first."""
+
+
+def gather_from(features: np.ndarray, row_offsets: Callable[[np.ndarray], np.ndarray], row_bytes: int
+                ) -> FillFeatures:
+    """A ``fill_features`` copying rows out of ``features`` (uint8 1-D, in RAM or memory-mapped) at
+    ``row_offsets(nodes)`` byte offsets."""
+
+    def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        gather_rows(features, row_offsets(nodes), row_bytes, np.arange(len(nodes), dtype=np.int64),
+                    x.reshape(-1).view(np.uint8))
+    return fill
+
+
+def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, feat_dim: int,
+                feat_dtype: np.dtype, shipped_rows: int | None = None, num_updates: int = 0) -> list[ArraySpec]:
+    """The arrays of one batch slot (see proto/PROTOCOL.md, "Batch arrays").
+
+    shipped_rows (default None: every row, no cache arrays): a batch for a client with a feature
+    cache, whose ``x`` holds only this many rows, plus ``hit_slot`` and the update of
+    ``num_updates`` rows (``upd_slot``, ``upd_pos``), all int32.
+    """
+    rows = num_nodes if shipped_rows is None else shipped_rows
+    specs = [ArraySpec("x", feat_dtype, (rows, feat_dim)), ArraySpec("n_id", np.dtype(np.int64), (num_nodes,)),
+             ArraySpec("y", np.dtype(np.int64), (num_seeds,)),
+             ArraySpec("edge_index", np.dtype(np.int64), (2, num_edges)),
+             ArraySpec("nodes_per_hop", np.dtype(np.int64), (num_hops + 1,)),
+             ArraySpec("edges_per_hop", np.dtype(np.int64), (num_hops,))]
+    if shipped_rows is not None:
+        specs += [ArraySpec("hit_slot", np.dtype(np.int32), (num_nodes,)),
+                  ArraySpec("upd_slot", np.dtype(np.int32), (num_updates,)),
+                  ArraySpec("upd_pos", np.dtype(np.int32), (num_updates,))]
+    return specs
+
+
+def fill_slot(ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPass, b: int,
+              source: BatchSource) -> int:
+    """Write batch ``b`` of ``sampled`` into ``slot`` and commit it; returns payload bytes.
+
+    Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
+    """
+    batch = sampled.batch(b)
+    nodes = batch.nodes
+    specs = batch_specs(len(nodes), int(batch.num_sampled_nodes[0]), batch.edge_index.shape[1], sampled.num_hops,
+                        source.feat_dim, source.feat_dtype)
+    plan = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
+    arrays = ring.arrays_for(slot, plan)
+    source.fill_features(b, nodes, arrays["x"])
+    arrays["n_id"][:] = source.global_ids(nodes)
+    arrays["y"][:] = source.labels(nodes[:int(batch.num_sampled_nodes[0])])
+    arrays["edge_index"][:] = batch.edge_index
+    arrays["nodes_per_hop"][:] = batch.num_sampled_nodes
+    arrays["edges_per_hop"][:] = batch.num_sampled_edges
+    ring.commit(slot, header, plan)
+    return sum(spec.nbytes for spec in specs)
+
+
+def overflow_message(err: SlotOverflow) -> str:
+    return (f"a batch needs {err.needed:,} bytes but slots hold {err.available:,}; set [publisher] slot_bytes "
+            f"to at least {err.needed:,} (or lower batch_size / fanouts)")

@@ -1,0 +1,727 @@
+"""``megabatch serve``: the daemon's lifecycle, in the uvicorn shape.
+
+run -> serve -> startup -> main_loop -> shutdown. Signals: the first SIGINT/SIGTERM drains (stop
+accepting; end every stream and send every session ``Shutdown``; wait up to ``[server] drain_timeout``
+for the clients to release the batches already published and for the pipeline's stages to stop;
+then close the connections, cancel what is left, unmap the slots, remove the socket); a second one
+cuts the wait. Shared runtime state (sessions, the training pipeline) lives in
+``DaemonState``; the read-only resources in ``PipelineContext``.
+
+A connection is admitted in steps, each cheaper than the next: the peer's credentials against
+``[server] allow_uids`` / ``allow_gids`` (right after accept), the ``max_pending`` cap on connections
+still owing their Hello, the Hello itself, then ``max_clients``; only then is a session's memory made.
+"""
+
+import asyncio
+import collections
+import contextlib
+import errno
+import functools
+import gc
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import uvloop
+
+from loader import __version__
+from loader.daemon.config import LoaderConfig
+from loader.daemon.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.fullgraph.fullgraph import FullGraphMode, start_fullgraph_pipeline
+from loader.daemon.fullgraph.modes import open_mode
+from loader.daemon.hierarchical.arena import FeatureArena
+from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory, plan_with_static
+from loader.daemon.hierarchical.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
+from loader.daemon.hierarchical.reader import PartitionReader
+from loader.daemon.hierarchical.schedule import train_label_counts
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.resident import ResidentData, load_resident
+from loader.daemon.sdnotify import notify, watchdog_interval
+from loader.daemon.serving import ServingContext
+from loader.daemon.session import ControlProtocol, Session, loggable
+from loader.daemon.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
+from loader.daemon.trainer_cache import TrainerCache, accepted_rows
+from loader.format.dataset import Dataset, check_file_sizes, open_dataset
+from loader.format.read_checks import load_read_checks
+from proto.codec import FrameDecoder, encode
+from proto.errors import ProtocolError, ShmError, UserError
+from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
+from proto.shm import create_segment
+from proto.sizes import format_size
+from proto.slots import HEADER_BYTES, SlotRing
+
+__all__ = ["Daemon", "DaemonState", "PeerCredentials", "HANDSHAKE_TIMEOUT", "ACCEPT_BACKOFF", "LOG_INTERVAL"]
+
+log = logging.getLogger("megabatch.server")
+
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a new connection has to send its Hello."""
+
+SOCKET_PATH_MAX = 107
+
+ACCEPT_BACKOFF = 0.5
+"""Seconds the daemon stops accepting after a failed accept (EMFILE, ENFILE: out of descriptors)."""
+
+LOG_INTERVAL = 10.0
+"""Seconds between two log lines about the same repeating event (refused peers, failing accepts)."""
+
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+"""Linux >= 4.13: the peer's supplementary groups (Python's socket module lacks the constant; 59 on
+x86 and arm)."""
+
+NGROUPS_MAX = 65536
+"""Linux's limit on a process's supplementary groups."""
+
+
+@dataclass
+class DaemonState:
+    """Mutable runtime state: who is connected and who owns the training pipeline."""
+
+    sessions: dict[int, Session] = field(default_factory=dict)
+    next_session: int = 1
+    pipeline: TrainPipeline | None = None
+    pipeline_owner: Session | None = None
+    pipeline_next_epoch: int | None = None
+    tasks: set["asyncio.Task[None]"] = field(default_factory=set)
+    stopping: set["asyncio.Task[None]"] = field(default_factory=set)
+    disposing: set["asyncio.Task[None]"] = field(default_factory=set)
+    """Disconnected sessions whose slots are not unmapped yet (they still count against max_clients)."""
+    """Pipelines being stopped; a new one starts only once they are gone."""
+    pending: set[socket.socket] = field(default_factory=set)
+    """Accepted connections whose Hello has not arrived yet (capped by ``[server] max_pending``)."""
+    refusing: set[socket.socket] = field(default_factory=set)
+    """Refused connections kept open until their client has read why (capped by ``max_pending`` too)."""
+
+
+class Daemon:
+    """One loader daemon serving one prepared dataset."""
+
+    def __init__(self, config: LoaderConfig) -> None:
+        self.config = config
+        self.state = DaemonState()
+        self.metrics = DaemonMetrics()
+        self.should_exit = asyncio.Event()
+        self.force_exit = False
+        self._forced = asyncio.Event()
+        """Set with ``force_exit`` by a second signal: it cuts the drain short."""
+        self.exit_reason = "the daemon is stopping"
+        """What ``Shutdown`` tells the clients (``handle_exit`` names the signal)."""
+        self._accepting: asyncio.Task[None] | None = None
+        self._listener: socket.socket | None = None
+        self._ctx: PipelineContext | None = None
+        self._serving: ServingContext | None = None
+        self._mode: FullGraphMode | None = None
+        self._start_pipeline: Callable[[int], TrainPipeline] | None = None
+        self._dataset: Dataset | None = None
+        self._welcome_info: DatasetInfo | None = None
+        self.sessions = SessionSizing(0, 0, 0)
+        """Clients served at once and their slots, resolved at startup (nobody connects before)."""
+        self.memory_plan: MemoryPlan | None = None
+        self.ready = asyncio.Event()
+        """Set once the socket accepts connections (tests and embedders wait on it)."""
+        self.allow_uids: frozenset[int] = frozenset()
+        self.allow_gids: frozenset[int] = frozenset()
+        """Peers admitted, resolved at startup from ``[server] allow_uids`` / ``allow_gids`` and their defaults."""
+        self._throttles: collections.defaultdict[str, _Throttle] = collections.defaultdict(_Throttle)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        uvloop.run(self.serve())
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        # signals reach only the main thread; an embedded daemon (tests) stops through should_exit
+        signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self.handle_exit, sig)
+        try:
+            await self.startup()
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def handle_exit(self, sig: int) -> None:
+        """Signal handler (on the loop): the first signal drains, a second one cuts the drain."""
+        name = signal.Signals(sig).name
+        if self.should_exit.is_set():
+            log.warning("second %s: shutting down without waiting", name)
+            self.force_exit = True
+            self._forced.set()
+        else:
+            log.info("%s: draining for up to %g s ([server] drain_timeout; send it again to stop at once)", name,
+                     self.config.server.drain_timeout)
+            self.exit_reason = f"{name} received"
+        self.should_exit.set()
+
+    async def startup(self) -> None:
+        cfg = self.config
+        notify("STATUS=loading dataset")
+        dataset = open_dataset(cfg.dataset.path)
+        check_file_sizes(dataset)
+        m = dataset.manifest
+        hierarchical = cfg.loader.mode == "hierarchical"
+        resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache is not False)
+        # one pilot sample sizes the slots and every memory plan
+        pilot = pilot_batch_sizes(dataset, resident, cfg.sampler)
+        if cfg.publisher.slot_bytes is not None:
+            slot_bytes = cfg.publisher.slot_bytes
+        else:
+            slot_bytes = estimate_slot_bytes(dataset, pilot, cfg.sampler)
+        sessions = size_sessions(cfg.memory.budget, slot_bytes, cfg.publisher.slots, cfg.server.max_clients)
+        cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
+        self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
+                                       np.dtype(m.feat_dtype.value))
+        self._dataset, self.sessions = dataset, sessions
+        if hierarchical:
+            where = self._setup_hierarchical(dataset, resident, sessions, cpu_pool, pilot)
+        else:
+            where = self._setup_fullgraph(dataset, resident, sessions, pilot)
+        self._welcome_info = self._dataset_info(dataset, resident)
+        self.metrics.set_build(dataset.path.name, cfg.loader.mode)
+        self.metrics.memory_budget.set(cfg.memory.budget)
+        self.metrics.watch_slots(self._slot_usage)
+        self.metrics.serve(cfg.metrics.address, cfg.metrics.port)
+        self._listener = self._listen(cfg.server.socket, cfg.server.socket_mode)
+        # the defaults admit whom the socket's mode admits (owner and group), root excepted
+        self.allow_uids = frozenset(cfg.server.allow_uids or (os.geteuid(),))
+        self.allow_gids = frozenset(cfg.server.allow_gids or (os.stat(cfg.server.socket).st_gid,))
+        log.info("admitting peers of uid %s or group %s ([server] allow_uids, allow_gids)",
+                 ", ".join(map(str, sorted(self.allow_uids))), ", ".join(map(str, sorted(self.allow_gids))))
+        self._accepting = self._spawn(self._accept_loop(), "accept")
+        log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", where, cfg.server.socket)
+        notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
+        self.ready.set()
+
+    def _setup_hierarchical(self, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
+                            cpu_pool: ThreadPoolExecutor, pilot: PilotSizes) -> str:
+        cfg, m = self.config, dataset.manifest
+        index_itemsize = np.dtype(m.index_dtype.value).itemsize
+        # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
+        batch_nodes, batch_edges = pilot.train_or_zero
+        parts, train = resident.partitions, resident.split_ids["train"]
+        train_counts = np.searchsorted(train, parts[:, 1]) - np.searchsorted(train, parts[:, 0])
+        def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
+            return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
+                               fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
+                               static_row_bytes=m.row_bytes, static_edges=static_edges,
+                               index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
+                               batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
+
+        cut = float(m.edge_cut.get("fraction", 0.0))
+        static = resident.static
+        if cfg.hierarchy.static_cache is None:
+            ranked = static.by_degree()
+            plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
+                                    static_cut_edges=static.cut_in_degree(parts[:, 1])[ranked],
+                                    cut_edges=round(cut * m.num_edges), edge_cut=cut, num_partitions=m.num_partitions)
+            log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
+                     f"{static.num_nodes:,}")
+            static = static.select(ranked[:plan.static_nodes])
+            resident = replace(resident, static=static)
+        else:
+            plan = plan_for(static.num_nodes, len(static.indices))
+        log.info("%s", plan.describe())
+        cut_edges = cut * m.num_edges
+        static_share = min(1.0, int(static.cut_in_degree(parts[:, 1]).sum()) / cut_edges) if cut_edges else 0.0
+        expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
+        # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
+        # exceed the fanouts, so this line informs and never warns
+        log.info("mega-batches of %d of %d partitions, %.1f%% of edges cut, %.1f%% of those leaving static nodes: "
+                 "about %.3f of in-edges kept", plan.buffer.partitions, m.num_partitions, 100 * cut,
+                 100 * static_share, expected)
+        arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
+        # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
+        resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
+        checks = load_read_checks(dataset, blocks=False) if cfg.io.check_reads else None
+        reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
+                                 threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
+        ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions,
+                              train_label_counts(parts, train, resident.labels))
+        self._ctx, self.memory_plan = ctx, plan
+        self._start_pipeline = functools.partial(start_train_pipeline, ctx)
+        self.metrics.static_nodes.set(resident.static.num_nodes)
+        self.metrics.static_bytes.set(arena.static_bytes)
+        return f"{m.num_partitions} partitions, {plan.buffer.partitions} per mega-batch"
+
+    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
+                         pilot: PilotSizes) -> str:
+        cfg = self.config
+        mode = open_mode(cfg, dataset, resident, sessions, pilot, self.metrics)
+        log.info("%s", mode.describe())
+        serving = self._serving
+        assert serving is not None
+        self._mode = mode
+        self._start_pipeline = functools.partial(start_fullgraph_pipeline, serving, mode)
+        return f"mode {mode.name}"
+
+    async def main_loop(self) -> None:
+        interval = watchdog_interval()
+        while not self.should_exit.is_set():
+            # the ping comes from the loop itself, so it proves the loop is alive, not just the process
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.should_exit.wait(), timeout=interval or 3600)
+            if interval:
+                notify("WATCHDOG=1")
+
+    async def shutdown(self) -> None:
+        """Drain, then stop, in this order (docs/DEPLOY.md, "Stopping"):
+
+        1. stop accepting (refuse handshakes still on their way with ``busy``);
+        2. every session ends its stream (no new batch) and is sent ``Shutdown(exit_reason)``;
+        3. wait up to ``[server] drain_timeout`` (a second signal cuts it) until every client has
+           released the batches it was sent, or left, and the pipeline's stages have stopped;
+        4. close the connections, cancel what is left and wait for it (a job already in a thread
+           cannot be interrupted: it lands first), shut the pools down, unmap the slots;
+        5. remove the socket file.
+        """
+        notify("STOPPING=1\nSTATUS=draining")
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._accepting is not None:
+            self._accepting.cancel()
+        sessions = list(self.state.sessions.values())
+        for session in sessions:
+            session.begin_shutdown(self.exit_reason)
+        await self._drain(sessions)
+        for session in list(self.state.sessions.values()):
+            session.close()
+        # closed streams have handed their pipeline to a stop task: it must end before the pools
+        await self._stop_pipeline()
+        for task in list(self.state.tasks - self.state.disposing):
+            task.cancel()
+        pending = [s.dispose() for s in self.state.sessions.values()] + list(self.state.tasks)
+        self.state.sessions.clear()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._serving is not None:
+            self._serving.cpu_pool.shutdown(wait=True, cancel_futures=True)
+        if self._ctx is not None:
+            self._ctx.reader.close()
+            self._ctx.arena.close()
+            self._ctx = None
+        if self._mode is not None:
+            self._mode.close()
+            self._mode = None
+        with contextlib.suppress(FileNotFoundError):
+            if self.ready.is_set():
+                os.unlink(self.config.server.socket)
+        log.info("stopped")
+
+    async def _drain(self, sessions: list[Session]) -> None:
+        """Step 3 of ``shutdown``: wait for ``sessions`` to drain and the pipeline to stop, at most
+        ``[server] drain_timeout`` seconds, less if a second signal comes (``force_exit``)."""
+        if not sessions and self.state.pipeline is None and not self.state.stopping:
+            return
+
+        async def drained() -> None:
+            await asyncio.gather(*(s.drained.wait() for s in sessions))
+            await self._stop_pipeline()  # every stream is over: nothing reads the pipeline's data any more
+
+        timeout = self.config.server.drain_timeout
+        drain = asyncio.ensure_future(drained())
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            await asyncio.wait({drain, forced}, timeout=0.0 if self.force_exit else timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+            if not drain.done():
+                held = sum(s.flow.in_use for s in sessions if not s.closed)
+                why = "a second signal" if self.force_exit else f"[server] drain_timeout = {timeout:g} s"
+                log.warning("drain cut short by %s: %d published batches not released, %d sessions still "
+                            "connected", why, held, sum(not s.closed for s in sessions))
+                drain.cancel()
+            await asyncio.gather(drain, forced, return_exceptions=True)
+        if drain.done() and not drain.cancelled():
+            log.info("drained: every published batch released, the pipeline stopped")
+
+    # -- connections ---------------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> "asyncio.Task[None]":
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"megabatch-{name}")
+        self.state.tasks.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+        return task
+
+    def _listen(self, path: Path, mode: int) -> socket.socket:
+        if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+            raise UserError(f"[server] socket: path {path} is longer than {SOCKET_PATH_MAX} bytes "
+                            f"(a Unix socket limit)")
+        if not path.parent.is_dir():
+            raise UserError(f"[server] socket: directory {path.parent} does not exist")
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise UserError(f"[server] socket: {path} exists and is not a socket; refusing to replace it")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(path))
+                except OSError:
+                    path.unlink()  # stale: left by a daemon that died
+                else:
+                    raise UserError(f"[server] socket: another daemon is serving on {path}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            old = os.umask(0o777 & ~mode)
+            try:
+                sock.bind(str(path))
+            finally:
+                os.umask(old)
+            os.chmod(path, mode)
+            sock.listen(64)
+            sock.setblocking(False)
+        except OSError as err:
+            sock.close()
+            raise UserError(f"[server] socket: cannot listen on {path} ({err.strerror})") from None
+        return sock
+
+    async def _accept(self) -> socket.socket:
+        """The next connection (a method of its own so that tests can inject accept failures)."""
+        assert self._listener is not None
+        conn, _ = await asyncio.get_running_loop().sock_accept(self._listener)
+        return conn
+
+    async def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self.should_exit.is_set():
+            try:
+                conn = await self._accept()
+            except OSError as err:
+                if self._listener is None:
+                    return
+                # out of descriptors (EMFILE, ENFILE) the connection stays queued and the listener readable,
+                # so retrying at once fails at once, forever: pause until sessions have closed some
+                self.metrics.accept_errors.inc()
+                self._throttles["accept"].warn("accept failed: %s; not accepting for %g s", err, ACCEPT_BACKOFF)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.should_exit.wait(), ACCEPT_BACKOFF)
+                continue
+            conn.setblocking(False)
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Start the handshake of ``conn``, or close it at once: a peer outside the allow lists, or one
+        connection too many waiting for its Hello, costs no task, no buffer and no shared memory."""
+        peer = _peer_credentials(conn)
+        if peer is None or not self.admits(peer):
+            who = peer.describe() if peer is not None else "a peer without credentials"
+            self._refuse_now(conn, "forbidden", ErrorCode.FORBIDDEN,
+                             f"{who} may not use this daemon (not in [server] allow_uids or allow_gids)")
+            return
+        limit = self.config.server.max_pending
+        if len(self.state.pending) >= limit:
+            self._refuse_now(conn, "pending", ErrorCode.BUSY,
+                             f"{limit} connections are waiting for their hello ([server] max_pending)")
+            return
+        self.state.pending.add(conn)
+        self._spawn(self._handshake(conn), "handshake")
+
+    def admits(self, peer: "PeerCredentials") -> bool:
+        """Whether ``peer``'s uid, primary group or a supplementary group is on the allow lists."""
+        return peer.uid in self.allow_uids or not self.allow_gids.isdisjoint((peer.gid, *peer.groups))
+
+    def _refuse_now(self, conn: socket.socket, reason: str, code: str, message: str) -> None:
+        self.metrics.refused_connections.labels(reason).inc()
+        self._throttles[reason].warn("refusing a connection: %s: %s", code, message)
+        try:
+            # a new connection's send buffer is empty: the short frame goes whole, without waiting
+            conn.send(encode(Error(str(code), message)))
+        except OSError:
+            conn.close()
+            return
+        if len(self.state.refusing) >= self.config.server.max_pending:
+            conn.close()
+            return
+        self.state.refusing.add(conn)
+        self._spawn(self._linger(conn), "refuse")
+
+    async def _linger(self, conn: socket.socket) -> None:
+        """Close a refused connection once the client hangs up (at most ``HANDSHAKE_TIMEOUT`` later):
+        closed at once, a client whose Hello is still on its way fails to send it (EPIPE) and never
+        reads the Error that says why."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                while await loop.sock_recv(conn, 65536):
+                    pass
+        except (TimeoutError, OSError):
+            pass
+        finally:
+            self.state.refusing.discard(conn)
+            conn.close()
+
+    async def _handshake(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        peer = _peer_description(conn)
+        decoder = FrameDecoder(self.config.server.max_frame_bytes)
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                messages: list[object] = []
+                while not messages:
+                    data = await loop.sock_recv(conn, 65536)
+                    if not data:
+                        conn.close()
+                        return
+                    messages = list(decoder.feed(data))
+        except TimeoutError:
+            await self._refuse(conn, ErrorCode.BAD_MESSAGE, f"no hello within {HANDSHAKE_TIMEOUT:.0f} s")
+            return
+        except ProtocolError as err:
+            self.metrics.protocol_errors.labels(err.code).inc()
+            await self._refuse(conn, err.code, err.message)
+            return
+        except OSError:
+            conn.close()
+            return
+        finally:
+            # past its Hello (or gone), a connection no longer counts against max_pending
+            self.state.pending.discard(conn)
+        hello, rest = messages[0], messages[1:]
+        if not isinstance(hello, Hello):
+            self.metrics.protocol_errors.labels(ErrorCode.BAD_MESSAGE).inc()
+            await self._refuse(conn, ErrorCode.BAD_MESSAGE, "the first message must be hello")
+            return
+        if hello.protocol_version != PROTOCOL_VERSION:
+            await self._refuse(conn, ErrorCode.UNSUPPORTED_VERSION,
+                               f"daemon speaks protocol {PROTOCOL_VERSION}, client {hello.protocol_version}")
+            return
+        # a disconnected session's slots are memory until its dispose has unmapped them: a new client
+        # waits for that rather than push the daemon past the max_clients x slots it budgeted
+        while self.state.disposing and len(self.state.sessions) + len(self.state.disposing) >= \
+                self.sessions.clients:
+            await asyncio.gather(*list(self.state.disposing), return_exceptions=True)
+        if self.should_exit.is_set() or len(self.state.sessions) >= self.sessions.clients:
+            self.metrics.refused_connections.labels("busy").inc()
+            await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
+                                                     f"(max_clients = {self.sessions.clients})")
+            return
+        session = self._new_session(peer, hello)
+        if session is None:
+            await self._refuse(conn, ErrorCode.INTERNAL, "cannot allocate shared memory for the slots")
+            return
+        assert self._welcome_info is not None
+        welcome = Welcome(protocol_version=PROTOCOL_VERSION, daemon_version=__version__, session=session.id,
+                          dataset=self._welcome_info,
+                          slots=SlotLayout(count=session.ring.count, slot_bytes=session.ring.slot_bytes,
+                                           header_bytes=session.ring.header_bytes,
+                                           segment_bytes=session.segment.nbytes),
+                          feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0)
+        try:
+            # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole.
+            # The client gets the read-only descriptor: with ours it could resize the memfd under our writes.
+            socket.send_fds(conn, [encode(welcome)], [session.segment.reader_fd])
+            log.info("session %d: %s connected (%s)", session.id, loggable(hello.client), peer)
+            # the messages that came with the Hello are handled in connection_made, before any later byte
+            await loop.connect_accepted_socket(
+                lambda: ControlProtocol(session, decoder, self._session_lost, rest), conn)  # type: ignore[arg-type]
+        except OSError as err:
+            log.warning("session %d: handshake failed: %s", session.id, err)
+            conn.close()
+            self._session_lost(session)
+            return
+
+    async def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
+        self._throttles[f"refuse-{code}"].warn("refusing a connection: %s: %s", code, loggable(message))
+        with contextlib.suppress(OSError):
+            await asyncio.get_running_loop().sock_sendall(conn, encode(Error(str(code), message)))
+        conn.close()
+
+    def _new_session(self, peer: str, hello: Hello) -> Session | None:
+        assert self._serving is not None
+        count, slot_bytes = self.sessions.slots, self.sessions.slot_bytes
+        try:
+            segment = create_segment(count * slot_bytes, name=f"megabatch-session{self.state.next_session}")
+        except ShmError as err:
+            log.error("cannot create the slot segment: %s", err)
+            return None
+        ring = SlotRing(segment.mapping, count, slot_bytes, HEADER_BYTES)
+        trainer_cache = None
+        serving, info = self._serving, self._welcome_info
+        assert info is not None
+        rows = accepted_rows(hello.feature_cache_bytes, info.num_nodes, serving.feat_dim, serving.feat_dtype)
+        if rows:
+            trainer_cache = TrainerCache(info.num_nodes, rows, serving.feat_dim, serving.feat_dtype)
+            # not charged to [memory] budget (docs/CONFIG.md): 4 bytes per node per session with a cache
+            log.info("session %d: planning a client feature cache of %s rows (%s asked; planner scratch %s)",
+                     self.state.next_session, f"{rows:,}", format_size(hello.feature_cache_bytes),
+                     format_size(trainer_cache.scratch_bytes))
+        session = Session(self.state.next_session, peer, self._serving, self, segment, ring, self._open_eval,
+                          trainer_cache)
+        self.state.sessions[session.id] = session
+        self.state.next_session += 1
+        self.metrics.clients.set(len(self.state.sessions))
+        return session
+
+    def _session_lost(self, session: Session) -> None:
+        if self.state.sessions.pop(session.id, None) is None:
+            return
+        self.metrics.clients.set(len(self.state.sessions))
+        log.info("session %d: disconnected", session.id)
+        if self.state.pipeline_owner is session:
+            self._spawn(self._stop_pipeline(), "stop-pipeline")
+        task = asyncio.ensure_future(self._dispose(session))
+        task.set_name(f"megabatch-dispose-session{session.id}")
+        self.state.tasks.add(task)
+        self.state.disposing.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+        task.add_done_callback(self.state.disposing.discard)
+
+    async def _dispose(self, session: Session) -> None:
+        await session.dispose()
+        # a view of the slots caught in a reference cycle (a traceback, a closure) would keep the memfd
+        # mapped, its pages charged to the daemon, until the cyclic collector happened to run
+        gc.collect()
+
+    def _slot_usage(self) -> tuple[int, int]:
+        sessions = list(self.state.sessions.values())
+        return sum(s.flow.in_use for s in sessions), sum(s.flow.count for s in sessions)
+
+    def _open_eval(self) -> EvalAccess:
+        assert self._dataset is not None and self._serving is not None
+        if self._mode is not None:
+            return self._mode.eval_access()
+        return MemmapEval(self._dataset, self._dataset.partitions(), self._serving.labels)
+
+    # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
+    async def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
+        st = self.state
+        if st.pipeline_owner is not None and st.pipeline_owner is not session:
+            return f"session {st.pipeline_owner.id} is training; one training stream at a time"
+        assert self._start_pipeline is not None
+        if st.pipeline is not None and st.pipeline_next_epoch != epoch:
+            pipeline = st.pipeline
+            st.pipeline = None
+            self._stop_later(pipeline)
+        if st.pipeline is None:
+            # a stopped pipeline's stages must be gone before a new one takes the buffers and memory
+            st.pipeline_owner = session
+            while st.stopping:
+                await asyncio.gather(*list(st.stopping), return_exceptions=True)
+            st.pipeline = self._start_pipeline(epoch)
+        st.pipeline_owner = session
+        st.pipeline_next_epoch = None
+        return st.pipeline
+
+    def owns_pipeline(self, session: Session) -> bool:
+        return self.state.pipeline_owner is session
+
+    def release_pipeline(self, session: Session) -> None:
+        st = self.state
+        if st.pipeline_owner is not session:
+            return
+        pipeline, st.pipeline, st.pipeline_owner, st.pipeline_next_epoch = st.pipeline, None, None, None
+        if pipeline is not None:
+            self._stop_later(pipeline)
+
+    def _stop_later(self, pipeline: TrainPipeline) -> None:
+        task = asyncio.ensure_future(pipeline.stop())
+        task.set_name("megabatch-stop-pipeline")
+        self.state.stopping.add(task)
+        task.add_done_callback(self.state.stopping.discard)
+
+    def finish_pipeline(self, session: Session, pipeline: TrainPipeline, next_epoch: int | None) -> None:
+        """A stream ended: keep the pipeline running ahead into ``next_epoch``, or drop it."""
+        st = self.state
+        if st.pipeline is not pipeline:
+            return
+        if next_epoch is None or session.closed:
+            st.pipeline = None
+            st.pipeline_owner = None
+            self._stop_later(pipeline)
+        else:
+            st.pipeline_next_epoch = next_epoch
+
+    async def _stop_pipeline(self) -> None:
+        st = self.state
+        pipeline, st.pipeline, st.pipeline_owner = st.pipeline, None, None
+        if pipeline is not None:
+            self._stop_later(pipeline)
+        while st.stopping:
+            # wait, not gather: a cancelled caller (a drain cut short) must not cancel the stops themselves
+            await asyncio.wait(list(st.stopping))
+
+    def _dataset_info(self, dataset: Dataset, resident: ResidentData) -> DatasetInfo:
+        m, s = dataset.manifest, self.config.sampler
+        return DatasetInfo(name=dataset.path.name, num_nodes=m.num_nodes, num_features=m.feat_dim,
+                           feature_dtype=m.feat_dtype.value, num_classes=m.num_classes, num_hops=len(s.fanouts),
+                           fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
+                           train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
+                           test_nodes=len(resident.split_ids["test"]), mode=self.config.loader.mode)
+
+
+class _Throttle:
+    """At most one log line per ``LOG_INTERVAL`` for an event that can repeat fast (a flood of refused
+    peers, accept failing for want of descriptors); the next line says how many were left out."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._left_out = 0
+
+    def warn(self, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._left_out += 1
+            return
+        self._next = now + LOG_INTERVAL
+        if self._left_out:
+            fmt += " (and %d more not logged in the last %g s)"
+            args += (self._left_out, LOG_INTERVAL)
+            self._left_out = 0
+        log.warning(fmt, *args)
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """Who is on the other end of a Unix socket, as the kernel saw it at ``connect``."""
+
+    pid: int
+    uid: int
+    gid: int
+    """Primary (effective) group."""
+    groups: tuple[int, ...]
+    """Supplementary groups (``SO_PEERGROUPS``); empty where the kernel cannot tell (before Linux 4.13)."""
+
+    def describe(self) -> str:
+        return f"pid {self.pid} uid {self.uid} gid {self.gid}"
+
+
+def _peer_credentials(conn: socket.socket) -> PeerCredentials | None:
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("iII", raw)  # uid_t and gid_t are unsigned
+    groups: tuple[int, ...] = ()
+    for size in (64, NGROUPS_MAX):  # most peers have a few groups: ask for room for all only if needed
+        try:
+            data = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
+        except OSError as err:
+            if err.errno == errno.ERANGE:
+                continue
+            break  # before Linux 4.13: the primary group only
+        groups = struct.unpack(f"{len(data) // 4}I", data)
+        break
+    return PeerCredentials(pid, uid, gid, groups)
+
+
+def _peer_description(conn: socket.socket) -> str:
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", raw)
+    except OSError:
+        return "unknown peer"
+    return f"pid {pid} uid {uid}"
+

@@ -1,0 +1,510 @@
+"""One client connection: its control protocol, its slot ring, and the stream it consumes.
+
+``ControlProtocol`` is the asyncio.Protocol around the sans-IO ``proto.codec`` decoder;
+``Session`` holds the per-client state and runs at most one stream (a training epoch or an
+evaluation split) at a time. A malformed or unknown message gets an ``Error`` reply and a
+disconnect; nothing a client sends can stop the daemon or the other sessions. A client that stops
+consuming is bounded too: a stream that waits ``[server] stall_timeout`` for a slot, an owner of the
+training pipeline idle for ``idle_timeout`` between streams, and a client that leaves the replies
+unread (the write buffer is capped and reading pauses meanwhile) are evicted with ``Error("timeout")``.
+When the daemon stops, ``begin_shutdown`` ends the stream and sends ``Shutdown``; the batches already
+announced stay valid until the client releases them (``drained`` tells the daemon when none is held).
+"""
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
+
+from loader.caches.changeset import CachePlan
+from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.hierarchical.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
+from loader.daemon.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
+from loader.daemon.serving import ServingContext
+from loader.daemon.trainer_cache import TrainerCache
+from loader.format.read_checks import CorruptData
+from loader.sampling.inmemory import eval_batches_plan, split_stream
+from loader.sampling.sampling import SampledPass
+from proto.codec import FrameDecoder, encode
+from proto.errors import ProtocolError, SlotOverflow, UserError
+from proto.messages import (
+    BatchReady,
+    Bye,
+    Credit,
+    EpochEnd,
+    Error,
+    ErrorCode,
+    EvalEnd,
+    EvalRequest,
+    Message,
+    Release,
+    Shutdown,
+    StartEpoch,
+    Stats,
+    StatsRequest,
+)
+from proto.shm import Segment
+from proto.slots import SlotHeader, SlotRing
+
+__all__ = ["Session", "ControlProtocol", "TrainCoordinator", "EVAL_CHUNK_BATCHES", "WRITE_BUFFER_HIGH",
+           "WRITE_BUFFER_LOW", "CLOSE_GRACE", "LOGGABLE_CHARS", "loggable"]
+
+log = logging.getLogger("megabatch.session")
+
+EVAL_CHUNK_BATCHES = 32
+"""Evaluation batches sampled per kernel call (bounds the sampled-but-unpublished memory)."""
+
+WRITE_BUFFER_HIGH = 64 * 1024
+"""Unsent bytes of one session at which the daemon stops reading that client (asyncio's default high-water
+mark). A client that reads its messages never gets near it: the daemon sends at most one BatchReady per
+slot plus the replies to its requests."""
+WRITE_BUFFER_LOW = 16 * 1024
+"""Unsent bytes below which reading resumes."""
+
+CLOSE_GRACE = 5.0
+"""Seconds a closing connection may take to flush its last messages before it is aborted."""
+
+LOGGABLE_CHARS = 120
+"""Characters of a client-provided string (its name, an error text) kept in a log line."""
+
+
+def loggable(text: str, limit: int = LOGGABLE_CHARS) -> str:
+    """``text`` from a client made safe for one log line: backslashes and every non-printable character
+    (control, format, line and paragraph separators) escaped, so a newline or a terminal escape in a
+    client's name cannot forge or repaint log lines, and cut after ``limit`` characters of output."""
+    out: list[str] = []
+    size = 0
+    for i, ch in enumerate(text):
+        if ch == "\\":
+            piece = "\\\\"
+        elif ch.isprintable():
+            piece = ch
+        else:
+            code = ord(ch)
+            piece = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+        if size + len(piece) > limit:
+            out.append(f"... ({len(text) - i} more characters)")
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
+
+
+class TrainCoordinator(Protocol):
+    """The daemon side a session needs for training streams (one trainer at a time)."""
+
+    async def acquire_pipeline(self, session: "Session", epoch: int) -> TrainPipeline | str: ...
+
+    def finish_pipeline(self, session: "Session", pipeline: TrainPipeline, next_epoch: int | None) -> None: ...
+
+    def owns_pipeline(self, session: "Session") -> bool: ...
+
+    def release_pipeline(self, session: "Session") -> None:
+        """``session`` closes: if it owns the pipeline, stop it now so the next trainer can have it."""
+
+
+class Session:
+    """State of one connected client (lives on the event loop)."""
+
+    def __init__(self, session_id: int, peer: str, ctx: ServingContext, coordinator: TrainCoordinator,
+                 segment: Segment, ring: SlotRing, eval_access: Callable[[], EvalAccess],
+                 trainer_cache: TrainerCache | None = None) -> None:
+        self.id = session_id
+        self.peer = peer
+        self._ctx = ctx
+        self._coordinator = coordinator
+        self.segment = segment
+        self.ring = ring
+        self.flow = SlotFlow(ring.count)
+        self._eval_access = eval_access
+        self.trainer_cache = trainer_cache
+        """The client's feature cache as this session plans it (None: the client has none); it lives as
+        long as the session, across epochs, so a reconnecting client starts with an empty cache."""
+        self._send: Callable[[Message], None] = lambda msg: None
+        self._close: Callable[[], None] = lambda: None
+        self._stream: asyncio.Task[None] | None = None
+        self._training = False
+        """Whether ``_stream`` is a training stream (it reads the pipeline's data, and hands it back)."""
+        self._seq = 0
+        self._last_epoch = 0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.stall_timeout = ctx.config.server.stall_timeout
+        self.idle_timeout = ctx.config.server.idle_timeout
+        self.output_paused = False
+        """True while the daemon has more than ``WRITE_BUFFER_HIGH`` bytes unsent to this client and has
+        stopped reading from it (``ControlProtocol.pause_writing``)."""
+        self.output_pauses = 0
+        """Times the session's output went over ``WRITE_BUFFER_HIGH``."""
+        self.closed = False
+        self.shutting_down = False
+        """Set by ``begin_shutdown``: no new stream starts and no new batch is published."""
+        self.drained = asyncio.Event()
+        """Set once the daemon's drain need not wait for this session: it is closed, or it is shutting down,
+        its stream is over and the client holds no slot."""
+
+    def attach(self, send: Callable[[Message], None], close: Callable[[], None]) -> None:
+        self._send, self._close = send, close
+
+    # -- incoming ------------------------------------------------------------------------------
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, Credit):
+            self.flow.grant(msg.count)
+        elif isinstance(msg, Release):
+            problem = self.flow.release(msg.slot, msg.seq)
+            if problem:
+                # PROTOCOL.md: well-formed but wrong now; the slots the client does hold are untouched
+                log.debug("session %d: %s", self.id, problem)
+                self._send(Error(ErrorCode.BAD_REQUEST, problem))
+            self._check_drained()
+        elif isinstance(msg, StartEpoch | EvalRequest) and self.shutting_down:
+            self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start a {msg.TAG} stream: the daemon is shutting down"))
+        elif isinstance(msg, StartEpoch):
+            self._start(self._train_stream(msg.epoch), f"epoch {msg.epoch}", training=True)
+        elif isinstance(msg, EvalRequest):
+            self._start(self._eval_stream(msg.split), f"eval {msg.split}", training=False)
+        elif isinstance(msg, StatsRequest):
+            self._send(Stats(self.stats()))
+        elif isinstance(msg, Bye):
+            self.close()
+        elif isinstance(msg, Error):
+            log.warning("session %d (%s) reported: %s %s", self.id, self.peer, loggable(msg.code),
+                        loggable(msg.message))
+            if msg.fatal:
+                self.close()
+        else:
+            self.fail(ErrorCode.BAD_MESSAGE, f"{msg.TAG} is not a message a client sends")
+
+    def stats(self) -> dict[str, float]:
+        return {"session": float(self.id), "slots_in_use": float(self.flow.in_use), "slots": float(self.flow.count),
+                "batches_sent": float(self._seq),
+                "trainer_cache_rows": float(self.trainer_cache.rows if self.trainer_cache is not None else 0)}
+
+    def _start(self, coro: Coroutine[Any, Any, None], what: str, *, training: bool) -> None:
+        if self._stream is not None and not self._stream.done():
+            coro.close()
+            self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start {what}: a stream is still running"))
+            return
+        self._cancel_idle_timer()
+        stream = asyncio.ensure_future(coro)
+        stream.set_name(f"megabatch-session{self.id}-{what}")
+        stream.add_done_callback(self._stream_done)
+        stream.add_done_callback(lambda _: self._check_drained())
+        self._stream, self._training = stream, training
+
+    def _stream_done(self, task: "asyncio.Task[None]") -> None:
+        if task.cancelled() or self.closed:
+            return
+        err = task.exception()
+        cause = _user_cause(err)
+        if isinstance(cause, CorruptData):
+            self._ctx.metrics.read_check_failures.labels(cause.path.name).inc()
+        if cause is not None:
+            # a damaged dataset or a failing disk, not a bug: one line naming file and offset, no traceback
+            log.error("session %d: stream failed: %s", self.id, cause)
+            self.fail(ErrorCode.DATA_CORRUPT if isinstance(cause, CorruptData) else ErrorCode.INTERNAL,
+                      f"stream failed: {cause}")
+        elif err is not None:
+            log.error("session %d: stream failed: %s", self.id, err, exc_info=err)
+            self.fail(ErrorCode.INTERNAL, f"stream failed: {err}")
+        elif self._coordinator.owns_pipeline(self):
+            # an epoch ended and the pipeline runs ahead for this session alone: another trainer waits
+            # until it starts the next epoch, evaluates or leaves
+            self._idle_timer = asyncio.get_running_loop().call_later(self.idle_timeout, self._idle_expired)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if not self.closed and self._coordinator.owns_pipeline(self) and \
+                (self._stream is None or self._stream.done()):
+            self.evict("idle", f"no StartEpoch for {self.idle_timeout:g} s after the last stream ended while this "
+                               f"session held the training pipeline ([server] idle_timeout); it goes to the next "
+                               f"trainer")
+
+    def fail(self, code: str, message: str) -> None:
+        """Send a fatal error and disconnect."""
+        if code != ErrorCode.INTERNAL:
+            self._ctx.metrics.protocol_errors.labels(str(code)).inc()
+        log.warning("session %d (%s): %s: %s; disconnecting", self.id, self.peer, code, loggable(message))
+        self._send(Error(str(code), message))
+        self.close()
+
+    def evict(self, reason: str, message: str) -> None:
+        """Tell the client why (``Error("timeout")``), count it under ``reason`` and disconnect."""
+        if self.closed:
+            return
+        self._ctx.metrics.evictions.labels(reason).inc()
+        log.warning("session %d (%s): evicted (%s): %s", self.id, self.peer, reason, message)
+        self._send(Error(ErrorCode.TIMEOUT, f"evicted: {message}"))
+        self.close()
+
+    # -- outgoing streams ------------------------------------------------------------------------
+    async def _publish(self, kind: str, epoch: int, pass_index: int, index: int, num_batches: int,
+                       sampled: SampledPass, b: int, source: BatchSource, cache_plan: CachePlan | None = None
+                       ) -> bool:
+        """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
+        feature cache) only the rows the client's cache does not hold are shipped."""
+        seq = self._seq
+        try:
+            # only the client frees slots and grants credit: one that stops doing both would hold this
+            # stream, and the training pipeline if it owns it, forever
+            async with asyncio.timeout(self.stall_timeout):
+                slot = await self.flow.acquire(seq)
+        except TimeoutError:
+            self.evict("stall", f"no slot released and no credit granted for {self.stall_timeout:g} s while "
+                                f"{self.flow.in_use} of {self.flow.count} slots were held ([server] stall_timeout)")
+            return False
+        header = SlotHeader(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
+                            num_batches=num_batches)
+        t0 = time.perf_counter()
+        try:
+            if cache_plan is None:
+                nbytes = await run_in_pool(self._ctx.cpu_pool, fill_slot, self.ring, slot, header, sampled, b,
+                                           source)
+            else:
+                assert self.trainer_cache is not None
+                cached = await run_in_pool(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring, slot,
+                                           header, sampled, b, source, cache_plan)
+                nbytes = cached.nbytes
+                rows = self._ctx.metrics.trainer_cache_rows
+                rows.labels("hit").inc(cached.hits)
+                rows.labels("shipped").inc(cached.shipped)
+        except SlotOverflow as err:
+            self.flow.abandon(slot)
+            self.fail(ErrorCode.INTERNAL, overflow_message(err))
+            return False
+        except asyncio.CancelledError:
+            self.flow.abandon(slot)  # never announced: the client does not hold it (the drain waits for held ones)
+            raise
+        finally:
+            self._ctx.metrics.stage_busy.labels("publisher" if kind == "train" else "eval").inc(
+                time.perf_counter() - t0)
+        self._seq += 1
+        self._ctx.metrics.published.labels(kind).inc()
+        self._ctx.metrics.published_bytes.inc(nbytes)
+        self._send(BatchReady(slot=slot, seq=seq, kind=kind, epoch=epoch, pass_index=pass_index, batch_index=index,
+                              num_batches=num_batches))
+        return True
+
+    async def _train_stream(self, epoch: int) -> None:
+        acquired = await self._coordinator.acquire_pipeline(self, epoch)
+        if isinstance(acquired, str):
+            self._send(Error(ErrorCode.BAD_REQUEST, acquired))
+            return
+        pipeline = acquired
+        self._last_epoch = epoch
+        self._ctx.metrics.epoch.set(epoch)
+        finished = False
+        try:
+            while True:
+                item = await pipeline.output.get()
+                if pipeline.failure is not None:
+                    raise RuntimeError(f"loader pipeline failed: {pipeline.failure}") from pipeline.failure
+                if isinstance(item, EpochDone):
+                    self._send(EpochEnd(epoch=epoch, batches=item.batches, passes=item.passes))
+                    finished = True
+                    return
+                cache_plan = None
+                if self.trainer_cache is not None:
+                    # Planned here, not in the pipeline: the pipeline outlives sessions, the plan's
+                    # state is this session's. Serial with publishing, and O(superbatch) work.
+                    cache_plan = await run_timed(self._ctx.cpu_pool, self._ctx.metrics, "planner",
+                                                 self.trainer_cache.plan, item.sampled, item.source)
+                for b in range(item.sampled.num_batches):
+                    if not await self._publish("train", epoch, item.pass_index, item.first_batch + b,
+                                               item.epoch_batches, item.sampled, b, item.source, cache_plan):
+                        return
+                if item.last_pass and item.release is not None:
+                    item.release()
+        finally:
+            self._coordinator.finish_pipeline(self, pipeline, epoch + 1 if finished else None)
+
+    async def _eval_stream(self, split: str) -> None:
+        cfg = self._ctx.config.sampler
+        access = self._eval_access()
+        try:
+            plan = eval_batches_plan(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
+                                     split_stream(split))
+            total = len(plan.keys)
+            source = access.source
+            for first in range(0, total, EVAL_CHUNK_BATCHES):
+                last = min(total, first + EVAL_CHUNK_BATCHES)
+                seeds = plan.seeds[first * cfg.eval_batch_size:last * cfg.eval_batch_size]
+                t0 = time.perf_counter()
+                sampled = await run_in_pool(self._ctx.cpu_pool, access.sample, seeds, cfg.eval_batch_size,
+                                                     cfg.eval_fanouts, plan.keys[first:last])
+                self._ctx.metrics.stage_busy.labels("eval").inc(time.perf_counter() - t0)
+                for b in range(sampled.num_batches):
+                    if not await self._publish(split, self._last_epoch, 0, first + b, total, sampled, b, source):
+                        return
+            self._send(EvalEnd(split=split, batches=total))
+        finally:
+            access.close()
+
+    # -- teardown ----------------------------------------------------------------------------------
+    def begin_shutdown(self, reason: str) -> None:
+        """The daemon drains: end the stream (no new batch) and send ``Shutdown(reason)``. The connection
+        stays open, so the client can still read and release the batches it was sent; ``drained`` is set
+        once the stream is over and none is held (or the session closes)."""
+        if self.closed or self.shutting_down:
+            return
+        self.shutting_down = True
+        self._cancel_idle_timer()
+        if self._stream is not None and not self._stream.done():
+            self._stream.cancel()
+        self._send(Shutdown(reason))
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.closed or (self.shutting_down and self.flow.in_use == 0
+                           and (self._stream is None or self._stream.done())):
+            self.drained.set()
+
+    def close(self) -> None:
+        """Stop the stream, wake the publisher, close the connection; the segment goes in ``dispose``."""
+        if self.closed:
+            return
+        self.closed = True
+        self._cancel_idle_timer()
+        self.flow.close()
+        stream_hands_back = False
+        if self._stream is not None and not self._stream.done():
+            self._stream.cancel()
+            # a training stream hands the pipeline back itself, once its job in the pool is over
+            # (run_in_pool waits): that job may still read what the pipeline produced
+            stream_hands_back = self._training
+        if not stream_hands_back:
+            self._coordinator.release_pipeline(self)
+        self._close()
+        self.drained.set()
+
+    async def dispose(self) -> None:
+        """Wait for the stream to stop, then unmap the slots (the memfd is freed with the last mapping)."""
+        if self._stream is not None:
+            await asyncio.gather(self._stream, return_exceptions=True)
+            # a cancelled or failed task keeps its traceback, whose frames hold views of a slot
+            self._stream = None
+        # the ring's views are exports of the mapping: while they live, close() cannot unmap and the
+        # memfd's pages stay charged to the daemon however long this Session object lingers
+        self.ring.close()
+        self.segment.close()
+
+
+class ControlProtocol(asyncio.Protocol):
+    """Bytes in -> messages -> ``Session.handle``; messages out -> ``transport.write``.
+
+    Flow control, after uvicorn's ``FlowControl``: past ``WRITE_BUFFER_HIGH`` unsent bytes the transport
+    calls ``pause_writing``; the protocol then stops reading the socket and keeps the messages already
+    decoded in a backlog until ``resume_writing``. A client that sends requests and never reads the
+    replies so fills its own socket, not the daemon's memory, and is evicted after ``stall_timeout``.
+    """
+
+    def __init__(self, session: Session, decoder: FrameDecoder, on_lost: Callable[[Session], None],
+                 pending: Iterable[Message] = ()) -> None:
+        self.session = session
+        self._decoder = decoder
+        self._on_lost = on_lost
+        self._transport: asyncio.Transport | None = None
+        self._backlog: collections.deque[Message] = collections.deque(pending)
+        """Decoded messages not handled yet; first those that came with the Hello (``pending``)."""
+        self._unread_timer: asyncio.TimerHandle | None = None
+        self._abort_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        assert self._transport is not None
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        self.session.attach(self._write, self._close)
+        # before the transport reads: what came with the Hello precedes any later byte (and the client's EOF)
+        self._drain()
+
+    def write_buffer_size(self) -> int:
+        """Bytes written to the transport and not yet sent."""
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
+
+    def _write(self, msg: Message) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode(msg))
+
+    def _close(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        if self.session.output_paused:
+            # close() would wait for a flush that a client which does not read never allows
+            transport.abort()
+            return
+        transport.close()
+        self._abort_timer = asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+
+    def pause_writing(self) -> None:
+        self.session.output_paused = True
+        self.session.output_pauses += 1
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+        self._unread_timer = asyncio.get_running_loop().call_later(self.session.stall_timeout, self._unread)
+
+    def resume_writing(self) -> None:
+        self.session.output_paused = False
+        self._cancel(self._unread_timer)
+        self._unread_timer = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+        # this runs inside the transport's write callback: handle the backlog (which writes) after it
+        asyncio.get_running_loop().call_soon(self._drain)
+
+    def _unread(self) -> None:
+        self._unread_timer = None
+        self.session.evict("unread", f"{self.write_buffer_size()} bytes of messages to the client stayed unread "
+                                     f"for {self.session.stall_timeout:g} s ([server] stall_timeout)")
+
+    def data_received(self, data: bytes) -> None:
+        if self.session.closed:
+            return
+        try:
+            messages = self._decoder.feed(data)
+        except ProtocolError as err:
+            self.session.fail(err.code, err.message)
+            return
+        self.received(messages)
+
+    def received(self, messages: list[Message]) -> None:
+        """Handle ``messages`` in order, or queue them while the client's output is paused."""
+        self._backlog.extend(messages)
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._backlog and not self.session.closed and not self.session.output_paused:
+            self.session.handle(self._backlog.popleft())
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._backlog.clear()
+        for timer in (self._unread_timer, self._abort_timer):
+            self._cancel(timer)
+        self._unread_timer = self._abort_timer = None
+        self.session.close()
+        self._on_lost(self.session)
+
+    @staticmethod
+    def _cancel(timer: asyncio.TimerHandle | None) -> None:
+        if timer is not None:
+            timer.cancel()
+
+
+def _user_cause(err: BaseException | None) -> UserError | None:
+    """The ``UserError`` (``CorruptData``, a failed or short read) behind a stream's failure, raised there
+    or by a pipeline stage it waited on; None for anything else (a bug, logged with its traceback)."""
+    while err is not None:
+        if isinstance(err, UserError):
+            return err
+        err = err.__cause__
+    return None

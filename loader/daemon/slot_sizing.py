@@ -1,0 +1,155 @@
+"""``slot_bytes = "auto"``: size the shared-memory slots from a pilot sample.
+
+Slots are fixed when a client connects, before any mega-batch is loaded. The hard bound
+B (1 + f1 + f1 f2 + ...) capped at N is tight for small batches and hopeless for large ones
+(a 1024-seed, [10, 5] batch is bounded by 62k nodes but holds a few thousand), so we sample a
+few real batches over the full graph (a superset of any mega-batch's neighbourhoods, so
+training batches only get smaller) and allow the pilot's largest batch plus six standard
+deviations of the full batches' sizes (a batch's size is a sum of many nearly independent
+draws, so it concentrates), never more than 50% over the largest, and the hard bound as a
+ceiling. A flat 50% made a slot of coauthor-physics (8415-dim rows) the whole feature file,
+897 MiB, where batches hold 19k of its 34k nodes. A batch that still does not fit is refused
+with a message naming the size to configure.
+
+``size_sessions`` then picks, where the config says "auto", how many slots per client and how
+many clients the budget funds: slots may take half of it, so a dataset much smaller than the
+budget always starts, in every mode.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.config import SamplerConfig
+from loader.daemon.eval_stream import EvalData, open_eval_data
+from loader.daemon.publisher import batch_specs
+from loader.daemon.resident import ResidentData
+from loader.format.dataset import Dataset
+from loader.sampling.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
+from loader.sampling.sampling import sample_pass
+from proto.sizes import format_size
+from proto.slots import HEADER_BYTES, slot_bytes_for
+
+__all__ = ["PilotSizes", "SessionSizing", "estimate_slot_bytes", "pilot_batch_sizes", "size_sessions",
+           "PILOT_BATCHES", "HEADROOM", "SIGMAS"]
+
+PILOT_BATCHES = 16
+HEADROOM = 1.5
+"""Most a slot's bound exceeds the pilot's largest batch by (a factor)."""
+SIGMAS = 6
+"""Standard deviations of the pilot's full batches added to its largest batch."""
+SLOT_SHARE = 0.5
+"""Share of the budget automatically sized slots (all clients') may take."""
+AUTO_SLOTS = (2, 4)
+"""Fewest and most slots per client ``slots = "auto"`` picks (2: one training, one being filled)."""
+AUTO_CLIENTS = 8
+"""Most clients ``max_clients = "auto"`` funds."""
+
+
+def _hard_bound(batch_size: int, fanouts: tuple[int, ...], num_nodes: int, num_edges: int) -> tuple[int, int]:
+    nodes, edges, frontier = batch_size, 0, batch_size
+    for fanout in fanouts:
+        if fanout < 0:
+            return num_nodes, num_edges
+        frontier *= fanout
+        edges += frontier
+        nodes += frontier
+    return min(nodes, num_nodes), min(edges, num_edges)
+
+
+@dataclass(frozen=True)
+class PilotSizes:
+    """(nodes, edges) a training and an evaluation batch are expected to stay under (pilot max x 1.5,
+    capped by the hard bound); None where the split is empty (no such batch will ever exist)."""
+
+    train: tuple[int, int] | None
+    eval: tuple[int, int] | None
+
+    @property
+    def train_or_zero(self) -> tuple[int, int]:
+        """The training bound, (0, 0) without training nodes (then no training batch needs memory)."""
+        return self.train if self.train is not None else (0, 0)
+
+
+def _pilot(data: EvalData, plan: BatchPlan, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
+           num_edges: int) -> tuple[int, int] | None:
+    count = min(PILOT_BATCHES, len(plan.keys))
+    if count == 0:
+        return None
+    sampled = sample_pass(data.graph, plan.seeds[:count * batch_size], batch_size, fanouts, plan.keys[:count])
+    bound_nodes, bound_edges = _hard_bound(batch_size, fanouts, num_nodes, num_edges)
+    full = sampled.num_sampled_nodes[:, 0] == batch_size  # the epoch's last batch may be short: not a sample
+    return (min(bound_nodes, _allowance(np.diff(sampled.node_ptr), full)),
+            min(bound_edges, _allowance(np.diff(sampled.edge_ptr), full)))
+
+
+def _allowance(sizes: np.ndarray, full: np.ndarray) -> int:
+    """The pilot's largest size plus SIGMAS deviations of its full batches, capped at HEADROOM x largest."""
+    largest = int(sizes.max())
+    spread = float(sizes[full].std()) if full.sum() >= 2 else largest  # too few to tell: the cap decides
+    return min(int(largest * HEADROOM), int(largest + SIGMAS * spread)) + 64
+
+
+def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> PilotSizes:
+    """Sample a few training and validation batches over the full graph (a superset of any
+    mega-batch's neighbourhoods, so training batches there only get smaller). Done once at startup:
+    slot sizing and the memory plans read the result."""
+    m = dataset.manifest
+    data = open_eval_data(dataset, resident.partitions)
+    try:
+        train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
+                       sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
+        evaluation = _pilot(data, eval_batches_plan(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
+                                                    STREAM_VAL),
+                            sampler.eval_batch_size, sampler.eval_fanouts, m.num_nodes, m.num_edges)
+    finally:
+        data.close()
+    return PilotSizes(train, evaluation)
+
+
+def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig) -> int:
+    """Bytes per slot that fit every training and evaluation batch with high margin."""
+    m = dataset.manifest
+    worst = 0
+    cases = [(pilot.train, sampler.batch_size, sampler.fanouts), (pilot.eval, sampler.eval_batch_size,
+                                                                   sampler.eval_fanouts)]
+    for sizes, batch_size, fanouts in cases:
+        if sizes is None:
+            continue  # no batch of this kind to size for
+        nodes, n_edges = sizes
+        specs = batch_specs(nodes, min(batch_size, nodes), n_edges, len(fanouts), m.feat_dim,
+                            np.dtype(m.feat_dtype.value))
+        worst = max(worst, slot_bytes_for(specs, HEADER_BYTES))
+    return max(worst, 2 * HEADER_BYTES)
+
+
+@dataclass(frozen=True)
+class SessionSizing:
+    """How many clients the daemon serves at once and the slots each gets (resolved from "auto")."""
+
+    clients: int
+    slots: int
+    slot_bytes: int
+
+    @property
+    def total(self) -> int:
+        """Bytes of every client's slots: what the memory plans charge."""
+        return self.clients * self.slots * self.slot_bytes
+
+    def describe(self) -> str:
+        return f"{self.clients} clients x {self.slots} slots x {format_size(self.slot_bytes)}"
+
+
+def size_sessions(budget: int, slot_bytes: int, slots: int | None, clients: int | None) -> SessionSizing:
+    """Resolve ``[publisher] slots`` and ``[server] max_clients`` (None = "auto") for ``budget``.
+
+    "auto" lets all clients' slots take up to SLOT_SHARE of the budget: slots per client from
+    AUTO_SLOTS (the most that fit, never under the fewest), then as many clients as fit (1 to
+    AUTO_CLIENTS). Explicit values are kept; the memory plans refuse them if they do not fit.
+    """
+    share = int(budget * SLOT_SHARE)
+    if slots is None:
+        slots = max(AUTO_SLOTS[0], min(AUTO_SLOTS[1], share // max(1, slot_bytes)))
+    if clients is None:
+        clients = max(1, min(AUTO_CLIENTS, share // max(1, slots * slot_bytes)))
+    return SessionSizing(clients, slots, slot_bytes)

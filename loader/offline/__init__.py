@@ -1,0 +1,1 @@
+"""Offline tools that build, import, inspect and verify datasets; the daemon never imports them."""

@@ -1,0 +1,161 @@
+"""The whole prepared dataset in memory, and the batch plans shared by both training modes.
+
+``load_in_memory`` is the in-memory reference ("NS" baseline of HierBatching): the full CSC graph,
+a dense feature matrix and the labels, for datasets that fit in RAM. The plan functions fix which
+seeds form which batch and which random key each batch is sampled with; the loader daemon uses
+the same ones for evaluation, so validation and test accuracy mean the same thing in both modes.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from loader.format.dataset import Dataset
+from loader.format.fileio import pread_into
+from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
+from proto.errors import UserError
+
+__all__ = [
+    "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "SPLITS", "InMemoryGraph", "BatchPlan",
+    "load_in_memory", "shuffle_key", "num_batches", "epoch_batches_inmemory", "eval_batches_plan", "split_stream",
+]
+
+STREAM_TRAIN = 0
+"""``batch_keys`` stream of training batches."""
+STREAM_VAL = 1
+"""``batch_keys`` stream of validation batches."""
+STREAM_TEST = 2
+"""``batch_keys`` stream of test batches."""
+STREAM_SHUFFLE = 3
+"""``batch_keys`` stream the per-epoch seed shuffle key is drawn from (never used to sample a batch)."""
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class InMemoryGraph:
+    """A prepared dataset loaded whole.
+
+    ``graph`` is the full in-neighbour CSC with ``global_ids = arange(N)`` (local id = dataset id).
+    ``features`` is dense (N, D) in the stored dtype (float32 or float16). ``labels`` int64 (N,),
+    -1 for unlabeled. ``splits`` maps "train", "val", "test" to sorted int64 dataset ids.
+    """
+
+    graph: CSCGraph
+    features: np.ndarray
+    labels: np.ndarray
+    splits: dict[str, np.ndarray]
+    num_classes: int
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def feat_dim(self) -> int:
+        return int(self.features.shape[1])
+
+
+class BatchPlan(NamedTuple):
+    """Seeds of a sequence of batches in batch order, and one sampling key per batch.
+
+    Batch ``b`` is ``seeds[b * batch_size:(b + 1) * batch_size]`` sampled with ``keys[b]``.
+    """
+
+    seeds: np.ndarray
+    keys: np.ndarray
+
+
+def _read_features(dataset: Dataset, partitions: np.ndarray) -> np.ndarray:
+    manifest = dataset.manifest
+    n, dim = manifest.num_nodes, manifest.feat_dim
+    path = dataset.file("features")
+    features = np.empty((n, dim), dtype=manifest.feat_dtype.value)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    try:
+        size = os.fstat(fd).st_size
+        for p, (begin, end, _, _, offset, nbytes) in enumerate(partitions.tolist()):
+            if not 0 <= begin <= end <= n or nbytes != (end - begin) * manifest.row_bytes:
+                raise UserError(f"{dataset.path / 'partitions.npy'}: partition {p} (nodes {begin}..{end}, "
+                                f"{nbytes} feature bytes) does not match the manifest")
+            if offset + nbytes > size:
+                raise UserError(f"{path}: truncated (partition {p} needs bytes up to {offset + nbytes}, "
+                                f"file has {size})")
+            # one sequential read per partition, straight into its rows: no second copy of the matrix
+            pread_into(fd, features[begin:end], offset, path)
+    finally:
+        os.close(fd)
+    return features
+
+
+def load_in_memory(dataset: Dataset) -> InMemoryGraph:
+    """Read ``dataset``'s graph, features, labels and splits into memory.
+
+    Features are read partition by partition at each partition's ``feat_offset`` (the padding
+    between partitions is skipped). Raises UserError when a file disagrees with the manifest.
+    """
+    manifest = dataset.manifest
+    n = manifest.num_nodes
+    indptr = dataset.read("indptr", np.int64, 1)
+    indices = dataset.read("indices", manifest.index_dtype.value, 1)
+    if indptr.shape[0] != n + 1 or indptr[0] != 0 or indptr[-1] != indices.shape[0]:
+        raise UserError(f"{dataset.file('indptr')}: does not describe {n} nodes and {indices.shape[0]} edges")
+    partitions = dataset.partitions()
+    covered = int((partitions[:, 1] - partitions[:, 0]).sum()) if partitions.size else 0
+    if partitions.shape[1:] != (6,) or covered != n:
+        raise UserError(f"{dataset.file('partitions')}: partitions cover {covered} nodes, manifest says {n}")
+    labels = dataset.read("labels", np.int64, 1)
+    if labels.shape[0] != n:
+        raise UserError(f"{dataset.file('labels')}: {labels.shape[0]} labels for {n} nodes")
+    splits = {name: dataset.read(name, np.int64, 1) for name in SPLITS}
+    for name, ids in splits.items():
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise UserError(f"{dataset.file(name)}: node ids outside [0, {n})")
+    graph = CSCGraph(indptr=indptr, indices=indices, global_ids=np.arange(n, dtype=np.int64))
+    return InMemoryGraph(graph=graph, features=_read_features(dataset, partitions), labels=labels,
+                         splits=splits, num_classes=manifest.num_classes)
+
+
+def num_batches(num_seeds: int, batch_size: int) -> int:
+    """Batches needed for ``num_seeds`` seeds (the last one may be short)."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    return -(-num_seeds // batch_size)
+
+
+def shuffle_key(seed: int, epoch: int) -> int:
+    """The key that orders the training seeds of ``epoch`` (a function of ``seed`` and ``epoch`` only)."""
+    return int(batch_keys(seed, STREAM_SHUFFLE, epoch, 0, 0, 1)[0])
+
+
+def epoch_batches_inmemory(train_ids: np.ndarray, batch_size: int, seed: int, epoch: int) -> BatchPlan:
+    """Neighbour-sampling ("NS") epoch: every training id once, in a fresh random order per epoch.
+
+    ``seeds = shuffle(train_ids, shuffle_key(seed, epoch))``; ``keys = batch_keys(seed, STREAM_TRAIN,
+    epoch, 0, 0, num_batches)`` (one pass per epoch). The same arguments give the same plan.
+    """
+    ids = np.ascontiguousarray(train_ids, dtype=np.int64)
+    count = num_batches(ids.shape[0], batch_size)
+    return BatchPlan(shuffle(ids, shuffle_key(seed, epoch)), batch_keys(seed, STREAM_TRAIN, epoch, 0, 0, count))
+
+
+def split_stream(split: str) -> int:
+    """The ``batch_keys`` stream of evaluation split ``split`` ("val" or "test")."""
+    streams = {"val": STREAM_VAL, "test": STREAM_TEST}
+    if split not in streams:
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+    return streams[split]
+
+
+def eval_batches_plan(split_ids: np.ndarray, batch_size: int, seed: int, stream: int) -> BatchPlan:
+    """Evaluation batches of one split: the sorted ids in order (no shuffle), keys of epoch 0, pass 0.
+
+    Used by the in-memory source and the loader daemon alike, so evaluation is identical in both.
+    """
+    ids = np.sort(np.asarray(split_ids, dtype=np.int64))
+    return BatchPlan(ids, batch_keys(seed, stream, 0, 0, 0, num_batches(ids.shape[0], batch_size)))
