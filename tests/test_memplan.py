@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
 from loader.daemon.hierarchical.memplan import PAGE, STATIC_SHARES, buffer_sizes, plan_memory, plan_with_static
 from loader.daemon.slot_sizing import SessionSizing
+from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
 
 
@@ -21,17 +22,18 @@ def table(nodes, edges, row_bytes=64):
     edge_end = np.cumsum(edges)
     feat_nbytes = nodes * row_bytes
     feat_offset = np.concatenate([[0], np.cumsum(-(-feat_nbytes // PAGE) * PAGE)[:-1]])
-    return np.stack([node_end - nodes, node_end, edge_end - edges, edge_end, feat_offset, feat_nbytes], 1)
+    columns = [node_end - nodes, node_end, edge_end - edges, edge_end, feat_offset, feat_nbytes]
+    return PartitionTable(np.stack(columns, 1))
 
 
 def test_buffer_bounds_every_choice():
     parts = table([10, 500, 30, 200, 7], [100, 10, 3000, 40, 70])
     sizes = buffer_sizes(parts, 2, static_nodes=5, static_edges=50, index_itemsize=4)
     for combo in itertools.combinations(range(5), 2):
-        rows = parts[list(combo)]
-        assert (rows[:, 1] - rows[:, 0]).sum() + 5 <= sizes.max_nodes
-        assert (rows[:, 3] - rows[:, 2]).sum() + 50 <= sizes.max_raw_edges
-        assert (-(-rows[:, 5] // PAGE) * PAGE).sum() <= sizes.feature_bytes
+        rows = parts.take(list(combo))
+        assert rows.num_nodes.sum() + 5 <= sizes.max_nodes
+        assert rows.num_edges.sum() + 50 <= sizes.max_raw_edges
+        assert (-(-rows.feat_nbytes // PAGE) * PAGE).sum() <= sizes.feature_bytes
 
 
 def kwargs(**over):

@@ -17,7 +17,7 @@ def read_features(dataset) -> np.ndarray:
     m = dataset.manifest
     data = dataset.file("features").read_bytes()
     rows = [np.frombuffer(data[off:off + nb], dtype=m.feat_dtype.value).reshape(-1, m.feat_dim)
-            for _b, _e, _eb, _ee, off, nb in dataset.partitions().tolist()]
+            for off, nb in zip(dataset.partitions().feat_offset.tolist(), dataset.partitions().feat_nbytes.tolist())]
     return np.concatenate(rows)
 
 
@@ -39,8 +39,8 @@ def assert_round_trip(dataset, src, dst, features, labels, split=None) -> None:
         for name, ids in zip(("train", "val", "test"), split):
             np.testing.assert_array_equal(read_npy(dataset.file(name)), np.sort(orig_to_new[ids]))
     parts = dataset.partitions()
-    assert (parts[:, 4] % FEATURE_ALIGNMENT == 0).all()
-    np.testing.assert_array_equal(parts[:, 2], indptr[parts[:, 0]])
+    assert (parts.feat_offset % FEATURE_ALIGNMENT == 0).all()
+    np.testing.assert_array_equal(parts.edge_begin, indptr[parts.node_begin])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

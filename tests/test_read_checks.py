@@ -221,8 +221,8 @@ def _flip_offset(ds, file: str) -> int:
     indptr = ds.read("indptr", np.int64, 1)
     seed = int(train[np.flatnonzero(np.diff(indptr)[train] > 0)[len(train) // 3]])
     if file == "features.bin":
-        p = int(np.searchsorted(parts[:, 1], seed, side="right"))
-        return int(parts[p, 4] + (seed - parts[p, 0]) * ds.manifest.row_bytes + 3)
+        p = int(parts.partition_of(seed))
+        return int(parts.feat_offset[p] + (seed - parts.node_begin[p]) * ds.manifest.row_bytes + 3)
     with NpyReader(ds.file("indices")) as header:
         return header.data_offset + int(indptr[seed]) * header.dtype.itemsize
 
@@ -258,10 +258,10 @@ def test_a_flipped_byte_fails_the_stream_with_data_corrupt_and_the_daemon_serves
 def test_a_flip_in_the_padding_between_partitions_is_caught_too(dataset, tmp_path):
     copy = shutil.copytree(dataset, tmp_path / "ds")
     parts = open_dataset(copy).partitions()
-    gaps = np.flatnonzero(parts[:, 5] % PAGE_BYTES)
+    gaps = np.flatnonzero(parts.feat_nbytes % PAGE_BYTES)
     assert len(gaps), "the test graph has no partition whose rows end inside a page"
     p = int(gaps[0])
-    flip(copy / "features.bin", int(parts[p, 4] + parts[p, 5]))  # the first zero byte after its rows
+    flip(copy / "features.bin", int(parts.feat_offset[p] + parts.feat_nbytes[p]))  # the first zero byte after its rows
     config = daemon_config(copy, tmp_path / "s.sock")
     with running_daemon(config), connect(config) as client:
         err = train_until_error(client)

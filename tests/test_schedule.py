@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.daemon.hierarchical.schedule import label_skew, schedule_epoch, train_label_counts
+from loader.format.partition_table import PartitionTable
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,4 +79,4 @@ def test_train_label_counts_counts_labelled_training_nodes_per_partition():
     labels = np.array([0, 1, 1, -1, 2, 2, 0, 0, 1, 2])
     train = np.array([0, 1, 3, 4, 6, 7, 9])
     expected = np.array([[1, 1, 0], [0, 0, 1], [2, 0, 1]], dtype=np.float64)  # node 3 is unlabelled
-    np.testing.assert_array_equal(train_label_counts(partitions, train, labels), expected)
+    np.testing.assert_array_equal(train_label_counts(PartitionTable(partitions), train, labels), expected)

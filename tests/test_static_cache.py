@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.daemon.resident import StaticCache
+from loader.format.partition_table import PartitionTable
 
 
 @st.composite
@@ -54,4 +55,7 @@ def test_cut_in_degree_counts_neighbours_of_other_partitions(cache_and_lists, en
     cache = StaticCache(cache.nodes, np.asarray([partition_of(int(v)) for v in cache.nodes], np.int64),
                         cache.indptr, cache.indices, cache.features)
     expect = [sum(partition_of(u) != partition_of(int(v)) for u in lists[i]) for i, v in enumerate(cache.nodes)]
-    assert cache.cut_in_degree(partition_ends).tolist() == expect
+    table = np.zeros((len(partition_ends), 6), np.int64)
+    table[:, 1] = partition_ends
+    table[1:, 0] = partition_ends[:-1]
+    assert cache.cut_in_degree(PartitionTable(table)).tolist() == expect

@@ -20,6 +20,7 @@ from loader.daemon.gather_kernels import row_offsets_for
 from loader.daemon.publisher import BatchSource, gather_from
 from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
+from loader.format.partition_table import PartitionTable
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 
 __all__ = ["EvalData", "open_eval_data", "EvalAccess", "MemmapEval"]
@@ -63,7 +64,7 @@ class EvalData:
                     base.close()
 
 
-def open_eval_data(dataset: Dataset, partitions: np.ndarray) -> EvalData:
+def open_eval_data(dataset: Dataset, partitions: PartitionTable) -> EvalData:
     m = dataset.manifest
     arrays = []
     for name, dtype in (("indptr", np.dtype(np.int64)), ("indices", np.dtype(m.index_dtype.value))):
@@ -74,14 +75,13 @@ def open_eval_data(dataset: Dataset, partitions: np.ndarray) -> EvalData:
     for array in (*arrays, features):
         _advise_random(array)
     graph = CSCGraph(indptr=arrays[0], indices=arrays[1], global_ids=np.arange(m.num_nodes, dtype=np.int64))
-    return EvalData(graph, features, np.ascontiguousarray(partitions[:, 0]), np.ascontiguousarray(partitions[:, 4]),
-                    m.row_bytes)
+    return EvalData(graph, features, partitions.node_begin, partitions.feat_offset, m.row_bytes)
 
 
 class MemmapEval:
     """``EvalAccess`` through memory maps of the CSC and ``features.bin`` (opened now, dropped by ``close``)."""
 
-    def __init__(self, dataset: Dataset, partitions: np.ndarray, labels: np.ndarray) -> None:
+    def __init__(self, dataset: Dataset, partitions: PartitionTable, labels: np.ndarray) -> None:
         m = dataset.manifest
         data = open_eval_data(dataset, partitions)
         self._data = data

@@ -12,6 +12,7 @@ import numpy as np
 
 from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
+from loader.format.partition_table import PartitionTable
 
 __all__ = ["StaticCache", "ResidentData", "load_resident"]
 
@@ -41,10 +42,10 @@ class StaticCache:
         in-lists are resident, and on the undirected graphs GNN datasets mostly are the two agree."""
         return np.lexsort((self.nodes, -np.diff(self.indptr)))
 
-    def cut_in_degree(self, partition_ends: np.ndarray) -> np.ndarray:
-        """Per static node, its in-neighbours in another partition (``partition_ends``: each partition's
-        end id). On an undirected graph these are also the cut edges the node is the source of."""
-        source_partition = np.searchsorted(partition_ends, self.indices, side="right")
+    def cut_in_degree(self, partitions: PartitionTable) -> np.ndarray:
+        """Per static node, its in-neighbours in another partition. On an undirected graph these are
+        also the cut edges the node is the source of."""
+        source_partition = partitions.partition_of(self.indices)
         cut = source_partition != np.repeat(self.partition, np.diff(self.indptr))
         running = np.concatenate([[0], np.cumsum(cut, dtype=np.int64)])
         return running[self.indptr[1:]] - running[self.indptr[:-1]]
@@ -76,8 +77,7 @@ class ResidentData:
     """bool (N,)."""
     local_of: np.ndarray
     """int32 (N,), all -1 between assemblies (the assembler sets and clears only what it uses)."""
-    partitions: np.ndarray
-    """int64 (P, 6); columns ``PARTITION_COLUMNS``."""
+    partitions: PartitionTable
     split_ids: dict[str, np.ndarray]
     """"train", "val", "test" -> sorted int64 dataset ids."""
     static: StaticCache
@@ -95,7 +95,7 @@ def load_resident(dataset: Dataset, *, with_static: bool) -> ResidentData:
     feat_dtype = np.dtype(m.feat_dtype.value)
     if with_static:
         nodes = dataset.read("static_nodes", np.int64, 1)
-        part = np.searchsorted(partitions[:, 1], nodes, side="right").astype(np.int64)
+        part = partitions.partition_of(nodes)
         with NpyReader(dataset.file("static_features"), expect_dtype=feat_dtype, expect_ndim=2) as reader:
             features = reader.read()
         static = StaticCache(nodes, part, dataset.read("static_indptr", np.int64, 1),

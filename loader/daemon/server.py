@@ -213,7 +213,7 @@ class Daemon:
         # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
         batch_nodes, batch_edges = pilot.train_or_zero
         parts, train = resident.partitions, resident.split_ids["train"]
-        train_counts = np.searchsorted(train, parts[:, 1]) - np.searchsorted(train, parts[:, 0])
+        train_counts = parts.count_in(train)
         def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
             return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
                                fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
@@ -226,7 +226,7 @@ class Daemon:
         if cfg.hierarchy.static_cache is None:
             ranked = static.by_degree()
             plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
-                                    static_cut_edges=static.cut_in_degree(parts[:, 1])[ranked],
+                                    static_cut_edges=static.cut_in_degree(parts)[ranked],
                                     cut_edges=round(cut * m.num_edges), edge_cut=cut, num_partitions=m.num_partitions)
             log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
                      f"{static.num_nodes:,}")
@@ -236,7 +236,7 @@ class Daemon:
             plan = plan_for(static.num_nodes, len(static.indices))
         log.info("%s", plan.describe())
         cut_edges = cut * m.num_edges
-        static_share = min(1.0, int(static.cut_in_degree(parts[:, 1]).sum()) / cut_edges) if cut_edges else 0.0
+        static_share = min(1.0, int(static.cut_in_degree(parts).sum()) / cut_edges) if cut_edges else 0.0
         expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
         # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
         # exceed the fanouts, so this line informs and never warns

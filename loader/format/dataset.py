@@ -15,10 +15,11 @@ import numpy.typing as npt
 import xxhash
 
 from loader.format.npyio import read_npy
+from loader.format.partition_table import PARTITION_COLUMNS, PartitionTable
 from proto.errors import UserError
 
 __all__ = [
-    "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "FeatureDtype", "IndexDtype",
+    "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "FeatureDtype", "IndexDtype",
     "FileEntry", "Manifest", "Dataset", "open_dataset", "manifest_text", "manifest_checksum", "FILES", "CHECK_FILES",
     "FEATURE_PAGES_1_1", "check_file_sizes",
 ]
@@ -28,8 +29,6 @@ FORMAT_VERSION = "1.2"
 FEATURE_ALIGNMENT = 4096
 """Byte alignment of each partition's first feature row (one page; O_DIRECT-friendly)."""
 
-PARTITION_COLUMNS = ("node_begin", "node_end", "edge_begin", "edge_end", "feat_offset", "feat_nbytes")
-"""Columns of ``partitions.npy`` (int64, shape (P, 6))."""
 
 FILES = {
     "indptr": "indptr.npy", "indices": "indices.npy", "features": "features.bin", "labels": "labels.npy",
@@ -199,9 +198,13 @@ class Dataset:
         """Path of logical file ``name`` (a key of ``FILES``)."""
         return self.path / FILES[name]
 
-    def partitions(self) -> np.ndarray:
-        """``partitions.npy`` as int64 (P, 6); columns are ``PARTITION_COLUMNS``."""
-        return self.read("partitions", np.int64, 2)
+    def partitions(self) -> PartitionTable:
+        """``partitions.npy``, by column name."""
+        table = self.read("partitions", np.int64, 2)
+        if table.shape[1:] != (len(PARTITION_COLUMNS),):
+            raise UserError(f"{self.file('partitions')}: shape {table.shape}, expected (P, {len(PARTITION_COLUMNS)}); "
+                            f"run 'megabatch verify'")
+        return PartitionTable(table)
 
     def read(self, name: str, dtype: npt.DTypeLike | None = None, ndim: int | None = None) -> np.ndarray:
         """A whole (per-node or smaller) array file, checked against ``dtype``/``ndim`` when given."""

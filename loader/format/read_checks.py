@@ -32,6 +32,7 @@ from loader.format.checksum_kernels import PAGE_BYTES, block_checksums, check_bl
 from loader.format.dataset import CHECK_FILES, Dataset
 from loader.format.fileio import HASH_CHUNK_BYTES, range_xxh3
 from loader.format.npyio import NpyReader, read_npy, write_npy
+from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
 from proto.progress import Progress
 
@@ -145,7 +146,7 @@ def file_block_checksums(path: Path, block: int = PAGE_BYTES, progress: Progress
     return sums
 
 
-def partition_checksum_table(directory: Path, partitions: np.ndarray, files: dict[str, str]) -> np.ndarray:
+def partition_checksum_table(directory: Path, partitions: PartitionTable, files: dict[str, str]) -> np.ndarray:
     """uint64 (P, 3): each partition's range of features.bin, indices.npy and indptr.npy, hashed."""
     with NpyReader(directory / files["indices"]) as idx, NpyReader(directory / files["indptr"]) as ptr:
         indices_at, itemsize, indptr_at = idx.data_offset, idx.dtype.itemsize, ptr.data_offset
@@ -154,11 +155,10 @@ def partition_checksum_table(directory: Path, partitions: np.ndarray, files: dic
     paths = [directory / files[name] for name in ("features", "indices", "indptr")]
     fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
     try:
-        for p, (node_begin, node_end, edge_begin, edge_end, feat_offset, feat_nbytes) in enumerate(
-                partitions.tolist()):
-            ranges = ((feat_offset, -(-feat_nbytes // PAGE_BYTES) * PAGE_BYTES),
-                      (indices_at + edge_begin * itemsize, (edge_end - edge_begin) * itemsize),
-                      (indptr_at + node_begin * 8, (node_end - node_begin + 1) * 8))
+        for p, part in enumerate(partitions.rows()):
+            ranges = ((part.feat_offset, part.feat_padded),
+                      (indices_at + part.edge_begin * itemsize, (part.edge_end - part.edge_begin) * itemsize),
+                      (indptr_at + part.node_begin * 8, (part.node_end - part.node_begin + 1) * 8))
             for column, ((offset, length), fd, path) in enumerate(zip(ranges, fds, paths)):
                 table[p, column] = range_xxh3(fd, offset, length, buffer.data, path)
     finally:
@@ -167,7 +167,7 @@ def partition_checksum_table(directory: Path, partitions: np.ndarray, files: dic
     return table
 
 
-def write_read_checks(directory: Path, partitions: np.ndarray, files: dict[str, str], *, row_bytes: int,
+def write_read_checks(directory: Path, partitions: PartitionTable, files: dict[str, str], *, row_bytes: int,
                       progress: bool) -> int:
     """Write the three read-check files of format 1.2 into ``directory`` (prepare's temporary output);
     return the feature block (``features.check_block``), sized to ``row_bytes``."""

@@ -29,7 +29,7 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
         for _start, ids in reader.chunks(rows_per_chunk(16, 64 << 20)):
             out_degree += np.bincount(ids, minlength=m.num_nodes)
     parts = dataset.partitions()
-    sizes = parts[:, 1] - parts[:, 0]
+    sizes = parts.num_nodes
     split_sizes = {name: m.splits.get(name) for name in ("train", "val", "test")}
     return {
         "path": str(dataset.path), "format_version": m.version, "num_nodes": m.num_nodes,

@@ -35,6 +35,7 @@ from loader.format.dataset import (
 )
 from loader.format.fileio import file_xxh3, write_all
 from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
+from loader.format.partition_table import PartitionTable
 from loader.format.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
 from loader.format.read_checks import write_read_checks
 from loader.format.splits import stratified_split
@@ -139,11 +140,11 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             offsets, nbytes = write_features(raw, renumbering, static_nodes, tmp, scratch, budget, out_dtype,
                                              options.progress)
             scratch.rmdir()
-            partitions = np.stack([renumbering.node_begin, renumbering.node_end,
-                                   indptr[renumbering.node_begin], indptr[renumbering.node_end],
-                                   offsets, nbytes], axis=1).astype(np.int64)
+            partitions = PartitionTable(np.stack([renumbering.node_begin, renumbering.node_end,
+                                                  indptr[renumbering.node_begin], indptr[renumbering.node_end],
+                                                  offsets, nbytes], axis=1))
             del indptr
-            write_npy(tmp / FILES["partitions"], partitions)
+            write_npy(tmp / FILES["partitions"], partitions.array)
             write_npy(tmp / FILES["new_to_orig"], renumbering.new_to_orig)
             write_npy(tmp / FILES["static_nodes"], static_nodes)
             splits = _write_labels_and_splits(raw, renumbering, tmp)

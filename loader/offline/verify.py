@@ -15,6 +15,7 @@ import numpy as np
 from loader.format.dataset import CHECK_FILES, FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
 from loader.format.fileio import file_xxh3
 from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
+from loader.format.partition_table import PARTITION_COLUMNS
 from loader.format.read_checks import PAGE_BYTES, file_block_checksums, partition_checksum_table
 from proto.errors import UserError
 from proto.progress import Progress
@@ -117,10 +118,12 @@ def _check_csc(dataset: Dataset) -> list[str]:
 
 def _check_partitions(dataset: Dataset) -> list[str]:
     m = dataset.manifest
+    shape = dataset.read("partitions", "int64", 2).shape
+    if shape != (m.num_partitions, len(PARTITION_COLUMNS)):
+        return [f"partitions.npy has shape {shape}, expected ({m.num_partitions}, {len(PARTITION_COLUMNS)})"]
     parts = dataset.partitions()
-    if parts.shape != (m.num_partitions, 6):
-        return [f"partitions.npy has shape {parts.shape}, expected ({m.num_partitions}, 6)"]
-    node_begin, node_end, edge_begin, edge_end, offset, nbytes = parts.T
+    node_begin, node_end, edge_begin, edge_end = parts.node_begin, parts.node_end, parts.edge_begin, parts.edge_end
+    offset, nbytes = parts.feat_offset, parts.feat_nbytes
     problems = []
     if node_begin[0] != 0 or node_end[-1] != m.num_nodes or (node_begin[1:] != node_end[:-1]).any():
         problems.append("partition node ranges are not contiguous from 0 to num_nodes")
@@ -149,7 +152,8 @@ def _check_features(dataset: Dataset) -> list[str]:
     parts = dataset.partitions()
     rows_per_read = rows_per_chunk(m.row_bytes, _CHUNK_BYTES)
     with open(dataset.file("features"), "rb") as handle:
-        for p, (begin, end, _eb, _ee, offset, _nb) in enumerate(parts.tolist()):
+        for p, part in enumerate(parts.rows()):
+            begin, end, offset = part.node_begin, part.node_end, part.feat_offset
             for first in range(begin, end, rows_per_read):
                 count = min(rows_per_read, end - first)
                 handle.seek(offset + (first - begin) * m.row_bytes)

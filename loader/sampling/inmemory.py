@@ -14,6 +14,7 @@ import numpy as np
 
 from loader.format.dataset import Dataset
 from loader.format.fileio import pread_into
+from loader.format.partition_table import PartitionTable
 from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
 from proto.errors import UserError
 
@@ -68,7 +69,7 @@ class BatchPlan(NamedTuple):
     keys: np.ndarray
 
 
-def _read_features(dataset: Dataset, partitions: np.ndarray) -> np.ndarray:
+def _read_features(dataset: Dataset, partitions: PartitionTable) -> np.ndarray:
     manifest = dataset.manifest
     n, dim = manifest.num_nodes, manifest.feat_dim
     path = dataset.file("features")
@@ -79,7 +80,8 @@ def _read_features(dataset: Dataset, partitions: np.ndarray) -> np.ndarray:
         raise UserError(f"{path}: file not found") from None
     try:
         size = os.fstat(fd).st_size
-        for p, (begin, end, _, _, offset, nbytes) in enumerate(partitions.tolist()):
+        for p, part in enumerate(partitions.rows()):
+            begin, end, offset, nbytes = part.node_begin, part.node_end, part.feat_offset, part.feat_nbytes
             if not 0 <= begin <= end <= n or nbytes != (end - begin) * manifest.row_bytes:
                 raise UserError(f"{dataset.path / 'partitions.npy'}: partition {p} (nodes {begin}..{end}, "
                                 f"{nbytes} feature bytes) does not match the manifest")
@@ -106,8 +108,8 @@ def load_in_memory(dataset: Dataset) -> InMemoryGraph:
     if indptr.shape[0] != n + 1 or indptr[0] != 0 or indptr[-1] != indices.shape[0]:
         raise UserError(f"{dataset.file('indptr')}: does not describe {n} nodes and {indices.shape[0]} edges")
     partitions = dataset.partitions()
-    covered = int((partitions[:, 1] - partitions[:, 0]).sum()) if partitions.size else 0
-    if partitions.shape[1:] != (6,) or covered != n:
+    covered = int(partitions.num_nodes.sum())
+    if covered != n:
         raise UserError(f"{dataset.file('partitions')}: partitions cover {covered} nodes, manifest says {n}")
     labels = dataset.read("labels", np.int64, 1)
     if labels.shape[0] != n:

@@ -15,6 +15,7 @@ from loader.daemon.fullgraph.fullgraph import ModeEval, labelled_source
 from loader.daemon.gather_kernels import row_offsets_for
 from loader.daemon.publisher import BatchSource, gather_from
 from loader.format.dataset import Dataset
+from loader.format.partition_table import PartitionTable
 from loader.sampling.inmemory import load_in_memory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from proto.errors import UserError
@@ -82,7 +83,7 @@ class MmapMode:
     superbatch = 1
     """PyG+ samples each mini-batch on its own, just before it is trained on."""
 
-    def __init__(self, dataset: Dataset, partitions: np.ndarray, labels: np.ndarray) -> None:
+    def __init__(self, dataset: Dataset, partitions: PartitionTable, labels: np.ndarray) -> None:
         self._data: EvalData = open_eval_data(dataset, partitions)
         self._dataset, self._partitions = dataset, partitions
         self.graph: CSCGraph = self._data.graph

@@ -172,8 +172,8 @@ class _OutOfCoreMode:
         self._labels, self._dim, self._dtype, self._row_bytes = labels, m.feat_dim, np.dtype(m.feat_dtype.value), \
             m.row_bytes
         partitions = dataset.partitions()
-        self._node_begin = np.ascontiguousarray(partitions[:, 0])
-        self._feat_offset = np.ascontiguousarray(partitions[:, 4])
+        self._node_begin = partitions.node_begin
+        self._feat_offset = partitions.feat_offset
         direct = config.io.direct_io
         indptr = dataset.read("indptr", np.int64, 1)
         checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None

@@ -55,15 +55,15 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     """Build the induced subgraph (CPU work; numba kernels release the GIL)."""
     t0 = time.perf_counter()
     plan, buf = loaded.plan, loaded.buffer
-    parts = resident.partitions[plan.partitions]
-    counts = parts[:, 1] - parts[:, 0]
+    parts = resident.partitions.take(plan.partitions)
+    counts = parts.num_nodes
     n_mb = int(counts.sum())
     static = resident.static
     extra_mask = ~np.isin(static.partition, plan.partitions)
     extra = np.flatnonzero(extra_mask)
 
     # dataset ids of the mega-batch nodes: consecutive runs node_begin .. node_end per partition
-    starts = np.repeat(parts[:, 0] - np.cumsum(counts) + counts, counts)
+    starts = np.repeat(parts.node_begin - np.cumsum(counts) + counts, counts)
     global_ids = np.concatenate([np.arange(n_mb, dtype=np.int64) + starts, static.nodes[extra]])
 
     # degrees from the indptr slices (n_p + 1 entries per partition, back to back in the scratch)

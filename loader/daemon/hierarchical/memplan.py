@@ -27,6 +27,7 @@ import numpy as np
 
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
 from loader.daemon.slot_sizing import SessionSizing
+from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
 from proto.sizes import format_size
 
@@ -105,17 +106,15 @@ class MemoryPlan:
                 f" = {format_size(self.total)} used")
 
 
-def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edges: int,
+def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static_edges: int,
                  index_itemsize: int, train_counts: np.ndarray | None = None, batch_size: int = 1,
                  batch_bytes: int = 0) -> BufferSizes:
-    """Upper bound of one buffer for ``n_d`` partitions (``partitions`` is the (P, 6) table).
+    """Upper bound of one buffer for ``n_d`` partitions.
 
     train_counts (training nodes per partition), batch_size and batch_bytes (a sampled batch's
     nodes and edges) bound a sampled pass: the batches of the N_d partitions richest in seeds.
     """
-    nodes = partitions[:, 1] - partitions[:, 0]
-    edges = partitions[:, 3] - partitions[:, 2]
-    feat = (partitions[:, 5] + PAGE - 1) // PAGE * PAGE
+    nodes, edges, feat = partitions.num_nodes, partitions.num_edges, partitions.feat_padded
     top_nodes = int(np.sort(nodes)[::-1][:n_d].sum())
     top_edges = int(np.sort(edges)[::-1][:n_d].sum())
     top_feat = int(np.sort(feat)[::-1][:n_d].sum())
@@ -130,7 +129,7 @@ def buffer_sizes(partitions: np.ndarray, n_d: int, static_nodes: int, static_edg
     return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes)
 
 
-def plan_memory(*, budget: int, num_nodes: int, partitions: np.ndarray, fraction: float | None,
+def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
                 sessions: SessionSizing, train_counts: np.ndarray | None = None,
                 batch_size: int = 1, batch_bytes: int = 0) -> MemoryPlan:

@@ -132,8 +132,7 @@ def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_
     total = 0
     train_sorted = resident.split_ids["train"]
     for plan in plans:
-        begin, end = parts[plan.partitions, 0], parts[plan.partitions, 1]
-        per_part = np.searchsorted(train_sorted, end) - np.searchsorted(train_sorted, begin)
+        per_part = parts.take(plan.partitions).count_in(train_sorted)
         total += -(-int(per_part.sum()) // batch_size)
     return total * passes
 

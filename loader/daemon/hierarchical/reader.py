@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
-from loader.daemon.hierarchical.memplan import PAGE, round_up
 from loader.daemon.hierarchical.schedule import MegaBatchPlan
 from loader.daemon.metrics import DaemonMetrics
 from loader.format.dataset import Dataset
 from loader.format.fileio import read_failed
 from loader.format.npyio import NpyReader
+from loader.format.partition_table import PartitionTable
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_partition_range
 from proto.errors import UserError
 
@@ -76,7 +76,7 @@ class LoadedMegaBatch:
 class PartitionReader:
     """Owns the dataset's file descriptors and the read pool."""
 
-    def __init__(self, dataset: Dataset, arena: FeatureArena, partitions: np.ndarray, metrics: DaemonMetrics, *,
+    def __init__(self, dataset: Dataset, arena: FeatureArena, partitions: PartitionTable, metrics: DaemonMetrics, *,
                  direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None) -> None:
         self._arena = arena
         self._checks = checks
@@ -140,7 +140,7 @@ class PartitionReader:
     def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer
                    ) -> tuple[list[ReadRequest], np.ndarray, int, list[RangeCheck]]:
         """The reads of one mega-batch, its partitions' arena offsets, its edge count and its range checks."""
-        parts = self._parts[plan.partitions]
+        parts = self._parts.take(plan.partitions)
         requests: list[ReadRequest] = []
         checks: list[RangeCheck] = []
         feature_base = np.empty(len(parts), dtype=np.int64)
@@ -150,8 +150,9 @@ class PartitionReader:
         isz = self._index_itemsize
         raw = buffer.raw_indices.view(np.uint8)
         scratch = buffer.raw_indptr_scratch.view(np.uint8)
-        for i, (node_begin, node_end, edge_begin, edge_end, feat_offset, feat_nbytes) in enumerate(parts.tolist()):
-            padded = round_up(feat_nbytes, PAGE)
+        for i, part in enumerate(parts.rows()):
+            node_begin, node_end, edge_begin, edge_end = part.node_begin, part.node_end, part.edge_begin, part.edge_end
+            feat_offset, feat_nbytes, padded = part.feat_offset, part.feat_nbytes, part.feat_padded
             if feat_pos + padded > buffer.feature_offset + buffer.feature_capacity:
                 raise RuntimeError("mega-batch features exceed the planned buffer (memory plan bug)")
             feature_base[i] = feat_pos

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
+from loader.format.partition_table import PartitionTable
 
 __all__ = ["MegaBatchPlan", "schedule_epoch", "label_skew", "train_label_counts"]
 
@@ -95,14 +96,13 @@ def label_skew(label_counts: np.ndarray, partitions: np.ndarray) -> float:
     return float(0.5 * np.abs(group / group.sum() - total / total.sum()).sum())
 
 
-def train_label_counts(partitions: np.ndarray, train_ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def train_label_counts(partitions: PartitionTable, train_ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """float64 (P, C): training nodes of each class in each partition (unlabelled ones left out).
 
-    partitions: the (P, 6) table (columns 0 and 1 the node range); train_ids: sorted dataset ids;
-    labels: int64 (N,), -1 = unlabelled.
+    train_ids: sorted dataset ids; labels: int64 (N,), -1 = unlabelled.
     """
     num_parts = len(partitions)
-    part_of = np.searchsorted(partitions[:, 1], train_ids, side="right")
+    part_of = partitions.partition_of(train_ids)
     train_labels = labels[train_ids]
     keep = train_labels >= 0
     classes = int(train_labels[keep].max()) + 1 if keep.any() else 1
