@@ -236,12 +236,9 @@ class ControlClient:
     def read_batch(self, ready: BatchReady) -> SlotContents:
         """Zero-copy views of the batch ``ready`` announced; ``SlotError`` if the slot does not hold it."""
         contents = self.ring.read(ready.slot, expect_seq=ready.seq)
-        header = contents.header
-        got = (header.kind, header.epoch, header.pass_index, header.batch_index, header.num_batches)
-        want = (ready.kind, ready.epoch, ready.pass_index, ready.batch_index, ready.num_batches)
-        if got != want:
-            raise SlotError(f"slot {ready.slot} header (kind, epoch, pass, batch, num_batches) = {got} "
-                            f"does not match its BatchReady {want}")
+        if contents.batch_id != ready.batch_id:
+            raise SlotError(f"slot {ready.slot} header names {contents.batch_id}, which does not match its "
+                            f"BatchReady {ready.batch_id}")
         return contents
 
     def close(self, reason: str = "") -> None:

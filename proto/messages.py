@@ -23,8 +23,8 @@ from proto.errors import ProtocolError
 
 __all__ = [
     "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "Record", "Message", "DatasetInfo",
-    "SlotLayout", "Hello", "Welcome", "Credit", "StartEpoch", "EvalRequest", "BatchReady", "Release", "EpochEnd",
-    "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "MESSAGE_TYPES", "message_from_map",
+    "SlotLayout", "Hello", "Welcome", "Credit", "StartEpoch", "EvalRequest", "BatchId", "BatchReady", "Release",
+    "EpochEnd", "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "MESSAGE_TYPES", "message_from_map",
     "message_to_map",
 ]
 
@@ -304,6 +304,45 @@ class BatchReady(Message):
     """Position of the batch in its stream, from 0."""
     num_batches: int = field(metadata=_BATCHES)
     """Batches in this stream when known, else -1."""
+
+    @classmethod
+    def announce(cls, slot: int, batch: "BatchId") -> "BatchReady":
+        """The announcement of ``batch`` in ``slot``."""
+        return cls(slot=slot, seq=batch.seq, kind=batch.kind, epoch=batch.epoch, pass_index=batch.pass_index,
+                   batch_index=batch.batch_index, num_batches=batch.num_batches)
+
+    @property
+    def batch_id(self) -> "BatchId":
+        """The batch this announces, as its slot's header should store it."""
+        return BatchId(kind=self.kind, seq=self.seq, epoch=self.epoch, pass_index=self.pass_index,
+                       batch_index=self.batch_index, num_batches=self.num_batches)
+
+
+@dataclass(frozen=True)
+class BatchId:
+    """Which batch a slot holds: what ``BatchReady`` announces besides the slot, and what the slot's
+    header stores (proto/PROTOCOL.md, "Slot header"), built once so the two cannot disagree.
+
+    ``kind`` is "train", "val" or "test"; ``num_batches`` is -1 when the stream length is not known.
+    """
+
+    kind: str
+    seq: int
+    epoch: int
+    pass_index: int
+    batch_index: int
+    num_batches: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"BatchId.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        for f in dataclasses.fields(BatchReady):
+            if f.name in ("slot", "kind"):
+                continue
+            lo, hi = f.metadata["range"]
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"BatchId.{f.name} must be an int in [{lo}, {hi}], got {value!r}")
 
 
 @dataclass(frozen=True)

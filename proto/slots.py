@@ -24,11 +24,11 @@ import numpy as np
 import numpy.typing as npt
 
 from proto.errors import SlotError, SlotOverflow
-from proto.messages import KINDS, SlotLayout
+from proto.messages import KINDS, BatchId, SlotLayout
 
 __all__ = [
     "PAGE_BYTES", "HEADER_BYTES", "MIN_HEADER_BYTES", "ARRAY_ALIGNMENT", "MAGIC", "LAYOUT_VERSION", "MAX_ARRAYS",
-    "NAME_BYTES", "MAX_NDIM", "DType", "KIND_CODES", "ArraySpec", "PlannedArray", "SlotPlan", "SlotHeader",
+    "NAME_BYTES", "MAX_NDIM", "DType", "KIND_CODES", "ArraySpec", "PlannedArray", "SlotPlan",
     "SlotContents", "SlotRing", "plan_slot", "slot_bytes_for",
 ]
 
@@ -196,38 +196,12 @@ def slot_bytes_for(specs: Sequence[ArraySpec], header_bytes: int = HEADER_BYTES)
     return _round_up(max(end, header_bytes + 1), PAGE_BYTES)
 
 
-_HEADER_RANGES = {"seq": (0, 2**64 - 1), "epoch": (0, 2**32 - 1), "pass_index": (0, 2**32 - 1),
-                  "batch_index": (0, 2**32 - 1), "num_batches": (-1, 2**31 - 1)}
-
-
-@dataclass(frozen=True)
-class SlotHeader:
-    """The batch identity stored in a slot header; mirrors the fields of ``BatchReady``.
-
-    ``kind`` is "train", "val" or "test"; ``num_batches`` is -1 when the stream length is not known.
-    """
-
-    kind: str
-    seq: int
-    epoch: int
-    pass_index: int
-    batch_index: int
-    num_batches: int
-
-    def __post_init__(self) -> None:
-        if self.kind not in KIND_CODES:
-            raise ValueError(f"SlotHeader.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        for name, (lo, hi) in _HEADER_RANGES.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ValueError(f"SlotHeader.{name} must be an int in [{lo}, {hi}], got {value!r}")
-
-
 @dataclass(frozen=True)
 class SlotContents:
-    """A committed slot as the reader sees it: the header and zero-copy views of the arrays, by name."""
+    """A committed slot as the reader sees it: the batch its header names and zero-copy views of the
+    arrays, by name."""
 
-    header: SlotHeader
+    batch_id: BatchId
     arrays: dict[str, np.ndarray] = field(repr=False)
     payload_bytes: int
 
@@ -291,7 +265,7 @@ class SlotRing:
         self._bytes[start:start + len(MAGIC)] = 0
         return {a.spec.name: self._array(start + a.offset, a.spec.dtype, a.spec.shape) for a in plan.arrays}
 
-    def commit(self, slot: int, header: SlotHeader, plan: SlotPlan) -> None:
+    def commit(self, slot: int, batch: BatchId, plan: SlotPlan) -> None:
         """Publish ``slot``: write the array table, then the header fields, then the magic.
 
         Writing the magic last means a reader that finds it sees the rest of the header; the
@@ -305,8 +279,8 @@ class SlotRing:
             shape = a.spec.shape + (0,) * (MAX_NDIM - len(a.spec.shape))
             _ENTRY.pack_into(self._view, start + _TABLE_OFFSET + i * _ENTRY.size, a.spec.name.encode("ascii"),
                              a.spec.code, len(a.spec.shape), *shape, a.offset, a.nbytes)
-        fixed = _FIXED.pack(MAGIC, LAYOUT_VERSION, KIND_CODES[header.kind], len(plan.arrays), header.seq,
-                            header.epoch, header.pass_index, header.batch_index, header.num_batches,
+        fixed = _FIXED.pack(MAGIC, LAYOUT_VERSION, KIND_CODES[batch.kind], len(plan.arrays), batch.seq,
+                            batch.epoch, batch.pass_index, batch.batch_index, batch.num_batches,
                             plan.payload_bytes)
         self._view[start + len(MAGIC):start + _FIXED.size] = fixed[len(MAGIC):]
         self._view[start:start + len(MAGIC)] = MAGIC
@@ -358,8 +332,11 @@ class SlotRing:
         for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
             if begin < end:
                 raise SlotError(f"{where} arrays {first!r} and {second!r} overlap")
-        header = SlotHeader(KINDS[kind], seq, epoch, pass_index, batch_index, num_batches)
-        return SlotContents(header, arrays, payload_bytes)
+        try:
+            batch = BatchId(KINDS[kind], seq, epoch, pass_index, batch_index, num_batches)
+        except ValueError as err:
+            raise SlotError(f"{where} header: {err}") from None
+        return SlotContents(batch, arrays, payload_bytes)
 
     def _entry(self, where: str, i: int, table: bytes,
                payload_bytes: int) -> tuple[str, np.dtype[Any], tuple[int, ...], int, int]:

@@ -23,6 +23,7 @@ from proto.codec import FrameDecoder, encode
 from proto.errors import ConnectFailed, ConnectionClosed, ProtocolError, RemoteError, ShmError, SlotError
 from proto.messages import (
     PROTOCOL_VERSION,
+    BatchId,
     BatchReady,
     Bye,
     Credit,
@@ -38,7 +39,7 @@ from proto.messages import (
     Welcome,
 )
 from proto.shm import SEALS, Segment, create_segment, map_segment, recv_with_fds, send_with_fds
-from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
+from proto.slots import ArraySpec, SlotRing, plan_slot
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = [ArraySpec("x", np.dtype("float32"), (50, 8), align=4096), ArraySpec("n_id", np.dtype("int64"), (50,))]
@@ -58,7 +59,7 @@ def write_batch(ring: SlotRing, slot: int, seq: int) -> dict[str, np.ndarray]:
     arrays = ring.arrays_for(slot, plan)
     arrays["x"][...] = np.arange(400, dtype=np.float32).reshape(50, 8) + seq
     arrays["n_id"][...] = np.arange(50) * 3 + seq
-    ring.commit(slot, SlotHeader("train", seq, 0, 0, seq, 2), plan)
+    ring.commit(slot, BatchId("train", seq, 0, 0, seq, 2), plan)
     return {name: arr.copy() for name, arr in arrays.items()}
 
 
@@ -96,7 +97,7 @@ try:
     map_error = None
 except ShmError as err:
     map_error = str(err)
-out = {"readonly": readonly, "map_error": map_error, "header": dataclasses.asdict(contents.header),
+out = {"readonly": readonly, "map_error": map_error, "header": dataclasses.asdict(contents.batch_id),
        "fds": len(fds), "target": os.readlink(f"/proc/self/fd/{seg.fd}"),
        "arrays": {name: arr.tolist() for name, arr in contents.arrays.items()}}
 sock.sendall(json.dumps(out).encode())

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from proto import slots
 from proto.errors import SlotError, SlotOverflow
-from proto.messages import SlotLayout
+from proto.messages import BatchId, SlotLayout
 from proto.slots import (
     ARRAY_ALIGNMENT,
     HEADER_BYTES,
@@ -18,7 +18,6 @@ from proto.slots import (
     MIN_HEADER_BYTES,
     PAGE_BYTES,
     ArraySpec,
-    SlotHeader,
     SlotRing,
     plan_slot,
     slot_bytes_for,
@@ -56,7 +55,7 @@ def committed_ring(count: int = 3, slot: int = 1, seq: int = 5):
     ring = SlotRing(buf, count, slot_bytes)
     plan = plan_slot(specs, slot_bytes)
     expected = fill(ring.arrays_for(slot, plan), seed=seq)
-    ring.commit(slot, SlotHeader("train", seq, 2, 1, 7, 40), plan)
+    ring.commit(slot, BatchId("train", seq, 2, 1, 7, 40), plan)
     return ring, buf, slot_bytes, expected
 
 
@@ -68,7 +67,7 @@ specs_strategy = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(specs_strategy, st.integers(0, 2), st.sampled_from(["train", "val", "test"]), st.integers(0, 2**64 - 1),
+@given(specs_strategy, st.integers(0, 2), st.sampled_from(["train", "val", "test"]), st.integers(0, 2**63 - 1),
        st.integers(-1, 2**31 - 1), st.integers(0, 2**32))
 def test_plan_commit_read_round_trip(specs, slot, kind, seq, num_batches, seed):
     slot_bytes = slot_bytes_for(specs)
@@ -78,10 +77,10 @@ def test_plan_commit_read_round_trip(specs, slot, kind, seq, num_batches, seed):
     plan = plan_slot(specs, slot_bytes)
     arrays = ring.arrays_for(slot, plan)
     expected = fill(arrays, seed)
-    header = SlotHeader(kind, seq, seed % 2**32, 3, 9, num_batches)
+    header = BatchId(kind, seq, seed % 2**32, 3, 9, num_batches)
     ring.commit(slot, header, plan)
     contents = ring.read(slot, expect_seq=seq)
-    assert contents.header == header
+    assert contents.batch_id == header
     assert list(contents.arrays) == [s.name for s in specs]
     base = address(np.frombuffer(segment, np.uint8))
     slot_begin = base + slot * slot_bytes
@@ -128,8 +127,8 @@ def test_uncommitted_cleared_and_rewritten_slots_are_invalid():
     ring.arrays_for(1, plan_slot(batch_specs(), slot_bytes))  # the producer starts overwriting the slot
     with pytest.raises(SlotError, match="no committed batch"):
         ring.read(1)
-    ring.commit(1, SlotHeader("val", 6, 0, 0, 0, -1), plan_slot(batch_specs(), slot_bytes))
-    assert ring.read(1, expect_seq=6).header.kind == "val"
+    ring.commit(1, BatchId("val", 6, 0, 0, 0, -1), plan_slot(batch_specs(), slot_bytes))
+    assert ring.read(1, expect_seq=6).batch_id.kind == "val"
     ring.clear(1)
     with pytest.raises(SlotError, match="no committed batch"):
         ring.read(1)
@@ -152,7 +151,7 @@ def test_an_interrupted_commit_leaves_the_slot_invalid(monkeypatch):
 
     monkeypatch.setattr(slots, "_ENTRY", FailingEntry())
     with pytest.raises(RuntimeError):
-        ring.commit(1, SlotHeader("train", 6, 0, 0, 0, -1), plan_slot(batch_specs(), slot_bytes))
+        ring.commit(1, BatchId("train", 6, 0, 0, 0, -1), plan_slot(batch_specs(), slot_bytes))
     monkeypatch.setattr(slots, "_ENTRY", real)
     with pytest.raises(SlotError, match="no committed batch"):
         ring.read(1)
@@ -294,4 +293,4 @@ def test_ring_from_layout_and_misuse():
 def test_slot_header_validation(kwargs, match):
     args = {"kind": "train", "seq": 0, "epoch": 0, "pass_index": 0, "batch_index": 0, "num_batches": -1, **kwargs}
     with pytest.raises(ValueError, match=match):
-        SlotHeader(**args)
+        BatchId(**args)

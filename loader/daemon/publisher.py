@@ -16,7 +16,8 @@ import numpy as np
 from loader.daemon.gather_kernels import gather_rows
 from loader.sampling.sampling import SampledPass
 from proto.errors import SlotOverflow
-from proto.slots import ArraySpec, SlotHeader, SlotRing, plan_slot
+from proto.messages import BatchId
+from proto.slots import ArraySpec, SlotRing, plan_slot
 
 __all__ = ["SlotFlow", "BatchSource", "FillFeatures", "gather_from", "batch_specs", "fill_slot", "overflow_message"]
 
@@ -133,7 +134,7 @@ def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, f
     return specs
 
 
-def fill_slot(ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPass, b: int,
+def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
               source: BatchSource) -> int:
     """Write batch ``b`` of ``sampled`` into ``slot`` and commit it; returns payload bytes.
 
@@ -151,7 +152,7 @@ def fill_slot(ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPas
     arrays["edge_index"][:] = batch.edge_index
     arrays["nodes_per_hop"][:] = batch.num_sampled_nodes
     arrays["edges_per_hop"][:] = batch.num_sampled_edges
-    ring.commit(slot, header, plan)
+    ring.commit(slot, batch_id, plan)
     return sum(spec.nbytes for spec in specs)
 
 

@@ -30,6 +30,7 @@ from loader.sampling.sampling import SampledPass
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow, UserError
 from proto.messages import (
+    BatchId,
     BatchReady,
     Bye,
     Credit,
@@ -46,7 +47,7 @@ from proto.messages import (
     StatsRequest,
 )
 from proto.shm import Segment
-from proto.slots import SlotHeader, SlotRing
+from proto.slots import SlotRing
 
 __all__ = ["Session", "ControlProtocol", "TrainCoordinator", "EVAL_CHUNK_BATCHES", "WRITE_BUFFER_HIGH",
            "WRITE_BUFFER_LOW", "CLOSE_GRACE", "LOGGABLE_CHARS", "loggable"]
@@ -259,17 +260,17 @@ class Session:
             self.evict("stall", f"no slot released and no credit granted for {self.stall_timeout:g} s while "
                                 f"{self.flow.in_use} of {self.flow.count} slots were held ([server] stall_timeout)")
             return False
-        header = SlotHeader(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
-                            num_batches=num_batches)
+        batch_id = BatchId(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
+                           num_batches=num_batches)
         t0 = time.perf_counter()
         try:
             if cache_plan is None:
-                nbytes = await run_in_pool(self._ctx.cpu_pool, fill_slot, self.ring, slot, header, sampled, b,
+                nbytes = await run_in_pool(self._ctx.cpu_pool, fill_slot, self.ring, slot, batch_id, sampled, b,
                                            source)
             else:
                 assert self.trainer_cache is not None
                 cached = await run_in_pool(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring, slot,
-                                           header, sampled, b, source, cache_plan)
+                                           batch_id, sampled, b, source, cache_plan)
                 nbytes = cached.nbytes
                 rows = self._ctx.metrics.trainer_cache_rows
                 rows.labels("hit").inc(cached.hits)
@@ -287,8 +288,7 @@ class Session:
         self._seq += 1
         self._ctx.metrics.published.labels(kind).inc()
         self._ctx.metrics.published_bytes.inc(nbytes)
-        self._send(BatchReady(slot=slot, seq=seq, kind=kind, epoch=epoch, pass_index=pass_index, batch_index=index,
-                              num_batches=num_batches))
+        self._send(BatchReady.announce(slot, batch_id))
         return True
 
     async def _train_stream(self, epoch: int) -> None:

@@ -31,7 +31,8 @@ from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
 from loader.daemon.publisher import BatchSource, batch_specs
 from loader.sampling.sampling import SampledPass
-from proto.slots import SlotHeader, SlotRing, plan_slot
+from proto.messages import BatchId
+from proto.slots import SlotRing, plan_slot
 
 __all__ = ["TrainerCache", "accepted_rows", "MAX_ROWS", "CachedSlot"]
 
@@ -90,7 +91,7 @@ class TrainerCache:
         self._state = plan.final_state
         return plan
 
-    def fill_slot(self, ring: SlotRing, slot: int, header: SlotHeader, sampled: SampledPass, b: int,
+    def fill_slot(self, ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
                   source: BatchSource, plan: CachePlan) -> CachedSlot:
         """Write batch ``b`` of ``sampled`` into ``slot`` with only its missed rows in ``x``, and commit.
 
@@ -124,7 +125,7 @@ class TrainerCache:
         arrays["hit_slot"][:] = hits
         arrays["upd_slot"][:] = change.slots
         arrays["upd_pos"][:] = change.in_positions
-        ring.commit(slot, header, layout)
+        ring.commit(slot, batch_id, layout)
         return CachedSlot(sum(spec.nbytes for spec in specs), len(nodes) - len(miss), len(miss))
 
     def _scratch_for(self, num_rows: int) -> np.ndarray:
