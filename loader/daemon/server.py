@@ -211,7 +211,7 @@ class Daemon:
         cfg, m = self.config, dataset.manifest
         index_itemsize = np.dtype(m.index_dtype.value).itemsize
         # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
-        batch_nodes, batch_edges = pilot.train_or_zero
+        batch = pilot.train_or_zero
         parts, train = resident.partitions, resident.split_ids["train"]
         train_counts = parts.count_in(train)
         def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
@@ -219,7 +219,7 @@ class Daemon:
                                fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
                                static_row_bytes=m.row_bytes, static_edges=static_edges,
                                index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
-                               batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch_nodes + 16 * batch_edges)
+                               batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges)
 
         cut = float(m.edge_cut.get("fraction", 0.0))
         static = resident.static

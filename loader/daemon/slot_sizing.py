@@ -30,8 +30,8 @@ from loader.sampling.sampling import sample_pass
 from proto.sizes import format_size
 from proto.slots import HEADER_BYTES, slot_bytes_for
 
-__all__ = ["PilotSizes", "SessionSizing", "estimate_slot_bytes", "pilot_batch_sizes", "size_sessions",
-           "PILOT_BATCHES", "HEADROOM", "SIGMAS"]
+__all__ = ["BatchBound", "NO_BATCH", "PilotSizes", "SessionSizing", "estimate_slot_bytes", "pilot_batch_sizes",
+           "size_sessions", "PILOT_BATCHES", "HEADROOM", "SIGMAS"]
 
 PILOT_BATCHES = 16
 HEADROOM = 1.5
@@ -58,29 +58,41 @@ def _hard_bound(batch_size: int, fanouts: tuple[int, ...], num_nodes: int, num_e
 
 
 @dataclass(frozen=True)
-class PilotSizes:
-    """(nodes, edges) a training and an evaluation batch are expected to stay under (pilot max x 1.5,
-    capped by the hard bound); None where the split is empty (no such batch will ever exist)."""
+class BatchBound:
+    """Sampled nodes and edges one batch is expected to stay under."""
 
-    train: tuple[int, int] | None
-    eval: tuple[int, int] | None
+    nodes: int
+    edges: int
+
+
+NO_BATCH = BatchBound(0, 0)
+"""The bound of a split with no batch: nothing to hold memory for."""
+
+
+@dataclass(frozen=True)
+class PilotSizes:
+    """What a training and an evaluation batch are expected to stay under (pilot max x 1.5, capped by
+    the hard bound); None where the split is empty (no such batch will ever exist)."""
+
+    train: BatchBound | None
+    eval: BatchBound | None
 
     @property
-    def train_or_zero(self) -> tuple[int, int]:
-        """The training bound, (0, 0) without training nodes (then no training batch needs memory)."""
-        return self.train if self.train is not None else (0, 0)
+    def train_or_zero(self) -> BatchBound:
+        """The training bound, ``NO_BATCH`` without training nodes (then no training batch needs memory)."""
+        return self.train if self.train is not None else NO_BATCH
 
 
 def _pilot(data: EvalData, plan: BatchPlan, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
-           num_edges: int) -> tuple[int, int] | None:
+           num_edges: int) -> BatchBound | None:
     count = min(PILOT_BATCHES, len(plan.keys))
     if count == 0:
         return None
     sampled = sample_pass(data.graph, plan.seeds[:count * batch_size], batch_size, fanouts, plan.keys[:count])
     bound_nodes, bound_edges = _hard_bound(batch_size, fanouts, num_nodes, num_edges)
     full = sampled.num_sampled_nodes[:, 0] == batch_size  # the epoch's last batch may be short: not a sample
-    return (min(bound_nodes, _allowance(np.diff(sampled.node_ptr), full)),
-            min(bound_edges, _allowance(np.diff(sampled.edge_ptr), full)))
+    return BatchBound(min(bound_nodes, _allowance(np.diff(sampled.node_ptr), full)),
+                      min(bound_edges, _allowance(np.diff(sampled.edge_ptr), full)))
 
 
 def _allowance(sizes: np.ndarray, full: np.ndarray) -> int:
@@ -113,11 +125,10 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
     worst = 0
     cases = [(pilot.train, sampler.batch_size, sampler.fanouts), (pilot.eval, sampler.eval_batch_size,
                                                                    sampler.eval_fanouts)]
-    for sizes, batch_size, fanouts in cases:
-        if sizes is None:
+    for bound, batch_size, fanouts in cases:
+        if bound is None:
             continue  # no batch of this kind to size for
-        nodes, n_edges = sizes
-        specs = batch_specs(nodes, min(batch_size, nodes), n_edges, len(fanouts), m.feat_dim,
+        specs = batch_specs(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
                             np.dtype(m.feat_dtype.value))
         worst = max(worst, slot_bytes_for(specs, HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)

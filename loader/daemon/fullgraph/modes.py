@@ -30,8 +30,8 @@ def open_mode(config: LoaderConfig, dataset: Dataset, resident: ResidentData, se
         return InMemoryMode(dataset, resident.labels, config.exact.superbatch, budget - fixed)
     if mode == "mmap":
         return MmapMode(dataset, resident.partitions, resident.labels)
-    batch_nodes, batch_edges = pilot.train_or_zero
-    plan = plan_outofcore(config, dataset, fixed, batch_nodes, batch_edges)
+    batch = pilot.train_or_zero
+    plan = plan_outofcore(config, dataset, fixed, batch.nodes, batch.edges)
     if mode == "exact":
         return ExactMode(dataset, resident.labels, config, plan, metrics)
     if mode == "static":
