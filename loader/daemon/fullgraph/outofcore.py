@@ -214,7 +214,7 @@ class _OutOfCoreMode:
         return sampled
 
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowReader``)."""
+        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowFetcher``)."""
         offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
         try:
             stats = self.rows.read_rows(offsets, out, positions)
