@@ -107,6 +107,7 @@ def test_a_cache_smaller_than_a_row_is_refused_quietly(dataset, tmp_path):
             source.close()
 
 
+@pytest.mark.slow
 def test_training_with_a_feature_cache_gives_the_same_model(dataset, tmp_path):
     cfg = TrainConfig(hidden=16, epochs=2, device="cpu", seed=3)
     with running_daemon(config_for(dataset, tmp_path, "hierarchical")) as daemon:
