@@ -186,7 +186,8 @@ class DatasetInfo(Record):
     val_nodes: int = field(metadata=_COUNT)
     test_nodes: int = field(metadata=_COUNT)
     mode: str
-    """Batching mode the daemon runs (free-form, for logs), e.g. ``"megabatch"`` or ``"baseline"``."""
+    """Batching mode the daemon runs (free-form, for logs): its ``[loader] mode``, e.g. ``"hierarchical"``
+    or ``"exact"``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

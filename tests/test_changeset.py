@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState, plan_cache
-from loader.caches.feature_cache import ArrayRowReader, FeatureCache
+from loader.caches.feature_cache import ArrayRowFetcher, FeatureCache
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 PROPERTY = settings(max_examples=100, deadline=None)
@@ -437,7 +437,7 @@ def test_array_row_reader_on_a_memmap(tmp_path):
     features = np.arange(40 * 6, dtype=np.float32).reshape(40, 6)
     features.tofile(tmp_path / "features.bin")
     mapped = np.memmap(tmp_path / "features.bin", dtype=np.float32, mode="r", shape=(40, 6))
-    reader = ArrayRowReader(mapped)
+    reader = ArrayRowFetcher(mapped)
     trace = [[3, 9, 1], [9, 2], [1, 3, 39, 0], [2, 9]]
     plan = plan_cache(*csr(trace), 2, 40)
     cache = FeatureCache.empty(2, 6, np.float32)

@@ -172,3 +172,12 @@ def test_usage_errors_exit_2(capsys):
     assert "must be positive" in capsys.readouterr().err
     code, err = run_cli(["prepare", "x", "y", "--partitions", "2", "--memory-budget", "lots"], capsys)
     assert code == 1 and "cannot parse 'lots'" in err[0]
+
+
+def test_train_help_is_the_trainers_usage():
+    # 'megabatch train' hands its arguments to 'python -m trainer' in a fresh interpreter
+    run = subprocess.run([sys.executable, "-m", "loader.cli", "train", "--help"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: megabatch train")
+    assert "--socket" in run.stdout

@@ -29,6 +29,13 @@ def test_mode_and_exact_tables():
     assert cfg.exact.neighbor_cache == 16 << 20 and cfg.exact.feature_cache == 0
 
 
+def test_exact_sample_group_default_is_the_samplers():
+    # one default for the group size, whether the sampler is built by the daemon or directly
+    from loader.sampling.exact_sampling import DEFAULT_GROUP_SIZE
+
+    assert config_from_mapping(base()).exact.sample_group == DEFAULT_GROUP_SIZE
+
+
 def test_auto_values():
     cfg = config_from_mapping(base(hierarchy={"passes": "auto", "megabatch_fraction": "auto"},
                                    publisher={"slot_bytes": "auto"}))

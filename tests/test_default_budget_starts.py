@@ -25,6 +25,7 @@ def prepared(request, tmp_path_factory):
     return root / "ds"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["hierarchical", "exact", "static"])
 def test_starts_with_the_default_budget(prepared, mode, tmp_path):
     config = config_from_mapping({"dataset": {"path": str(prepared)}, "loader": {"mode": mode},

@@ -418,6 +418,7 @@ def outcome(json_path: Path) -> dict[str, Any]:
                                             "test_score_at_best", "metric")}}
 
 
+@pytest.mark.slow
 def test_daemon_killed_mid_epoch_then_restarted_and_resumed_matches_an_uninterrupted_run(dataset, tmp_path):
     from proto.client import ControlClient
     from proto.errors import ConnectFailed

@@ -199,6 +199,7 @@ graph_args = {"seed": st.integers(0, 2**32 - 1), "n": st.integers(1, 24), "e": s
               "budget": st.sampled_from([160, 4096, 1 << 20])}
 
 
+@pytest.mark.slow
 @ROUND_TRIP
 @given(dense=st.booleans(), one_hot=st.booleans(), **graph_args)
 def test_npz_round_trip(seed: int, n: int, e: int, d: int, with_split: bool, options: ImportOptions,
@@ -212,6 +213,7 @@ def test_npz_round_trip(seed: int, n: int, e: int, d: int, with_split: bool, opt
         check_raw(raw, stored, options, "npz")
 
 
+@pytest.mark.slow
 @ROUND_TRIP
 @given(split_name=st.sampled_from(["time", "sales_ranking", "random"]), node_count=st.booleans(),
        **graph_args)
@@ -228,6 +230,7 @@ def test_ogb_round_trip(seed: int, n: int, e: int, d: int, with_split: bool, opt
             assert raw.header.source["ogb_split"] == split_name
 
 
+@pytest.mark.slow
 @ROUND_TRIP
 @given(masks=st.booleans(), edge_dtype=st.sampled_from(["int64", "int32", ">i8"]), **graph_args)
 def test_numpy_round_trip(seed: int, n: int, e: int, d: int, with_split: bool, options: ImportOptions,

@@ -202,6 +202,7 @@ def train_until_sigterm(*args) -> tuple[int, list[str]]:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_train_sigterm_stops_at_a_step_boundary_and_resumes(train_dataset, tmp_path):
     ckpt = tmp_path / "ck.pt"
     common = ["--dataset", train_dataset, "--hidden", 16, "--batch-size", 50, "--fanouts", "5,5",

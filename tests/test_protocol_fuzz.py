@@ -431,6 +431,7 @@ def hostile(live: Live, pieces: list[bytes]) -> None:
     live.outcomes[label] = live.outcomes.get(label, 0) + 1
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(pieces=payloads())
 def test_hostile_stream_then_a_good_client_is_served(live, pieces):

@@ -5,6 +5,7 @@ through the renumbering (``new_to_orig``).
 """
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ def test_generate_then_prepare_round_trip(tmp_path):
     assert dataset.manifest.edge_cut["fraction"] < 0.6
 
 
+@pytest.mark.slow
 def test_coauthor_physics_import_then_prepare(tmp_path):
     path = shared_graph("coauthor-physics.npz")
     import_dataset(path, tmp_path / "raw", fmt="npz", memory_budget=256 << 20, progress=False)

@@ -15,6 +15,7 @@ def dataset(tmp_path_factory):
     return small_dataset(tmp_path_factory.mktemp("train-daemon"), nodes=4000, feat_dim=32, classes=5)
 
 
+@pytest.mark.slow
 def test_graphsage_through_the_daemon_learns_like_in_memory(dataset, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 128, "fanouts": [10, 5]})
     cfg = TrainConfig(model="sage", hidden=64, epochs=4, seed=0, device="cpu")

@@ -9,7 +9,7 @@ import torch
 import proto.client
 from proto.messages import message_to_map
 from tests.daemon_harness import daemon_config, running_daemon, small_dataset
-from trainer.batch import Batch, CachePlan
+from trainer.batch import Batch, DeviceCachePlan
 from trainer.daemon_source import DaemonError, DaemonSource
 from trainer.device_cache import CacheOutOfStep, DeviceFeatureCache
 from trainer.loop import TrainConfig, train
@@ -107,6 +107,7 @@ def test_a_cache_smaller_than_a_row_is_refused_quietly(dataset, tmp_path):
             source.close()
 
 
+@pytest.mark.slow
 def test_training_with_a_feature_cache_gives_the_same_model(dataset, tmp_path):
     cfg = TrainConfig(hidden=16, epochs=2, device="cpu", seed=3)
     with running_daemon(config_for(dataset, tmp_path, "hierarchical")) as daemon:
@@ -145,7 +146,7 @@ def test_a_skipped_plan_is_refused():
     cache = DeviceFeatureCache(2, 1, torch.float32, torch.device("cpu"))
 
     def batch(step):
-        plan = CachePlan(torch.tensor([-1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+        plan = DeviceCachePlan(torch.tensor([-1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
                          torch.tensor([0], dtype=torch.int32), step)
         return Batch(torch.ones(1, 1), torch.zeros(1, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long),
                      torch.zeros(1, dtype=torch.long), [1], [], cache_plan=plan)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Batch", "CachePlan"]
+__all__ = ["Batch", "DeviceCachePlan"]
 
 
 def _no_release() -> None:
@@ -13,7 +13,7 @@ def _no_release() -> None:
 
 
 @dataclass(frozen=True)
-class CachePlan:
+class DeviceCachePlan:
     """How to assemble a batch's ``x`` from the rows shipped with it and a feature cache on the trainer.
 
     hit_slot: int32 (n,), per node of the batch the cache slot holding its row, -1 = the next
@@ -27,10 +27,10 @@ class CachePlan:
     upd_pos: torch.Tensor
     step: int
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "CachePlan":
-        return CachePlan(self.hit_slot.to(device, non_blocking=non_blocking),
-                         self.upd_slot.to(device, non_blocking=non_blocking),
-                         self.upd_pos.to(device, non_blocking=non_blocking), self.step)
+    def to(self, device: torch.device, non_blocking: bool = False) -> "DeviceCachePlan":
+        return DeviceCachePlan(self.hit_slot.to(device, non_blocking=non_blocking),
+                               self.upd_slot.to(device, non_blocking=non_blocking),
+                               self.upd_pos.to(device, non_blocking=non_blocking), self.step)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.hit_slot, self.upd_slot, self.upd_pos
@@ -62,7 +62,7 @@ class Batch:
     num_sampled_edges: list[int]
     seq: int = 0
     """Sequence number given by the producer (checked for gaps and duplicates)."""
-    cache_plan: CachePlan | None = None
+    cache_plan: DeviceCachePlan | None = None
     """None: ``x`` holds every row. Else ``x`` holds the shipped rows only (see above)."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)

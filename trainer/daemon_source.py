@@ -16,7 +16,7 @@ import torch
 from proto.client import ControlClient
 from proto.errors import ConnectFailed, ConnectionClosed, RemoteError
 from proto.messages import BatchReady, Bye, Credit, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
-from trainer.batch import Batch, CachePlan
+from trainer.batch import Batch, DeviceCachePlan
 from trainer.source import BatchSource, SourceInfo
 
 __all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS"]
@@ -130,7 +130,7 @@ class DaemonSource(BatchSource):
             except DaemonError:
                 release()
                 raise
-            plan = CachePlan(tensor("hit_slot"), tensor("upd_slot"), tensor("upd_pos"), self._cache_step)
+            plan = DeviceCachePlan(tensor("hit_slot"), tensor("upd_slot"), tensor("upd_pos"), self._cache_step)
             self._cache_step += 1
         return Batch(x=tensor("x"), y=tensor("y"), edge_index=tensor("edge_index"), n_id=tensor("n_id"),
                      num_sampled_nodes=[int(v) for v in np.asarray(arrays["nodes_per_hop"])],

@@ -14,7 +14,7 @@ dropped unassembled) instead of handing out wrong rows.
 
 import torch
 
-from trainer.batch import Batch, CachePlan
+from trainer.batch import Batch, DeviceCachePlan
 
 __all__ = ["DeviceFeatureCache", "CacheOutOfStep"]
 
@@ -67,7 +67,7 @@ class DeviceFeatureCache:
 
         Raises ``CacheOutOfStep`` when the plan is not the next one.
         """
-        plan: CachePlan | None = batch.cache_plan
+        plan: DeviceCachePlan | None = batch.cache_plan
         if plan is None:
             return batch
         if plan.step != self.next_step:

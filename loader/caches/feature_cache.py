@@ -22,10 +22,10 @@ import numpy.typing as npt
 from loader.caches.changeset import CachePlan, CacheState
 from loader.caches.changeset_kernels import copy_hit_rows, copy_rows
 
-__all__ = ["RowReader", "ArrayRowReader", "FeatureCache", "row_words"]
+__all__ = ["RowFetcher", "ArrayRowFetcher", "FeatureCache", "row_words"]
 
 
-class RowReader(Protocol):
+class RowFetcher(Protocol):
     """Writes feature rows into place: row of ``ids[k]`` into ``out[positions[k]]`` for every k.
 
     ids: int64, ascending for a fill (file order), batch order for misses; positions: int64,
@@ -42,8 +42,8 @@ def row_words(rows: np.ndarray) -> np.ndarray:
     return rows.view(word)
 
 
-class ArrayRowReader:
-    """A ``RowReader`` over a (num_nodes, D) array in memory or memory-mapped; counts ``rows_read``."""
+class ArrayRowFetcher:
+    """A ``RowFetcher`` over a (num_nodes, D) array in memory or memory-mapped; counts ``rows_read``."""
 
     def __init__(self, features: np.ndarray) -> None:
         if not isinstance(features, np.ndarray) or features.ndim != 2 or not features.flags.c_contiguous:
@@ -111,7 +111,7 @@ class FeatureCache:
         self._plan = None
         self._next = 0
 
-    def fill(self, plan: CachePlan, read_rows: RowReader) -> None:
+    def fill(self, plan: CachePlan, read_rows: RowFetcher) -> None:
         """Start ``plan``: read its fill rows straight into their slots."""
         if plan.capacity != self.capacity:
             raise ValueError(f"plan: capacity {plan.capacity}, this cache has {self.capacity} rows")
@@ -132,7 +132,7 @@ class FeatureCache:
         self._next = 0
         self._state = plan.final_state
 
-    def gather(self, plan: CachePlan, t: int, x: np.ndarray, read_rows: RowReader) -> None:
+    def gather(self, plan: CachePlan, t: int, x: np.ndarray, read_rows: RowFetcher) -> None:
         """Iteration t of ``plan``: fill x (|R_t|, D) with the rows of ``plan.ids(t)``, then update the cache.
 
         Iterations run in order after ``fill(plan)``; x must have the cache's dtype and width

@@ -1,8 +1,8 @@
 """numba kernels of ``loader.caches.row_reader``: plan page-aligned read spans, then pread them and scatter rows.
 
-Pure functions on numpy arrays; ``read_groups`` calls libc ``pread`` through ctypes from nopython
-code with the GIL released, so several threads can each have one read in flight. Callers
-(``RowReader``) validate every index first: numba does not bounds-check.
+``plan_spans`` is a pure function on numpy arrays; ``read_groups`` is not: it reads the file, calling
+libc ``pread`` through ctypes from nopython code with the GIL released, so several threads can each
+have one read in flight. Callers (``RowReader``) validate every index first: numba does not bounds-check.
 """
 
 import ctypes

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from loader.daemon.gather_kernels import row_offsets_for
-from loader.daemon.publisher import BatchSource, gather_from
+from loader.daemon.publisher import SlotSource, gather_from
 from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
 from loader.format.partition_table import PartitionTable
@@ -29,7 +29,7 @@ __all__ = ["EvalData", "open_eval_data", "EvalAccess", "MemmapEval"]
 class EvalAccess(Protocol):
     """How one evaluation stream samples its batches and fills their rows (dataset ids as local ids)."""
 
-    source: BatchSource
+    source: SlotSource
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         ...
@@ -89,7 +89,7 @@ class MemmapEval:
         def offsets(nodes: np.ndarray) -> np.ndarray:
             return row_offsets_for(nodes, data.node_begin, data.feat_offset, data.row_bytes)
 
-        self.source = BatchSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
+        self.source = SlotSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
                                   lambda nodes: labels[nodes], m.feat_dim, np.dtype(m.feat_dtype.value),
                                   fills_any_subset=True)
 

@@ -19,7 +19,7 @@ from proto.errors import SlotOverflow
 from proto.messages import BatchId
 from proto.slots import ArraySpec, SlotRing, plan_slot
 
-__all__ = ["SlotFlow", "BatchSource", "FillFeatures", "gather_from", "batch_specs", "fill_slot", "overflow_message"]
+__all__ = ["SlotFlow", "SlotSource", "FillFeatures", "gather_from", "batch_specs", "fill_slot", "overflow_message"]
 
 
 class SlotFlow:
@@ -80,8 +80,8 @@ FillFeatures = Callable[[int, np.ndarray, np.ndarray], None]
 
 
 @dataclass(frozen=True)
-class BatchSource:
-    """Where the batches of one sampled pass get their rows, ids and labels.
+class SlotSource:
+    """What the publisher fills slots from: where the batches of one sampled pass get their rows, ids and labels.
 
     ``fill_features`` writes every row of ``x`` (a view of the slot): a gather from the arena or a
     memory map, or, in the exact mode, cache hits plus disk reads driven by a cache plan, which is
@@ -135,7 +135,7 @@ def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, f
 
 
 def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
-              source: BatchSource) -> int:
+              source: SlotSource) -> int:
     """Write batch ``b`` of ``sampled`` into ``slot`` and commit it; returns payload bytes.
 
     Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).

@@ -96,9 +96,9 @@ class DaemonState:
     pipeline_next_epoch: int | None = None
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
     stopping: set["asyncio.Task[None]"] = field(default_factory=set)
+    """Pipelines being stopped; a new one starts only once they are gone."""
     disposing: set["asyncio.Task[None]"] = field(default_factory=set)
     """Disconnected sessions whose slots are not unmapped yet (they still count against max_clients)."""
-    """Pipelines being stopped; a new one starts only once they are gone."""
     pending: set[socket.socket] = field(default_factory=set)
     """Accepted connections whose Hello has not arrived yet (capped by ``[server] max_pending``)."""
     refusing: set[socket.socket] = field(default_factory=set)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.pipeline import EpochDone, TrainPipeline, run_in_pool, run_timed
-from loader.daemon.publisher import BatchSource, SlotFlow, fill_slot, overflow_message
+from loader.daemon.publisher import SlotFlow, SlotSource, fill_slot, overflow_message
 from loader.daemon.serving import ServingContext
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
@@ -246,7 +246,7 @@ class Session:
 
     # -- outgoing streams ------------------------------------------------------------------------
     async def _publish(self, kind: str, epoch: int, pass_index: int, index: int, num_batches: int,
-                       sampled: SampledPass, b: int, source: BatchSource, cache_plan: CachePlan | None = None
+                       sampled: SampledPass, b: int, source: SlotSource, cache_plan: CachePlan | None = None
                        ) -> bool:
         """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
         feature cache) only the rows the client's cache does not hold are shipped."""

@@ -29,7 +29,7 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
-from loader.daemon.publisher import BatchSource, batch_specs
+from loader.daemon.publisher import SlotSource, batch_specs
 from loader.sampling.sampling import SampledPass
 from proto.messages import BatchId
 from proto.slots import SlotRing, plan_slot
@@ -84,7 +84,7 @@ class TrainerCache:
         """Bytes held for the session's lifetime: the planner's per-node scratch and the batch scratch."""
         return self._planner.scratch_bytes + self._scratch.nbytes
 
-    def plan(self, sampled: SampledPass, source: BatchSource) -> CachePlan:
+    def plan(self, sampled: SampledPass, source: SlotSource) -> CachePlan:
         """The plan for every batch of ``sampled``, from the state the previous superbatch left."""
         ids = source.global_ids(sampled.nodes)
         plan = self._planner.plan(sampled.node_ptr, ids, self._state, prefetch=False)
@@ -92,7 +92,7 @@ class TrainerCache:
         return plan
 
     def fill_slot(self, ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
-                  source: BatchSource, plan: CachePlan) -> CachedSlot:
+                  source: SlotSource, plan: CachePlan) -> CachedSlot:
         """Write batch ``b`` of ``sampled`` into ``slot`` with only its missed rows in ``x``, and commit.
 
         Raises ``SlotOverflow`` when the batch does not fit.

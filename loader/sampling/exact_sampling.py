@@ -7,7 +7,7 @@ from a ``NeighborCache`` (static, filled offline by rank) or, on a miss, from di
 ``NeighborReader``.
 
 Order of work (hop-major over groups): the pass is cut into groups of ``group_size`` batches
-(default 64). For hop h of a group, the frontiers of all its batches are merged into one
+(default 16, as ``[exact] sample_group``). For hop h of a group, the frontiers of all its batches are merged into one
 ascending set (each list fetched once per hop per group, however many batches reach the node:
 BatchGNN's macro-batch dedup); cached lists are addressed in place, the misses read in one
 coalesced request; then every batch of the group picks (Floyd, from
@@ -51,8 +51,9 @@ from loader.sampling.sampling import SampledPass, as_int, as_int_array, check_pa
 
 __all__ = ["ExactSampler", "ExactSamplingStats", "DEFAULT_GROUP_SIZE"]
 
-DEFAULT_GROUP_SIZE = 64
-"""Batches per hop-major group: enough that hub lists are fetched once for many batches."""
+DEFAULT_GROUP_SIZE = 16
+"""Batches per hop-major group: enough that hub lists are fetched once for many batches; the same as the
+daemon's ``[exact] sample_group`` default (``loader.daemon.config.ExactConfig``)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class ExactSampler:
     """Samples passes over a graph whose neighbour lists stay on disk; see the module docstring.
 
     indptr: int64 [N+1], the CSC offsets in RAM (the same offsets the cache and the reader
-    use); neighbor_cache, neighbor_reader: the list sources; group_size (default 64): batches
+    use); neighbor_cache, neighbor_reader: the list sources; group_size (default 16): batches
     per hop-major group; owns_reader (default False): ``close`` closes the reader too (as for
     a sampler made by ``from_dataset``).
     """

@@ -6,7 +6,7 @@ keys) and its sampler semantics, so their batches are identical; they differ onl
 neighbour lists and feature rows come from. A ``FullGraphMode`` supplies exactly that:
 
 * ``sample``: sample a superbatch (a run of consecutive batches of the epoch) over the full graph;
-* ``plan``: turn a sampled superbatch into the ``BatchSource`` the publisher fills slots from.
+* ``plan``: turn a sampled superbatch into the ``SlotSource`` the publisher fills slots from.
 
 Stages, wired in ``start_fullgraph_pipeline`` and joined by bounded queues::
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
-from loader.daemon.publisher import BatchSource
+from loader.daemon.publisher import SlotSource
 from loader.daemon.serving import ServingContext
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import SampledPass
@@ -50,7 +50,7 @@ class FullGraphMode(Protocol):
         """Sample consecutive batches (``loader.sampling.sampling.sample_pass`` semantics, dataset ids as local ids)."""
         ...
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
         """The source the publisher fills this superbatch's slots from, and the planning state for the
         next superbatch; called in superbatch order with the state the previous call returned."""
         ...
@@ -133,7 +133,7 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
 class ModeEval:
     """An ``EvalAccess`` made of a mode's sampler and a row source that need no closing."""
 
-    source: BatchSource
+    source: SlotSource
     sampler: Callable[[np.ndarray, int, tuple[int, ...], np.ndarray], SampledPass]
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
@@ -144,10 +144,10 @@ class ModeEval:
 
 
 def labelled_source(fill: Callable[[int, np.ndarray, np.ndarray], None], labels: np.ndarray, feat_dim: int,
-                    feat_dtype: np.dtype, fills_any_subset: bool = False) -> BatchSource:
-    """A ``BatchSource`` over dataset ids (local id = dataset id in the full-graph modes).
+                    feat_dtype: np.dtype, fills_any_subset: bool = False) -> SlotSource:
+    """A ``SlotSource`` over dataset ids (local id = dataset id in the full-graph modes).
 
-    fills_any_subset: see ``BatchSource`` (default False).
+    fills_any_subset: see ``SlotSource`` (default False).
     """
-    return BatchSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype,
+    return SlotSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype,
                        fills_any_subset)

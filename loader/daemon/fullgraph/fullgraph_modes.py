@@ -13,7 +13,7 @@ import numpy as np
 from loader.daemon.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
 from loader.daemon.fullgraph.fullgraph import ModeEval, labelled_source
 from loader.daemon.gather_kernels import row_offsets_for
-from loader.daemon.publisher import BatchSource, gather_from
+from loader.daemon.publisher import SlotSource, gather_from
 from loader.format.dataset import Dataset
 from loader.format.partition_table import PartitionTable
 from loader.sampling.inmemory import load_in_memory
@@ -61,10 +61,10 @@ class InMemoryMode:
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
         return self.plan_source()
 
-    def plan_source(self) -> tuple[BatchSource, object]:
+    def plan_source(self) -> tuple[SlotSource, object]:
         row_bytes = self._row_bytes
         fill = gather_from(self._rows, lambda nodes: nodes * row_bytes, row_bytes)
         return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None
@@ -99,7 +99,7 @@ class MmapMode:
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
         d = self._data
 
         def offsets(nodes: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
 from loader.daemon.gather_kernels import row_offsets_for
 from loader.daemon.metrics import DaemonMetrics
-from loader.daemon.publisher import BatchSource, FillFeatures
+from loader.daemon.publisher import FillFeatures, SlotSource
 from loader.format.dataset import Dataset
 from loader.format.read_checks import block_table_bytes, load_read_checks
 from loader.sampling.exact_sampling import ExactSampler
@@ -214,7 +214,7 @@ class _OutOfCoreMode:
         return sampled
 
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowReader``)."""
+        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowFetcher``)."""
         offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
         try:
             stats = self.rows.read_rows(offsets, out, positions)
@@ -257,7 +257,7 @@ class ExactMode(_OutOfCoreMode):
         self.cache.reset()
         return CacheState()
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
         assert isinstance(state, CacheState)
         cache_plan = self.planner.plan(sampled.node_ptr, sampled.nodes, prior=state, prefetch=False)
         return labelled_source(self._filler(cache_plan), self._labels, self._dim, self._dtype), cache_plan.final_state
@@ -316,7 +316,7 @@ class StaticMode(_OutOfCoreMode):
             self.read_rows(nodes[miss], miss, x)
         return len(hit), len(miss)
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[BatchSource, object]:
+    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
         lookups = self._metrics.feature_cache_lookups
 
         def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:

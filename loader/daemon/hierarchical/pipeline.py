@@ -34,7 +34,7 @@ from loader.daemon.hierarchical.coverage import (
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
 from loader.daemon.hierarchical.schedule import MegaBatchPlan, label_skew, schedule_epoch
 from loader.daemon.metrics import DaemonMetrics
-from loader.daemon.publisher import BatchSource, gather_from
+from loader.daemon.publisher import SlotSource, gather_from
 from loader.daemon.resident import ResidentData
 from loader.sampling.inmemory import STREAM_TRAIN
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
@@ -55,7 +55,7 @@ class SampledWork:
     """Superbatch sampler -> publisher: every batch of one pass (over one mega-batch, or a superbatch
     of the full graph in the other modes)."""
 
-    source: BatchSource
+    source: SlotSource
     """Where the pass's rows, ids and labels come from."""
     release: Callable[[], None] | None
     """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
@@ -207,11 +207,11 @@ async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatc
         await ready.put(mb)
 
 
-def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> BatchSource:
+def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
     """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region)."""
     arena = ctx.arena
     static = ctx.resident.static.features
-    return BatchSource(gather_from(arena.data, lambda nodes: mb.row_offsets[nodes], arena.row_bytes),
+    return SlotSource(gather_from(arena.data, lambda nodes: mb.row_offsets[nodes], arena.row_bytes),
                        lambda nodes: mb.graph.global_ids[nodes], lambda nodes: mb.labels[nodes],
                        int(static.shape[1]), static.dtype, fills_any_subset=True)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loader.format.raw import RawDataset
-from loader.offline.importers.common import ImportSource, ReadRequest, write_dataset
+from loader.offline.importers.common import ImportReadRequest, ImportSource, write_dataset
 from loader.offline.importers.npz import read_npz
 from loader.offline.importers.numpy_dir import read_numpy_dir
 from loader.offline.importers.ogb import read_ogb
@@ -22,7 +22,7 @@ from proto.errors import UserError
 
 __all__ = ["IMPORT_FORMATS", "ImportOptions", "import_dataset"]
 
-_READERS: dict[str, Callable[[ReadRequest, contextlib.ExitStack], ImportSource]] = {
+_READERS: dict[str, Callable[[ImportReadRequest, contextlib.ExitStack], ImportSource]] = {
     "npz": read_npz,
     "ogb": read_ogb,
     "numpy": read_numpy_dir,
@@ -51,6 +51,6 @@ def import_dataset(src: Path | str, out: Path | str, *, fmt: str, options: Impor
     if not src.exists():
         raise UserError(f"{src}: no such file or directory")
     with contextlib.ExitStack() as stack:
-        data = _READERS[fmt](ReadRequest(src, memory_budget, not options.force_split, progress), stack)
+        data = _READERS[fmt](ImportReadRequest(src, memory_budget, not options.force_split, progress), stack)
         return write_dataset(data, out, fmt=fmt, src=src, options=options, memory_budget=memory_budget,
                              progress=progress)

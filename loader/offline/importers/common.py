@@ -23,8 +23,8 @@ from proto.errors import UserError
 from proto.progress import Progress
 
 __all__ = [
+    "ImportReadRequest",
     "ImportSource",
-    "ReadRequest",
     "SplitArrays",
     "normalize_labels",
     "one_line",
@@ -36,7 +36,7 @@ SplitArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
-class ReadRequest:
+class ImportReadRequest:
     """What a format reader is given: the input path, the memory budget for its chunks,
     whether the caller will use a split from the input, and whether to show progress."""
 

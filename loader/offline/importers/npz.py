@@ -21,7 +21,7 @@ from typing import cast
 import numpy as np
 
 from loader.format.npyio import rows_per_chunk
-from loader.offline.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
+from loader.offline.importers.common import ImportReadRequest, ImportSource, normalize_labels, one_line
 from proto.errors import UserError
 
 __all__ = ["read_npz"]
@@ -148,7 +148,7 @@ def _entry_count(archive: zipfile.ZipFile, path: Path, prefix: str) -> int:
         return _open_entries(stack, archive, path, prefix)[0].shape[0]
 
 
-def read_npz(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
+def read_npz(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSource:
     """Open a gnn-benchmark ``.npz`` as an ``ImportSource`` (closed with ``stack``)."""
     path = req.src
     if not path.is_file():

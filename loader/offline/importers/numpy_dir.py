@@ -19,7 +19,7 @@ import numpy as np
 from loader.format.fileio import pread_into
 from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
 from loader.format.raw import SPLIT_NAMES
-from loader.offline.importers.common import ImportSource, ReadRequest, normalize_labels, split_from_mask
+from loader.offline.importers.common import ImportReadRequest, ImportSource, normalize_labels, split_from_mask
 from proto.errors import UserError
 
 __all__ = ["read_numpy_dir"]
@@ -53,7 +53,7 @@ def _read_split(root: Path, num_nodes: int) -> tuple[tuple[np.ndarray, np.ndarra
     return (parts[0], parts[1], parts[2]), (origins[0], origins[1], origins[2])
 
 
-def read_numpy_dir(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
+def read_numpy_dir(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSource:
     """Open a directory of ``.npy`` files as an ``ImportSource``."""
     del stack  # each stream opens and closes its own files
     root = req.src

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from loader.format.npyio import rows_per_chunk
-from loader.offline.importers.common import ImportSource, ReadRequest, normalize_labels, one_line
+from loader.offline.importers.common import ImportReadRequest, ImportSource, normalize_labels, one_line
 from proto.errors import UserError
 from proto.progress import Progress
 
@@ -139,7 +139,7 @@ def _read_split(root: Path, lines: int) -> tuple[tuple[np.ndarray, np.ndarray, n
     return (train, val, test), (str(paths[0]), str(paths[1]), str(paths[2])), names[0]
 
 
-def read_ogb(req: ReadRequest, stack: contextlib.ExitStack) -> ImportSource:
+def read_ogb(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSource:
     """Open an OGB node-property-prediction directory as an ``ImportSource``."""
     del stack  # every file is opened and closed by the generator that streams it
     root = req.src
