@@ -33,7 +33,7 @@ from loader.format.partition_table import PartitionTable
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_partition_range
 from proto.errors import UserError
 
-__all__ = ["LoadedMegaBatch", "PartitionReader", "ReadRequest"]
+__all__ = ["LoadedMegaBatch", "MegaBatchReads", "PartitionReader", "ReadRequest"]
 
 log = logging.getLogger("megabatch.reader")
 
@@ -57,6 +57,19 @@ class RangeCheck:
     column: int
     data: memoryview
     file_offset: int
+
+
+@dataclass(frozen=True)
+class MegaBatchReads:
+    """Everything one mega-batch's load issues and records: the preads, the range checks, and where
+    each partition's rows and edges land in the buffer."""
+
+    requests: list[ReadRequest]
+    feature_base: np.ndarray
+    """int64 (N_d,): arena offset of each partition's first feature row, in plan order."""
+    edges: int
+    """In-edges read, over all the mega-batch's partitions."""
+    checks: list[RangeCheck]
 
 
 @dataclass(frozen=True)
@@ -137,8 +150,7 @@ class PartitionReader:
         self._metrics.disk_bytes.labels(req.file).inc(done)
         return done
 
-    def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer
-                   ) -> tuple[list[ReadRequest], np.ndarray, int, list[RangeCheck]]:
+    def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> MegaBatchReads:
         """The reads of one mega-batch, its partitions' arena offsets, its edge count and its range checks."""
         parts = self._parts.take(plan.partitions)
         requests: list[ReadRequest] = []
@@ -171,7 +183,7 @@ class PartitionReader:
             feat_pos += padded
             edge_pos += n_edges
             ptr_pos += n_ptr
-        return requests, feature_base, edge_pos, checks
+        return MegaBatchReads(requests, feature_base, edge_pos, checks)
 
     def _verify(self, check: RangeCheck) -> None:
         assert self._checks is not None
@@ -181,13 +193,14 @@ class PartitionReader:
     async def load(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
         t0 = time.perf_counter()
-        requests, feature_base, edges, checks = self.plan_reads(plan, buffer)
+        reads = self.plan_reads(plan, buffer)
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Any]] = [loop.run_in_executor(self._pool, self._read, req) for req in requests]
+        futures: list[asyncio.Future[Any]] = [loop.run_in_executor(self._pool, self._read, req)
+                                              for req in reads.requests]
         try:
             sizes = await asyncio.gather(*futures)
             # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
-            futures = [loop.run_in_executor(self._pool, self._verify, check) for check in checks]
+            futures = [loop.run_in_executor(self._pool, self._verify, check) for check in reads.checks]
             await asyncio.gather(*futures)
         except BaseException:
             # reads already running write into the buffer: let them land before it can be reused
@@ -195,7 +208,8 @@ class PartitionReader:
                 fut.cancel()
             await asyncio.wait(futures)
             raise
-        return LoadedMegaBatch(plan, buffer, feature_base, edges, int(sum(sizes)), time.perf_counter() - t0)
+        return LoadedMegaBatch(plan, buffer, reads.feature_base, reads.edges, int(sum(sizes)),
+                               time.perf_counter() - t0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
