@@ -14,7 +14,10 @@ from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
 from loader.format.partition_table import PartitionTable
 
-__all__ = ["StaticCache", "ResidentData", "load_resident"]
+__all__ = ["NODE_ARRAY_BYTES", "StaticCache", "ResidentData", "load_resident"]
+
+NODE_ARRAY_BYTES = 8 + 4 + 1
+"""Per dataset node, held for the daemon's life in every mode: label (int64), local-id map (int32), train mask."""
 
 
 @dataclass(frozen=True)

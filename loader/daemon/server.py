@@ -43,7 +43,7 @@ from loader.daemon.fullgraph.modes import open_mode
 from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
 from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory, plan_with_static
-from loader.daemon.hierarchical.pipeline import PipelineContext, TrainPipeline, start_train_pipeline
+from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.metrics import DaemonMetrics
@@ -52,6 +52,7 @@ from loader.daemon.sdnotify import notify, watchdog_interval
 from loader.daemon.serving import ServingContext
 from loader.daemon.session import ControlProtocol, Session, loggable
 from loader.daemon.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
+from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
 from loader.format.read_checks import load_read_checks

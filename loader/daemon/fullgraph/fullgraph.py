@@ -27,9 +27,9 @@ from typing import Protocol
 import numpy as np
 
 from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.hierarchical.pipeline import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.daemon.publisher import SlotSource
 from loader.daemon.serving import ServingContext
+from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import SampledPass
 

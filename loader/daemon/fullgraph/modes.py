@@ -4,9 +4,8 @@ from loader.daemon.config import LoaderConfig
 from loader.daemon.fullgraph.fullgraph import FullGraphMode
 from loader.daemon.fullgraph.fullgraph_modes import InMemoryMode, MmapMode
 from loader.daemon.fullgraph.outofcore import ExactMode, StaticMode, plan_outofcore
-from loader.daemon.hierarchical.memplan import NODE_ARRAY_BYTES
 from loader.daemon.metrics import DaemonMetrics
-from loader.daemon.resident import ResidentData
+from loader.daemon.resident import NODE_ARRAY_BYTES, ResidentData
 from loader.daemon.slot_sizing import PilotSizes, SessionSizing
 from loader.format.dataset import Dataset
 from proto.errors import UserError

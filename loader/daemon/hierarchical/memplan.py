@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.resident import NODE_ARRAY_BYTES
 from loader.daemon.slot_sizing import SessionSizing
 from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
@@ -35,9 +36,6 @@ __all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "MemoryPlan", "plan_memory", 
            "round_up"]
 
 PAGE = 4096
-
-NODE_ARRAY_BYTES = 8 + 4 + 1
-"""Per dataset node, held for the daemon's life: label (int64), local-id map (int32), train mask."""
 
 PASSES_IN_FLIGHT = 3
 """Sampled passes alive at once: one being sampled, one queued, one being published."""

@@ -8,13 +8,12 @@ The publisher lives with the client session (``loader.daemon.publisher``) and re
 """
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -36,49 +35,16 @@ from loader.daemon.hierarchical.schedule import MegaBatchPlan, label_skew, sched
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.publisher import SlotSource, gather_from
 from loader.daemon.resident import ResidentData
+from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import STREAM_TRAIN
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 
-__all__ = ["SampledWork", "EpochDone", "run_timed", "run_in_pool", "PipelineContext", "TrainPipeline",
-           "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
+__all__ = ["PipelineContext", "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
 
 log = logging.getLogger("megabatch.pipeline")
 
 STREAM_MEGABATCH_SHUFFLE = 16
 """batch_keys stream of the per-pass seed shuffle inside a mega-batch (train/val/test use 0-2)."""
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SampledWork:
-    """Superbatch sampler -> publisher: every batch of one pass (over one mega-batch, or a superbatch
-    of the full graph in the other modes)."""
-
-    source: SlotSource
-    """Where the pass's rows, ids and labels come from."""
-    release: Callable[[], None] | None
-    """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
-    pass_index: int
-    sampled: SampledPass
-    seeds: np.ndarray
-    """Local seed ids in batch order (``batch_size`` per batch)."""
-    first_batch: int
-    """Index within the epoch of this pass's first batch."""
-    epoch_batches: int
-    """Batches in the whole epoch, or -1 when unknown (``passes = "auto"``)."""
-    last_pass: bool
-    """The publisher hands the buffer back after this one."""
-
-
-@dataclass(frozen=True)
-class EpochDone:
-    """Sampler -> publisher: the epoch's last batch has been handed over."""
-
-    epoch: int
-    batches: int
-    passes: int
-
 
 @dataclass(frozen=True)
 class PipelineContext:
@@ -97,35 +63,6 @@ class PipelineContext:
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
 
-@dataclass
-class TrainPipeline:
-    """The running stages of one training stream; ``output`` feeds a session's publisher."""
-
-    start_epoch: int
-    output: "asyncio.Queue[SampledWork | EpochDone]"
-    free_buffers: "asyncio.Queue[MegaBatchBuffer] | None" = None
-    """The hierarchical mode's circulating buffers (None in the full-graph modes)."""
-    tasks: list["asyncio.Task[None]"] = field(default_factory=list)
-    failure: BaseException | None = None
-
-    def release_buffer(self, buffer: MegaBatchBuffer) -> None:
-        assert self.free_buffers is not None
-        self.free_buffers.put_nowait(buffer)
-
-    def add_stage(self, name: str, coro: Awaitable[None]) -> None:
-        """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""
-        task = asyncio.ensure_future(coro)
-        task.set_name(f"megabatch-{name}")
-        task.add_done_callback(lambda t: _record_failure(self, name, t))
-        self.tasks.append(task)
-
-    async def stop(self) -> None:
-        """Cancel every stage and wait for them (reads in flight land first)."""
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
 def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_size: int, passes: int) -> int:
     """Batches of an epoch with a fixed number of passes (each mega-batch's seeds in ceil(n/B) batches)."""
     parts = resident.partitions
@@ -137,29 +74,7 @@ def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_
     return total * passes
 
 
-async def run_in_pool(pool: ThreadPoolExecutor, func: Callable[..., T], *args: object) -> T:
-    """``func(*args)`` on ``pool``; when cancelled, still waits for the job to finish before raising.
-
-    A thread cannot be interrupted: a job outliving its cancelled stage would keep its memory (a
-    sampled superbatch, views of a slot) alive and could write into a buffer a new pipeline now
-    owns. Waiting keeps "the stage is gone" meaning "its work is gone".
-    """
-    job = asyncio.get_running_loop().run_in_executor(pool, func, *args)
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        await asyncio.wait([job])
-        raise
-
-
-async def run_timed(pool: ThreadPoolExecutor, metrics: DaemonMetrics, stage: str, func: Callable[..., T],
-                    *args: object) -> T:
-    """Run CPU work on ``pool`` (numba kernels drop the GIL) and charge its seconds to ``stage``."""
-    t0 = time.perf_counter()
-    try:
-        return await run_in_pool(pool, func, *args)
-    finally:
-        metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
+T = TypeVar("T")
 
 
 async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args: object) -> T:
@@ -307,15 +222,3 @@ def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipelin
     pipeline.add_stage("assembler", _assembler(ctx, loaded, ready))
     pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, pipeline.release_buffer))
     return pipeline
-
-
-def _record_failure(pipeline: TrainPipeline, name: str, task: "asyncio.Task[None]") -> None:
-    if task.cancelled():
-        return
-    err = task.exception()
-    if err is not None and pipeline.failure is None:
-        pipeline.failure = err
-        log.error("stage %s failed: %s", name, err)
-        # wake the publisher: it waits on ``output`` and must see the failure, not hang
-        with contextlib.suppress(asyncio.QueueFull):
-            pipeline.output.put_nowait(EpochDone(-1, 0, 0))

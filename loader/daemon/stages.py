@@ -1,0 +1,127 @@
+"""What every training mode's stages share: the sampler -> publisher exchange types, the running
+pipeline of one training stream, and how CPU work runs off the event loop.
+
+The hierarchical pipeline (``daemon/hierarchical/pipeline.py``) and the full-graph one
+(``daemon/fullgraph/fullgraph.py``) both feed a session's publisher (``daemon/session.py``) through
+these types, so they live beside the publisher rather than inside either mode.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.publisher import SlotSource
+from loader.sampling.sampling import SampledPass
+
+if TYPE_CHECKING:  # a type only: the full-graph modes have no circulating buffers
+    from loader.daemon.hierarchical.arena import MegaBatchBuffer
+
+__all__ = ["SampledWork", "EpochDone", "TrainPipeline", "run_in_pool", "run_timed"]
+
+log = logging.getLogger("megabatch.pipeline")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SampledWork:
+    """Superbatch sampler -> publisher: every batch of one pass (over one mega-batch, or a superbatch
+    of the full graph in the other modes)."""
+
+    source: SlotSource
+    """Where the pass's rows, ids and labels come from."""
+    release: Callable[[], None] | None
+    """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
+    pass_index: int
+    sampled: SampledPass
+    seeds: np.ndarray
+    """Local seed ids in batch order (``batch_size`` per batch)."""
+    first_batch: int
+    """Index within the epoch of this pass's first batch."""
+    epoch_batches: int
+    """Batches in the whole epoch, or -1 when unknown (``passes = "auto"``)."""
+    last_pass: bool
+    """The publisher hands the buffer back after this one."""
+
+
+@dataclass(frozen=True)
+class EpochDone:
+    """Sampler -> publisher: the epoch's last batch has been handed over."""
+
+    epoch: int
+    batches: int
+    passes: int
+
+
+@dataclass
+class TrainPipeline:
+    """The running stages of one training stream; ``output`` feeds a session's publisher."""
+
+    start_epoch: int
+    output: "asyncio.Queue[SampledWork | EpochDone]"
+    free_buffers: "asyncio.Queue[MegaBatchBuffer] | None" = None
+    """The hierarchical mode's circulating buffers (None in the full-graph modes)."""
+    tasks: list["asyncio.Task[None]"] = field(default_factory=list)
+    failure: BaseException | None = None
+
+    def release_buffer(self, buffer: "MegaBatchBuffer") -> None:
+        assert self.free_buffers is not None
+        self.free_buffers.put_nowait(buffer)
+
+    def add_stage(self, name: str, coro: Awaitable[None]) -> None:
+        """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"megabatch-{name}")
+        task.add_done_callback(lambda t: _record_failure(self, name, t))
+        self.tasks.append(task)
+
+    async def stop(self) -> None:
+        """Cancel every stage and wait for them (reads in flight land first)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def run_in_pool(pool: ThreadPoolExecutor, func: Callable[..., T], *args: object) -> T:
+    """``func(*args)`` on ``pool``; when cancelled, still waits for the job to finish before raising.
+
+    A thread cannot be interrupted: a job outliving its cancelled stage would keep its memory (a
+    sampled superbatch, views of a slot) alive and could write into a buffer a new pipeline now
+    owns. Waiting keeps "the stage is gone" meaning "its work is gone".
+    """
+    job = asyncio.get_running_loop().run_in_executor(pool, func, *args)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])
+        raise
+
+
+async def run_timed(pool: ThreadPoolExecutor, metrics: DaemonMetrics, stage: str, func: Callable[..., T],
+                    *args: object) -> T:
+    """Run CPU work on ``pool`` (numba kernels drop the GIL) and charge its seconds to ``stage``."""
+    t0 = time.perf_counter()
+    try:
+        return await run_in_pool(pool, func, *args)
+    finally:
+        metrics.stage_busy.labels(stage).inc(time.perf_counter() - t0)
+
+
+def _record_failure(pipeline: TrainPipeline, name: str, task: "asyncio.Task[None]") -> None:
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is not None and pipeline.failure is None:
+        pipeline.failure = err
+        log.error("stage %s failed: %s", name, err)
+        # wake the publisher: it waits on ``output`` and must see the failure, not hang
+        with contextlib.suppress(asyncio.QueueFull):
+            pipeline.output.put_nowait(EpochDone(-1, 0, 0))
