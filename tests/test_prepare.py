@@ -68,16 +68,34 @@ def test_small_budget_forces_many_buckets_and_stays_exact(tmp_path, monkeypatch)
     """Tiny sort and feature buckets exercise the multi-bucket paths of the external algorithms."""
     import loader.offline.extsort as extsort
     import loader.offline.layout as layout
+    import loader.offline.prepare as prepare
 
     monkeypatch.setattr(extsort, "SORT_BYTES_PER_EDGE", 1 << 24)  # ~64 edges per sort bucket
     original = layout.rows_per_chunk
-    monkeypatch.setattr(layout, "rows_per_chunk", lambda row, budget, minimum=1: original(row, budget, 1) // 500000 + 7)
+    chunk_rows: list[int] = []
+
+    def small_chunks(row: int, budget: int, minimum: int = 1) -> int:
+        chunk_rows.append(original(row, budget, 1) // 500000 + 7)
+        return chunk_rows[-1]
+
+    monkeypatch.setattr(layout, "rows_per_chunk", small_chunks)
+    buckets: list[int] = []
+    real_sort = prepare.external_sort_edges
+
+    def counted_sort(*args, **kwargs):
+        for bucket in real_sort(*args, **kwargs):
+            buckets.append(len(bucket.primary))
+            yield bucket
+
+    monkeypatch.setattr(prepare, "external_sort_edges", counted_sort)
     rng = np.random.default_rng(3)
     src, dst, features, labels = random_graph(rng, 500, 3000, 5)
     write_raw(tmp_path / "raw", src, dst, features, labels, 3)
     dataset = prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(
         num_partitions=7, partitioner="metis", progress=False))
     assert_round_trip(dataset, src, dst, features, labels)
+    assert len(buckets) >= 10, buckets  # the sort really ran in many buckets
+    assert chunk_rows and max(chunk_rows) < 500  # and the feature layout in several chunks of rows
 
 
 def test_float16_storage_and_static_cache_contents(tmp_path):
