@@ -41,7 +41,7 @@ from loader.daemon.eval_stream import EvalAccess, MemmapEval
 from loader.daemon.fullgraph.fullgraph import FullGraphMode, start_fullgraph_pipeline
 from loader.daemon.fullgraph.modes import open_mode
 from loader.daemon.hierarchical.arena import FeatureArena
-from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
@@ -215,6 +215,7 @@ class Daemon:
         batch = pilot.train_or_zero
         parts, train = resident.partitions, resident.split_ids["train"]
         train_counts = parts.count_in(train)
+
         def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
             return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
                                fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
@@ -222,22 +223,23 @@ class Daemon:
                                index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
                                batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges)
 
-        cut = float(m.edge_cut.get("fraction", 0.0))
+        cut, cut_edges = float(m.edge_cut.get("fraction", 0.0)), int(m.edge_cut.get("edges", 0))
         static = resident.static
+        static_cut = static.cut_in_degree(parts)
         if cfg.hierarchy.static_cache is None:
             ranked = static.by_degree()
             plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
-                                    static_cut_edges=static.cut_in_degree(parts)[ranked],
-                                    cut_edges=round(cut * m.num_edges), edge_cut=cut, num_partitions=m.num_partitions)
+                                    static_cut_edges=static_cut[ranked], cut_edges=cut_edges, edge_cut=cut,
+                                    num_partitions=m.num_partitions)
             log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
                      f"{static.num_nodes:,}")
-            static = static.select(ranked[:plan.static_nodes])
+            kept = np.sort(ranked[:plan.static_nodes])  # select keeps ascending ids, so its rows in this order
+            static, static_cut = static.select(kept), static_cut[kept]
             resident = replace(resident, static=static)
         else:
             plan = plan_for(static.num_nodes, len(static.indices))
         log.info("%s", plan.describe())
-        cut_edges = cut * m.num_edges
-        static_share = min(1.0, int(static.cut_in_degree(parts).sum()) / cut_edges) if cut_edges else 0.0
+        static_share = static_cut_share(int(static_cut.sum()), cut_edges)
         expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
         # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
         # exceed the fanouts, so this line informs and never warns

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import xxhash
 
 from loader.format.npyio import read_npy
-from loader.format.partition_table import PARTITION_COLUMNS, PartitionTable
+from loader.format.partition_table import FEATURE_ALIGNMENT, PARTITION_COLUMNS, PartitionTable
 from proto.errors import UserError
 
 __all__ = [
@@ -26,8 +26,6 @@ __all__ = [
 
 FORMAT_NAME = "megabatch-dataset"
 FORMAT_VERSION = "1.2"
-FEATURE_ALIGNMENT = 4096
-"""Byte alignment of each partition's first feature row (one page; O_DIRECT-friendly)."""
 
 
 FILES = {

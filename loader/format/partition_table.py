@@ -12,13 +12,14 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["PARTITION_COLUMNS", "PartitionRow", "PartitionTable"]
+__all__ = ["FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "PartitionRow", "PartitionTable"]
 
 PARTITION_COLUMNS = ("node_begin", "node_end", "edge_begin", "edge_end", "feat_offset", "feat_nbytes")
 """Columns of ``partitions.npy`` (int64, shape (P, 6))."""
 
-PAGE = 4096
-"""Partitions' feature ranges start on a page and are padded to the next one (FORMAT.md)."""
+FEATURE_ALIGNMENT = 4096
+"""Byte alignment of each partition's first feature row (one page; O_DIRECT-friendly): each feature
+range starts on it and is zero-padded up to the next (docs/FORMAT.md)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class PartitionRow:
     @property
     def feat_padded(self) -> int:
         """The feature range rounded up to whole pages (rows plus the zero padding after them)."""
-        return -(-self.feat_nbytes // PAGE) * PAGE
+        return -(-self.feat_nbytes // FEATURE_ALIGNMENT) * FEATURE_ALIGNMENT
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class PartitionTable:
     @property
     def feat_padded(self) -> np.ndarray:
         """Feature bytes per partition rounded up to whole pages (what one partition read covers)."""
-        return -(-self.feat_nbytes // PAGE) * PAGE
+        return -(-self.feat_nbytes // FEATURE_ALIGNMENT) * FEATURE_ALIGNMENT
 
     def partition_of(self, nodes: npt.ArrayLike) -> np.ndarray:
         """The partition of each node id (partitions hold consecutive, ascending ranges of ids)."""

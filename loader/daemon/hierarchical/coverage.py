@@ -24,7 +24,7 @@ import numpy as np
 from loader.sampling.sampling import SampledPass
 
 __all__ = ["COVERAGE_WARN", "SKEW_WARN", "WARN_EVERY", "WarningStreaks", "NeighbourSlots", "neighbour_slots",
-           "EpochQuality", "expected_edge_coverage"]
+           "EpochQuality", "expected_edge_coverage", "static_cut_share"]
 
 COVERAGE_WARN = 0.70
 """An epoch whose neighbour coverage falls below this is warned about."""
@@ -129,6 +129,12 @@ class WarningStreaks:
                 logged.add(kind)
             self._streak[kind] = count + 1
         return logged
+
+
+def static_cut_share(static_cut_edges: int, cut_edges: int) -> float:
+    """The share of the graph's ``cut_edges`` that leave static nodes: ``expected_edge_coverage``'s
+    ``static_share``; at most 1 whatever the manifest's count says, and 0 for a graph with no cut."""
+    return min(1.0, static_cut_edges / cut_edges) if cut_edges else 0.0
 
 
 def expected_edge_coverage(edge_cut: float, partitions: int, per_megabatch: int, static_share: float = 0.0) -> float:

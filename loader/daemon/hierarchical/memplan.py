@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.hierarchical.coverage import expected_edge_coverage
+from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
 from loader.daemon.resident import NODE_ARRAY_BYTES
 from loader.daemon.slot_sizing import SessionSizing
 from loader.format.partition_table import PartitionTable
@@ -183,8 +183,8 @@ def plan_with_static(plan: Callable[[int, int], MemoryPlan], *, static_degrees: 
             if best is None:
                 raise
             break  # a larger cache leaves even less room
-        static_share = min(1.0, int(static_cut_edges[:k].sum()) / cut_edges) if cut_edges else 0.0
-        coverage = expected_edge_coverage(edge_cut, num_partitions, candidate.buffer.partitions, static_share)
+        coverage = expected_edge_coverage(edge_cut, num_partitions, candidate.buffer.partitions,
+                                          static_cut_share(int(static_cut_edges[:k].sum()), cut_edges))
         if best is None or coverage > best[0] + 1e-9:
             best = coverage, candidate
     assert best is not None
