@@ -109,7 +109,7 @@ def test_auto_static_cache_holds_none_for_the_whole_graph_and_all_for_a_quarter(
     config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"megabatch_fraction": fraction, "passes": 1})
     assert config.hierarchy.static_cache is None
     with running_daemon(config) as daemon, connect(config) as client:
-        assert daemon.memory_plan is not None and daemon.memory_plan.static_nodes == static_nodes
+        assert daemon.mode is not None and daemon.mode.budget_plan.static_nodes == static_nodes
         assert daemon.metrics.static_nodes._value.get() == static_nodes
         batches, _ = consume(client, StartEpoch(epoch=0), EpochEnd)
         for _, arrays in batches:

@@ -16,8 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from loader.daemon.gather_kernels import row_offsets_for
-from loader.daemon.publisher import SlotSource, gather_from
+from loader.daemon.slot_source import FileRows, SlotSource
 from loader.format.dataset import Dataset
 from loader.format.npyio import NpyReader
 from loader.format.partition_table import PartitionTable
@@ -85,13 +84,8 @@ class MemmapEval:
         m = dataset.manifest
         data = open_eval_data(dataset, partitions)
         self._data = data
-
-        def offsets(nodes: np.ndarray) -> np.ndarray:
-            return row_offsets_for(nodes, data.node_begin, data.feat_offset, data.row_bytes)
-
-        self.source = SlotSource(gather_from(data.features, offsets, data.row_bytes), lambda nodes: nodes,
-                                  lambda nodes: labels[nodes], m.feat_dim, np.dtype(m.feat_dtype.value),
-                                  fills_any_subset=True)
+        self.source = SlotSource(FileRows(data.features, data.row_bytes, data.node_begin, data.feat_offset), labels,
+                                 None, m.feat_dim, np.dtype(m.feat_dtype.value))
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self._data.graph, seeds, batch_size, fanouts, keys)

@@ -8,18 +8,16 @@ capped by the slots and a slow trainer stalls the whole pipeline through the bou
 """
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.gather_kernels import gather_rows
+from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledPass
 from proto.errors import SlotOverflow
 from proto.messages import BatchId
 from proto.slots import ArraySpec, SlotRing, plan_slot
 
-__all__ = ["SlotFlow", "SlotSource", "FillFeatures", "gather_from", "batch_specs", "fill_slot", "overflow_message"]
+__all__ = ["SlotFlow", "batch_specs", "fill_slot", "overflow_message"]
 
 
 class SlotFlow:
@@ -75,44 +73,6 @@ class SlotFlow:
         self._changed.set()
 
 
-FillFeatures = Callable[[int, np.ndarray, np.ndarray], None]
-"""(batch index within its pass, the batch's local node ids, ``x`` to fill: (nodes, D) in the feature dtype)."""
-
-
-@dataclass(frozen=True)
-class SlotSource:
-    """What the publisher fills slots from: where the batches of one sampled pass get their rows, ids and labels.
-
-    ``fill_features`` writes every row of ``x`` (a view of the slot): a gather from the arena or a
-    memory map, or, in the exact mode, cache hits plus disk reads driven by a cache plan, which is
-    why it is told the batch index and why batches of a pass are filled strictly in order.
-    """
-
-    fill_features: FillFeatures
-    global_ids: Callable[[np.ndarray], np.ndarray]
-    """Local node ids -> int64 dataset ids."""
-    labels: Callable[[np.ndarray], np.ndarray]
-    """Local node ids -> int64 labels."""
-    feat_dim: int
-    feat_dtype: np.dtype
-    fills_any_subset: bool = False
-    """``fill_features`` accepts any subset of a batch's nodes, in any order (a plain gather), so a
-    slot for a client with a feature cache gathers only the rows it ships. False (the default, and
-    the exact mode, whose cache plan needs every batch whole and in order): the whole batch is
-    gathered into a scratch buffer first."""
-
-
-def gather_from(features: np.ndarray, row_offsets: Callable[[np.ndarray], np.ndarray], row_bytes: int
-                ) -> FillFeatures:
-    """A ``fill_features`` copying rows out of ``features`` (uint8 1-D, in RAM or memory-mapped) at
-    ``row_offsets(nodes)`` byte offsets."""
-
-    def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        gather_rows(features, row_offsets(nodes), row_bytes, np.arange(len(nodes), dtype=np.int64),
-                    x.reshape(-1).view(np.uint8))
-    return fill
-
-
 def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, feat_dim: int,
                 feat_dtype: np.dtype, shipped_rows: int | None = None, num_updates: int = 0) -> list[ArraySpec]:
     """The arrays of one batch slot (see proto/PROTOCOL.md, "Batch arrays").
@@ -146,7 +106,7 @@ def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass
                         source.feat_dim, source.feat_dtype)
     plan = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
     arrays = ring.arrays_for(slot, plan)
-    source.fill_features(b, nodes, arrays["x"])
+    source.rows.fill(b, nodes, arrays["x"])
     arrays["n_id"][:] = source.global_ids(nodes)
     arrays["y"][:] = source.labels(nodes[:int(batch.num_sampled_nodes[0])])
     arrays["edge_index"][:] = batch.edge_index

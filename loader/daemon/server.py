@@ -16,7 +16,6 @@ import asyncio
 import collections
 import contextlib
 import errno
-import functools
 import gc
 import logging
 import os
@@ -26,9 +25,9 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +36,18 @@ import uvloop
 
 from loader import __version__
 from loader.daemon.config import LoaderConfig
-from loader.daemon.eval_stream import EvalAccess, MemmapEval
-from loader.daemon.fullgraph.fullgraph import FullGraphMode, start_fullgraph_pipeline
-from loader.daemon.fullgraph.modes import open_mode
-from loader.daemon.hierarchical.arena import FeatureArena
-from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
-from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory, plan_with_static
-from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
-from loader.daemon.hierarchical.reader import PartitionReader
-from loader.daemon.hierarchical.schedule import train_label_counts
+from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.mode import ModeSetup, TrainingMode
+from loader.daemon.modes import loads_static_cache, open_mode
 from loader.daemon.resident import ResidentData, load_resident
 from loader.daemon.sdnotify import notify, watchdog_interval
 from loader.daemon.serving import ServingContext
 from loader.daemon.session import ControlProtocol, Session, loggable
-from loader.daemon.slot_sizing import PilotSizes, SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
+from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
-from loader.format.read_checks import load_read_checks
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
@@ -121,15 +113,12 @@ class Daemon:
         """What ``Shutdown`` tells the clients (``handle_exit`` names the signal)."""
         self._accepting: asyncio.Task[None] | None = None
         self._listener: socket.socket | None = None
-        self._ctx: PipelineContext | None = None
         self._serving: ServingContext | None = None
-        self._mode: FullGraphMode | None = None
-        self._start_pipeline: Callable[[int], TrainPipeline] | None = None
-        self._dataset: Dataset | None = None
+        self.mode: TrainingMode | None = None
+        """The ``[loader] mode``, opened at startup: it owns the memory plan, the stages and evaluation access."""
         self._welcome_info: DatasetInfo | None = None
         self.sessions = SessionSizing(0, 0, 0)
         """Clients served at once and their slots, resolved at startup (nobody connects before)."""
-        self.memory_plan: MemoryPlan | None = None
         self.ready = asyncio.Event()
         """Set once the socket accepts connections (tests and embedders wait on it)."""
         self.allow_uids: frozenset[int] = frozenset()
@@ -174,8 +163,7 @@ class Daemon:
         dataset = open_dataset(cfg.dataset.path)
         check_file_sizes(dataset)
         m = dataset.manifest
-        hierarchical = cfg.loader.mode == "hierarchical"
-        resident = load_resident(dataset, with_static=hierarchical and cfg.hierarchy.static_cache is not False)
+        resident = load_resident(dataset, with_static=loads_static_cache(cfg))
         # one pilot sample sizes the slots and every memory plan
         pilot = pilot_batch_sizes(dataset, resident, cfg.sampler)
         if cfg.publisher.slot_bytes is not None:
@@ -186,11 +174,9 @@ class Daemon:
         cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
         self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
                                        np.dtype(m.feat_dtype.value))
-        self._dataset, self.sessions = dataset, sessions
-        if hierarchical:
-            where = self._setup_hierarchical(dataset, resident, sessions, cpu_pool, pilot)
-        else:
-            where = self._setup_fullgraph(dataset, resident, sessions, pilot)
+        self.sessions = sessions
+        self.mode = open_mode(ModeSetup(dataset, resident, sessions, pilot, self._serving))
+        log.info("%s", self.mode.budget_plan.describe())
         self._welcome_info = self._dataset_info(dataset, resident)
         self.metrics.set_build(dataset.path.name, cfg.loader.mode)
         self.metrics.memory_budget.set(cfg.memory.budget)
@@ -203,73 +189,10 @@ class Daemon:
         log.info("admitting peers of uid %s or group %s ([server] allow_uids, allow_gids)",
                  ", ".join(map(str, sorted(self.allow_uids))), ", ".join(map(str, sorted(self.allow_gids))))
         self._accepting = self._spawn(self._accept_loop(), "accept")
-        log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", where, cfg.server.socket)
+        log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", self.mode.summary(),
+                 cfg.server.socket)
         notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
         self.ready.set()
-
-    def _setup_hierarchical(self, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
-                            cpu_pool: ThreadPoolExecutor, pilot: PilotSizes) -> str:
-        cfg, m = self.config, dataset.manifest
-        index_itemsize = np.dtype(m.index_dtype.value).itemsize
-        # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
-        batch = pilot.train_or_zero
-        parts, train = resident.partitions, resident.split_ids["train"]
-        train_counts = parts.count_in(train)
-
-        def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
-            return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=resident.partitions,
-                               fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
-                               static_row_bytes=m.row_bytes, static_edges=static_edges,
-                               index_itemsize=index_itemsize, sessions=sessions, train_counts=train_counts,
-                               batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges)
-
-        cut, cut_edges = float(m.edge_cut.get("fraction", 0.0)), int(m.edge_cut.get("edges", 0))
-        static = resident.static
-        static_cut = static.cut_in_degree(parts)
-        if cfg.hierarchy.static_cache is None:
-            ranked = static.by_degree()
-            plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
-                                    static_cut_edges=static_cut[ranked], cut_edges=cut_edges, edge_cut=cut,
-                                    num_partitions=m.num_partitions)
-            log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
-                     f"{static.num_nodes:,}")
-            kept = np.sort(ranked[:plan.static_nodes])  # select keeps ascending ids, so its rows in this order
-            static, static_cut = static.select(kept), static_cut[kept]
-            resident = replace(resident, static=static)
-        else:
-            plan = plan_for(static.num_nodes, len(static.indices))
-        log.info("%s", plan.describe())
-        static_share = static_cut_share(int(static_cut.sum()), cut_edges)
-        expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
-        # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
-        # exceed the fanouts, so this line informs and never warns
-        log.info("mega-batches of %d of %d partitions, %.1f%% of edges cut, %.1f%% of those leaving static nodes: "
-                 "about %.3f of in-edges kept", plan.buffer.partitions, m.num_partitions, 100 * cut,
-                 100 * static_share, expected)
-        arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
-        # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
-        resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
-        checks = load_read_checks(dataset, blocks=False) if cfg.io.check_reads else None
-        reader = PartitionReader(dataset, arena, resident.partitions, self.metrics, direct_io=cfg.io.direct_io,
-                                 threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
-        ctx = PipelineContext(cfg, resident, arena, reader, self.metrics, cpu_pool, plan.buffer.partitions,
-                              train_label_counts(parts, train, resident.labels))
-        self._ctx, self.memory_plan = ctx, plan
-        self._start_pipeline = functools.partial(start_train_pipeline, ctx)
-        self.metrics.static_nodes.set(resident.static.num_nodes)
-        self.metrics.static_bytes.set(arena.static_bytes)
-        return f"{m.num_partitions} partitions, {plan.buffer.partitions} per mega-batch"
-
-    def _setup_fullgraph(self, dataset: Dataset, resident: ResidentData, sessions: SessionSizing,
-                         pilot: PilotSizes) -> str:
-        cfg = self.config
-        mode = open_mode(cfg, dataset, resident, sessions, pilot, self.metrics)
-        log.info("%s", mode.describe())
-        serving = self._serving
-        assert serving is not None
-        self._mode = mode
-        self._start_pipeline = functools.partial(start_fullgraph_pipeline, serving, mode)
-        return f"mode {mode.name}"
 
     async def main_loop(self) -> None:
         interval = watchdog_interval()
@@ -312,13 +235,9 @@ class Daemon:
         await asyncio.gather(*pending, return_exceptions=True)
         if self._serving is not None:
             self._serving.cpu_pool.shutdown(wait=True, cancel_futures=True)
-        if self._ctx is not None:
-            self._ctx.reader.close()
-            self._ctx.arena.close()
-            self._ctx = None
-        if self._mode is not None:
-            self._mode.close()
-            self._mode = None
+        if self.mode is not None:
+            self.mode.close()
+            self.mode = None
         with contextlib.suppress(FileNotFoundError):
             if self.ready.is_set():
                 os.unlink(self.config.server.socket)
@@ -593,17 +512,15 @@ class Daemon:
         return sum(s.flow.in_use for s in sessions), sum(s.flow.count for s in sessions)
 
     def _open_eval(self) -> EvalAccess:
-        assert self._dataset is not None and self._serving is not None
-        if self._mode is not None:
-            return self._mode.eval_access()
-        return MemmapEval(self._dataset, self._dataset.partitions(), self._serving.labels)
+        assert self.mode is not None
+        return self.mode.eval_access()
 
     # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
     async def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
         st = self.state
         if st.pipeline_owner is not None and st.pipeline_owner is not session:
             return f"session {st.pipeline_owner.id} is training; one training stream at a time"
-        assert self._start_pipeline is not None
+        assert self.mode is not None
         if st.pipeline is not None and st.pipeline_next_epoch != epoch:
             pipeline = st.pipeline
             st.pipeline = None
@@ -613,7 +530,7 @@ class Daemon:
             st.pipeline_owner = session
             while st.stopping:
                 await asyncio.gather(*list(st.stopping), return_exceptions=True)
-            st.pipeline = self._start_pipeline(epoch)
+            st.pipeline = self.mode.start_pipeline(epoch)
         st.pipeline_owner = session
         st.pipeline_next_epoch = None
         return st.pipeline

@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.publisher import SlotFlow, SlotSource, fill_slot, overflow_message
+from loader.daemon.publisher import SlotFlow, fill_slot, overflow_message
 from loader.daemon.serving import ServingContext
+from loader.daemon.slot_source import SlotSource
 from loader.daemon.stages import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData

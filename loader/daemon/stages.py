@@ -13,16 +13,13 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.publisher import SlotSource
 from loader.sampling.sampling import SampledPass
-
-if TYPE_CHECKING:  # a type only: the full-graph modes have no circulating buffers
-    from loader.daemon.hierarchical.arena import MegaBatchBuffer
 
 __all__ = ["SampledWork", "EpochDone", "TrainPipeline", "run_in_pool", "run_timed"]
 
@@ -67,14 +64,8 @@ class TrainPipeline:
 
     start_epoch: int
     output: "asyncio.Queue[SampledWork | EpochDone]"
-    free_buffers: "asyncio.Queue[MegaBatchBuffer] | None" = None
-    """The hierarchical mode's circulating buffers (None in the full-graph modes)."""
     tasks: list["asyncio.Task[None]"] = field(default_factory=list)
     failure: BaseException | None = None
-
-    def release_buffer(self, buffer: "MegaBatchBuffer") -> None:
-        assert self.free_buffers is not None
-        self.free_buffers.put_nowait(buffer)
 
     def add_stage(self, name: str, coro: Awaitable[None]) -> None:
         """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""

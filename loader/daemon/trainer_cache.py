@@ -29,7 +29,8 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
-from loader.daemon.publisher import SlotSource, batch_specs
+from loader.daemon.publisher import batch_specs
+from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledPass
 from proto.messages import BatchId
 from proto.slots import SlotRing, plan_slot
@@ -108,14 +109,14 @@ class TrainerCache:
         layout = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
         arrays = ring.arrays_for(slot, layout)
         x = arrays["x"]
-        if source.fills_any_subset:
+        if source.rows.fills_any_subset:
             if len(miss):
-                source.fill_features(b, nodes[miss], x)
+                source.rows.fill(b, nodes[miss], x)
         else:
             # The exact mode's own cache must see every batch whole and in order, so gather it into
             # scratch and copy the missed rows out: one extra copy of the batch's rows in RAM.
             scratch = self._scratch_for(len(nodes))
-            source.fill_features(b, nodes, scratch)
+            source.rows.fill(b, nodes, scratch)
             copy_rows(row_words(scratch), miss, row_words(x), np.arange(len(miss), dtype=np.int64))
         arrays["n_id"][:] = plan.ids(b)  # the dataset ids the plan was made for
         arrays["y"][:] = source.labels(nodes[:seeds])

@@ -6,7 +6,8 @@ keys) and its sampler semantics, so their batches are identical; they differ onl
 neighbour lists and feature rows come from. A ``FullGraphMode`` supplies exactly that:
 
 * ``sample``: sample a superbatch (a run of consecutive batches of the epoch) over the full graph;
-* ``plan``: turn a sampled superbatch into the ``SlotSource`` the publisher fills slots from.
+* ``start_stream``: a training stream's ``rows_for``, which turns each sampled superbatch into the
+  ``RowSource`` the publisher fills its batches' rows from (for the exact mode, a Belady cache plan).
 
 Stages, wired in ``start_fullgraph_pipeline`` and joined by bounded queues::
 
@@ -20,56 +21,60 @@ slow trainer stalls the sampler and memory stays what the plan charged.
 
 import asyncio
 import itertools
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.publisher import SlotSource
+from loader.daemon.mode import TrainingMode
 from loader.daemon.serving import ServingContext
+from loader.daemon.slot_source import RowSource, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import SampledPass
 
-__all__ = ["FullGraphMode", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline", "SUPERBATCHES_IN_FLIGHT"]
+__all__ = ["FullGraphMode", "RowsFor", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline",
+           "SUPERBATCHES_IN_FLIGHT"]
 
 SUPERBATCHES_IN_FLIGHT = 3
 """One being sampled, one planned, one being published: sampling k+1 overlaps planning k and gathering k-1."""
 
 
-class FullGraphMode(Protocol):
-    """Where one full-graph mode reads neighbour lists and rows (runs on the CPU pool)."""
+class FullGraphMode(TrainingMode):
+    """A full-graph mode: where it samples neighbour lists and reads rows (both run on the CPU pool)."""
 
-    name: str
     superbatch: int
     """Batches sampled per ``sample`` call."""
 
+    def __init__(self, serving: ServingContext) -> None:
+        self.serving = serving
+
+    @abstractmethod
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         """Sample consecutive batches (``loader.sampling.sampling.sample_pass`` semantics, dataset ids as local ids)."""
-        ...
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
-        """The source the publisher fills this superbatch's slots from, and the planning state for the
-        next superbatch; called in superbatch order with the state the previous call returned."""
-        ...
-
-    def describe(self) -> str:
-        """The memory plan line ``serve`` logs at startup."""
-        ...
-
-    def eval_access(self) -> EvalAccess:
-        """How an evaluation stream samples and fills its batches in this mode (may run beside training)."""
-        ...
-
-    def restart(self) -> object:
+    @abstractmethod
+    def start_stream(self) -> "RowsFor":
         """A new training stream starts (the previous one may have stopped mid-superbatch): reset what
-        the publisher side holds and return the first planning state. The state lives in the
-        planner stage, not in the mode, so a stopped stream's late planner cannot corrupt it."""
-        ...
+        the publisher side holds and return the stream's own ``rows_for``, called in superbatch order
+        by its planner stage. State between superbatches lives in what it returns, not in the mode,
+        so a stopped stream's late planner cannot corrupt the next stream's."""
 
-    def close(self) -> None: ...
+    def start_pipeline(self, start_epoch: int) -> TrainPipeline:
+        return start_fullgraph_pipeline(self.serving, self, start_epoch)
+
+    def summary(self) -> str:
+        return f"mode {self.name}"
+
+    def slot_source(self, rows: RowSource) -> SlotSource:
+        """A source over dataset ids (local id = dataset id in the full-graph modes)."""
+        s = self.serving
+        return SlotSource(rows, s.labels, None, s.feat_dim, s.feat_dtype)
+
+
+RowsFor = Callable[[SampledPass], RowSource]
+"""A training stream's planner step: a sampled superbatch -> the rows its batches are filled from."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, t
         await out.put(EpochDone(epoch, total, 1))
 
 
-async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object, tokens: asyncio.Semaphore,
+async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, tokens: asyncio.Semaphore,
                    inp: "asyncio.Queue[SampledSuperbatch | EpochDone]", out: "asyncio.Queue[SampledWork | EpochDone]"
                    ) -> None:
     while True:
@@ -108,14 +113,14 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, state: object, toke
         if isinstance(item, EpochDone):
             await out.put(item)
             continue
-        source, state = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", mode.plan, item.sampled, state)
-        await out.put(SampledWork(source, tokens.release, 0, item.sampled, item.seeds, item.first_batch,
+        rows = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", rows_for, item.sampled)
+        await out.put(SampledWork(mode.slot_source(rows), tokens.release, 0, item.sampled, item.seeds, item.first_batch,
                                   item.epoch_batches, True))
 
 
 def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:
     """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch``."""
-    state = mode.restart()
+    rows_for = mode.start_stream()
     # Superbatches alive at once (sampled, planned, being published), whatever the queues hold:
     # the memory plan charges exactly this many.
     tokens = asyncio.Semaphore(SUPERBATCHES_IN_FLIGHT)
@@ -125,7 +130,7 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
     pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, tokens, sampled))
-    pipeline.add_stage("planner", _planner(ctx, mode, state, tokens, sampled, output))
+    pipeline.add_stage("planner", _planner(ctx, mode, rows_for, tokens, sampled, output))
     return pipeline
 
 
@@ -141,13 +146,3 @@ class ModeEval:
 
     def close(self) -> None:
         pass
-
-
-def labelled_source(fill: Callable[[int, np.ndarray, np.ndarray], None], labels: np.ndarray, feat_dim: int,
-                    feat_dtype: np.dtype, fills_any_subset: bool = False) -> SlotSource:
-    """A ``SlotSource`` over dataset ids (local id = dataset id in the full-graph modes).
-
-    fills_any_subset: see ``SlotSource`` (default False).
-    """
-    return SlotSource(fill, lambda nodes: nodes, lambda nodes: labels[nodes], feat_dim, feat_dtype,
-                       fills_any_subset)

@@ -8,12 +8,15 @@ its rows are gathered from the memory-mapped feature file, with readahead disabl
 page cache is the only cache; under a cgroup memory limit it is charged to the daemon.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from loader.daemon.budget_plan import BudgetPlan
 from loader.daemon.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
-from loader.daemon.fullgraph.fullgraph import ModeEval, labelled_source
-from loader.daemon.gather_kernels import row_offsets_for
-from loader.daemon.publisher import SlotSource, gather_from
+from loader.daemon.fullgraph.fullgraph import FullGraphMode, ModeEval, RowsFor
+from loader.daemon.serving import ServingContext
+from loader.daemon.slot_source import DenseRows, FileRows, RowSource
 from loader.format.dataset import Dataset
 from loader.format.partition_table import PartitionTable
 from loader.sampling.inmemory import load_in_memory
@@ -21,7 +24,7 @@ from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["InMemoryMode", "MmapMode", "inmemory_bytes"]
+__all__ = ["InMemoryMode", "MmapMode", "HeldPlan", "inmemory_bytes"]
 
 
 def inmemory_bytes(dataset: Dataset) -> int:
@@ -31,85 +34,84 @@ def inmemory_bytes(dataset: Dataset) -> int:
     return 8 * (m.num_nodes + 1) + index_itemsize * m.num_edges + m.num_nodes * m.row_bytes
 
 
-class InMemoryMode:
-    """The whole graph in RAM; superbatches of ``superbatch`` batches."""
+@dataclass(frozen=True)
+class HeldPlan(BudgetPlan):
+    """The budget of a mode that holds one thing besides node arrays and slots (or nothing)."""
+
+    mode: str
+    fixed_bytes: int
+    """Node arrays and slots."""
+    held_bytes: int
+    held: str
+    """What ``held_bytes`` is, for ``describe``."""
+
+    @property
+    def total(self) -> int:
+        return self.fixed_bytes + self.held_bytes
+
+    def describe(self) -> str:
+        return f"memory plan ({self.mode}): {self.held}"
+
+
+class InMemoryMode(FullGraphMode):
+    """The whole graph in RAM; superbatches of ``[exact] superbatch`` batches."""
 
     name = "inmemory"
 
-    def __init__(self, dataset: Dataset, labels: np.ndarray, superbatch: int, budget: int) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, fixed_bytes: int) -> None:
+        super().__init__(serving)
         need = inmemory_bytes(dataset)
+        budget = serving.config.memory.budget - fixed_bytes
         if need > budget:
             raise UserError(f"[loader] mode = \"inmemory\" holds the graph and features ({format_size(need)}) in RAM, "
                             f"more than [memory] budget {format_size(budget)}; raise the budget or use \"exact\"")
         data = load_in_memory(dataset)
         self.graph = data.graph
         self.features = data.features
-        self.superbatch = superbatch
-        self.nbytes = need
-        m = dataset.manifest
-        self._labels, self._dim, self._dtype, self._row_bytes = labels, m.feat_dim, np.dtype(m.feat_dtype.value), \
-            m.row_bytes
-        self._rows = self.features.reshape(-1).view(np.uint8)
-
-    def describe(self) -> str:
-        return f"memory plan (inmemory): graph and features {format_size(self.nbytes)} in RAM"
+        self.superbatch = serving.config.exact.superbatch
+        self.budget_plan = HeldPlan(self.name, fixed_bytes, need,
+                                    f"graph and features {format_size(need)} in RAM")
+        self.rows: RowSource = DenseRows(self.features.reshape(-1).view(np.uint8), dataset.manifest.row_bytes)
 
     def eval_access(self) -> EvalAccess:
-        source, _ = self.plan_source()
-        return ModeEval(source, self.sample)
+        return ModeEval(self.slot_source(self.rows), self.sample)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
-        return self.plan_source()
-
-    def plan_source(self) -> tuple[SlotSource, object]:
-        row_bytes = self._row_bytes
-        fill = gather_from(self._rows, lambda nodes: nodes * row_bytes, row_bytes)
-        return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None
-
-    def restart(self) -> object:
-        return None
+    def start_stream(self) -> RowsFor:
+        return lambda sampled: self.rows
 
     def close(self) -> None:
         pass
 
 
-class MmapMode:
+class MmapMode(FullGraphMode):
     """Per-mini-batch sampling and gathering over memory maps (readahead off)."""
 
     name = "mmap"
     superbatch = 1
     """PyG+ samples each mini-batch on its own, just before it is trained on."""
 
-    def __init__(self, dataset: Dataset, partitions: PartitionTable, labels: np.ndarray) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, partitions: PartitionTable, fixed_bytes: int
+                 ) -> None:
+        super().__init__(serving)
         self._data: EvalData = open_eval_data(dataset, partitions)
         self._dataset, self._partitions = dataset, partitions
         self.graph: CSCGraph = self._data.graph
-        m = dataset.manifest
-        self._labels, self._dim, self._dtype = labels, m.feat_dim, np.dtype(m.feat_dtype.value)
-
-    def describe(self) -> str:
-        return "memory plan (mmap): nothing cached by the daemon; the kernel's page cache holds what it reads"
+        self.budget_plan = HeldPlan(self.name, fixed_bytes, 0, "nothing cached by the daemon; the kernel's page "
+                                                               "cache holds what it reads")
+        d = self._data
+        self.rows: RowSource = FileRows(d.features, d.row_bytes, d.node_begin, d.feat_offset)
 
     def eval_access(self) -> EvalAccess:
-        return MemmapEval(self._dataset, self._partitions, self._labels)
+        return MemmapEval(self._dataset, self._partitions, self.serving.labels)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
-        d = self._data
-
-        def offsets(nodes: np.ndarray) -> np.ndarray:
-            return row_offsets_for(nodes, d.node_begin, d.feat_offset, d.row_bytes)
-
-        fill = gather_from(d.features, offsets, d.row_bytes)
-        return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None
-
-    def restart(self) -> object:
-        return None
+    def start_stream(self) -> RowsFor:
+        return lambda sampled: self.rows
 
     def close(self) -> None:
         self._data.close()

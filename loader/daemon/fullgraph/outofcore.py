@@ -33,7 +33,7 @@ feature row is a whole row for the same one read.
 """
 
 import logging
-import threading
+from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +43,13 @@ from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import FeatureCache
 from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
+from loader.daemon.budget_plan import BudgetPlan
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, ModeEval, labelled_source
+from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, FullGraphMode, ModeEval, RowsFor
 from loader.daemon.gather_kernels import row_offsets_for
-from loader.daemon.metrics import DaemonMetrics
-from loader.daemon.publisher import FillFeatures, SlotSource
+from loader.daemon.serving import ServingContext
+from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
 from loader.format.read_checks import block_table_bytes, load_read_checks
 from loader.sampling.exact_sampling import ExactSampler
@@ -74,7 +75,7 @@ gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 1
 
 
 @dataclass(frozen=True)
-class OutOfCorePlan:
+class OutOfCorePlan(BudgetPlan):
     """The resolved split of the budget for an out-of-core mode; ``describe()`` is logged at startup."""
 
     mode: str
@@ -158,19 +159,17 @@ def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
     return np.argsort(-degree, kind="stable")
 
 
-class _OutOfCoreMode:
+class _OutOfCoreMode(FullGraphMode):
     """What both out-of-core modes share: the exact sampler and the row reader for missed rows."""
 
-    name = ""
-
-    def __init__(self, dataset: Dataset, labels: np.ndarray, config: LoaderConfig, plan: OutOfCorePlan,
-                 metrics: DaemonMetrics) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCorePlan) -> None:
+        super().__init__(serving)
+        config = serving.config
         m = dataset.manifest
-        self.plan_bytes = plan
+        self.budget_plan: OutOfCorePlan = plan
         self.superbatch = config.exact.superbatch
-        self._metrics = metrics
-        self._labels, self._dim, self._dtype, self._row_bytes = labels, m.feat_dim, np.dtype(m.feat_dtype.value), \
-            m.row_bytes
+        self._metrics = serving.metrics
+        self._row_bytes = m.row_bytes
         partitions = dataset.partitions()
         self._node_begin = partitions.node_begin
         self._feat_offset = partitions.feat_offset
@@ -195,12 +194,8 @@ class _OutOfCoreMode:
                               threads=ROW_READ_THREADS,
                               block_sums=None if checks is None else checks.feature_blocks,
                               check_block=m.feature_check_bytes)
-        metrics.neighbor_cache_bytes.set(cache.nbytes)
+        self._metrics.neighbor_cache_bytes.set(cache.nbytes)
         self._sampled_stats = self.sampler.stats
-        self._lock = threading.Lock()
-
-    def describe(self) -> str:
-        return self.plan_bytes.describe()
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         sampled = self.sampler.sample_pass(seeds, batch_size, fanouts, keys)
@@ -227,18 +222,27 @@ class _OutOfCoreMode:
         self._metrics.disk_bytes.labels("features").inc(stats.bytes)
         self._metrics.disk_reads.labels("features").inc(stats.reads)
 
-    def eval_access(self) -> EvalAccess:
-        """Evaluation through the same sampler and row reads (never the training cache plan, whose state
-        belongs to the training stream)."""
-        return ModeEval(labelled_source(self.fill_eval, self._labels, self._dim, self._dtype, True),
-                        self.sampler.sample_pass)
+    @abstractmethod
+    def eval_rows(self) -> RowSource:
+        """Rows for evaluation batches (never the training stream's cache plan, whose state is the stream's)."""
 
-    def fill_eval(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        self.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
+    def eval_access(self) -> EvalAccess:
+        """Evaluation through the same sampler and row reads."""
+        return ModeEval(self.slot_source(self.eval_rows()), self.sampler.sample_pass)
 
     def close(self) -> None:
         self.sampler.close()
         self.rows.close()
+
+
+class _DiskRows(RowSource):
+    """Every row read from disk."""
+
+    def __init__(self, mode: _OutOfCoreMode) -> None:
+        self._mode = mode
+
+    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        self._mode.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
 
 
 class ExactMode(_OutOfCoreMode):
@@ -246,37 +250,54 @@ class ExactMode(_OutOfCoreMode):
 
     name = "exact"
 
-    def __init__(self, dataset: Dataset, labels: np.ndarray, config: LoaderConfig, plan: OutOfCorePlan,
-                 metrics: DaemonMetrics) -> None:
-        super().__init__(dataset, labels, config, plan, metrics)
-        self.cache = FeatureCache.empty(plan.feature_cache_rows, self._dim, self._dtype)
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCorePlan) -> None:
+        super().__init__(serving, dataset, plan)
+        self.cache = FeatureCache.empty(plan.feature_cache_rows, serving.feat_dim, serving.feat_dtype)
         self.planner = CachePlanner(dataset.manifest.num_nodes, plan.feature_cache_rows)
-        metrics.feature_cache_bytes.set(self.cache.rows.nbytes)
+        self._metrics.feature_cache_bytes.set(self.cache.rows.nbytes)
 
-    def restart(self) -> object:
+    def start_stream(self) -> RowsFor:
         self.cache.reset()
-        return CacheState()
+        return _BeladyStream(self).rows_for
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
-        assert isinstance(state, CacheState)
-        cache_plan = self.planner.plan(sampled.node_ptr, sampled.nodes, prior=state, prefetch=False)
-        return labelled_source(self._filler(cache_plan), self._labels, self._dim, self._dtype), cache_plan.final_state
+    def eval_rows(self) -> RowSource:
+        return _DiskRows(self)
 
-    def _filler(self, cache_plan: CachePlan) -> FillFeatures:
-        lookups = self._metrics.feature_cache_lookups
 
-        def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-            # batches of a superbatch are published in order, after the previous superbatch's last one,
-            # so the cache is exactly in this plan's prior state when batch 0 arrives (the demand plan
-            # reads nothing ahead; fill() only checks and adopts the plan)
-            if b == 0:
-                self.cache.fill(cache_plan, self.read_rows)
-                lookups.labels("fill").inc(cache_plan.num_fill)
-            self.cache.gather(cache_plan, b, x, self.read_rows)
-            hits = int(np.count_nonzero(cache_plan.hit_slots(b) >= 0))
-            lookups.labels("hit").inc(hits)
-            lookups.labels("miss").inc(len(nodes) - hits)
-        return fill
+class _BeladyStream:
+    """One training stream's cache plans: each superbatch's starts from the state the previous one left."""
+
+    def __init__(self, mode: ExactMode) -> None:
+        self._mode = mode
+        self._state = CacheState()
+
+    def rows_for(self, sampled: SampledPass) -> RowSource:
+        cache_plan = self._mode.planner.plan(sampled.node_ptr, sampled.nodes, prior=self._state, prefetch=False)
+        self._state = cache_plan.final_state
+        return _BeladyRows(self._mode, cache_plan)
+
+
+class _BeladyRows(RowSource):
+    """A superbatch's rows: cache hits copied, misses read, the cache updated as ``cache_plan`` says."""
+
+    fills_any_subset = False
+
+    def __init__(self, mode: ExactMode, cache_plan: CachePlan) -> None:
+        self._mode, self._plan = mode, cache_plan
+
+    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        mode, cache_plan = self._mode, self._plan
+        lookups = mode.serving.metrics.feature_cache_lookups
+        # batches of a superbatch are published in order, after the previous superbatch's last one,
+        # so the cache is exactly in this plan's prior state when batch 0 arrives (the demand plan
+        # reads nothing ahead; fill() only checks and adopts the plan)
+        if b == 0:
+            mode.cache.fill(cache_plan, mode.read_rows)
+            lookups.labels("fill").inc(cache_plan.num_fill)
+        mode.cache.gather(cache_plan, b, x, mode.read_rows)
+        hits = int(np.count_nonzero(cache_plan.hit_slots(b) >= 0))
+        lookups.labels("hit").inc(hits)
+        lookups.labels("miss").inc(len(nodes) - hits)
 
 
 class StaticMode(_OutOfCoreMode):
@@ -284,29 +305,22 @@ class StaticMode(_OutOfCoreMode):
 
     name = "static"
 
-    def __init__(self, dataset: Dataset, labels: np.ndarray, config: LoaderConfig, plan: OutOfCorePlan,
-                 metrics: DaemonMetrics) -> None:
-        super().__init__(dataset, labels, config, plan, metrics)
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCorePlan) -> None:
+        super().__init__(serving, dataset, plan)
         m = dataset.manifest
         capacity = plan.feature_cache_rows
         cached = np.sort(out_degree_ranking(dataset)[:capacity])
         # int32 like exact's planner scratch, so both modes get the same caches from the same budget
         self.slot_of = np.full(m.num_nodes, -1, dtype=np.int32 if capacity < 2**31 else np.int64)
         self.slot_of[cached] = np.arange(capacity, dtype=self.slot_of.dtype)
-        self.cache_rows = np.empty((capacity, m.feat_dim), dtype=self._dtype)
+        self.cache_rows = np.empty((capacity, m.feat_dim), dtype=serving.feat_dtype)
         if capacity:
             self.read_rows(cached, np.arange(capacity, dtype=np.int64), self.cache_rows)
         self._words = self.cache_rows.view(np.uint8)
-        metrics.feature_cache_bytes.set(self.cache_rows.nbytes)
+        self._metrics.feature_cache_bytes.set(self.cache_rows.nbytes)
         log.info("static feature cache: %s rows of highest out-degree", f"{capacity:,}")
 
-    def restart(self) -> object:
-        return None
-
-    def fill_eval(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        self._fill(nodes, x)
-
-    def _fill(self, nodes: np.ndarray, x: np.ndarray) -> tuple[int, int]:
+    def fill(self, nodes: np.ndarray, x: np.ndarray) -> tuple[int, int]:
         """Rows of ``nodes`` into ``x``: hits copied from the cache, misses read; (hits, misses)."""
         slots = self.slot_of[nodes]
         hit = np.flatnonzero(slots >= 0)
@@ -316,12 +330,24 @@ class StaticMode(_OutOfCoreMode):
             self.read_rows(nodes[miss], miss, x)
         return len(hit), len(miss)
 
-    def plan(self, sampled: SampledPass, state: object) -> tuple[SlotSource, object]:
-        lookups = self._metrics.feature_cache_lookups
+    def start_stream(self) -> RowsFor:
+        rows = _StaticRows(self, counted=True)
+        return lambda sampled: rows
 
-        def fill(b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-            hits, misses = self._fill(nodes, x)
+    def eval_rows(self) -> RowSource:
+        return _StaticRows(self, counted=False)
+
+
+class _StaticRows(RowSource):
+    """Rows from the static cache, misses read; ``counted``: hits and misses go to the cache's metrics
+    (training only, so the hit rate is the training stream's)."""
+
+    def __init__(self, mode: StaticMode, counted: bool) -> None:
+        self._mode, self._counted = mode, counted
+
+    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        hits, misses = self._mode.fill(nodes, x)
+        if self._counted:
+            lookups = self._mode.serving.metrics.feature_cache_lookups
             lookups.labels("hit").inc(hits)
             lookups.labels("miss").inc(misses)
-
-        return labelled_source(fill, self._labels, self._dim, self._dtype, fills_any_subset=True), None

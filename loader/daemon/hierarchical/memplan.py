@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loader.daemon.budget_plan import BudgetPlan
 from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
 from loader.daemon.resident import NODE_ARRAY_BYTES
 from loader.daemon.slot_sizing import SessionSizing
@@ -75,7 +76,7 @@ class BufferSizes:
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
+class MemoryPlan(BudgetPlan):
     """The resolved split of the budget; ``describe()`` is what ``serve`` logs at startup."""
 
     budget: int

@@ -33,8 +33,8 @@ from loader.daemon.hierarchical.coverage import (
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
 from loader.daemon.hierarchical.schedule import MegaBatchPlan, label_skew, schedule_epoch
 from loader.daemon.metrics import DaemonMetrics
-from loader.daemon.publisher import SlotSource, gather_from
 from loader.daemon.resident import ResidentData
+from loader.daemon.slot_source import OffsetRows, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import STREAM_TRAIN
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
@@ -126,9 +126,8 @@ def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
     """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region)."""
     arena = ctx.arena
     static = ctx.resident.static.features
-    return SlotSource(gather_from(arena.data, lambda nodes: mb.row_offsets[nodes], arena.row_bytes),
-                       lambda nodes: mb.graph.global_ids[nodes], lambda nodes: mb.labels[nodes],
-                       int(static.shape[1]), static.dtype, fills_any_subset=True)
+    return SlotSource(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), mb.labels, mb.graph.global_ids,
+                      int(static.shape[1]), static.dtype)
 
 
 def _sample_measured(graph: CSCGraph, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...],
@@ -216,9 +215,9 @@ def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipelin
     for name, queue in (("plans", plans), ("loaded", loaded), ("ready", ready), ("sampled", output),
                         ("free_buffers", free)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
-    pipeline = TrainPipeline(start_epoch, output, free)
+    pipeline = TrainPipeline(start_epoch, output)
     pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, plans))
     pipeline.add_stage("reader", _reader(ctx, plans, free, loaded))
     pipeline.add_stage("assembler", _assembler(ctx, loaded, ready))
-    pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, pipeline.release_buffer))
+    pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, free.put_nowait))
     return pipeline

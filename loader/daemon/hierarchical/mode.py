@@ -1,0 +1,113 @@
+"""The hierarchical mode (HierBatching): mega-batches of random partitions, read whole, sampled in RAM.
+
+``HierarchicalMode`` sizes the static cache and the mega-batch (``memplan``), owns the feature
+arena and the partition reader for the daemon's life, and starts the scheduler -> reader ->
+assembler -> sampler stages of a training stream (``pipeline``). Evaluation batches are sampled
+over the whole graph through memory maps (``MemmapEval``): they must see every neighbour.
+"""
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+
+from loader.daemon.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.hierarchical.arena import FeatureArena
+from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
+from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory, plan_with_static
+from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
+from loader.daemon.hierarchical.reader import PartitionReader
+from loader.daemon.hierarchical.schedule import train_label_counts
+from loader.daemon.mode import ModeSetup, TrainingMode
+from loader.daemon.resident import ResidentData
+from loader.daemon.stages import TrainPipeline
+from loader.format.read_checks import load_read_checks
+
+__all__ = ["HierarchicalMode"]
+
+log = logging.getLogger("megabatch.hierarchical")
+
+
+class HierarchicalMode(TrainingMode):
+    """Two mega-batch buffers and the static cache in one arena, filled by whole-partition reads."""
+
+    name = "hierarchical"
+
+    def __init__(self, setup: ModeSetup) -> None:
+        serving, dataset = setup.serving, setup.dataset
+        cfg, m = serving.config, dataset.manifest
+        plan, resident = _plan_budget(setup)
+        self.budget_plan: MemoryPlan = plan
+        self._dataset, self._labels = dataset, serving.labels
+        parts, train = resident.partitions, resident.split_ids["train"]
+        arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
+        # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
+        static_rows = resident.static.num_nodes
+        resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
+        try:
+            checks = load_read_checks(dataset, blocks=False) if cfg.io.check_reads else None
+            reader = PartitionReader(dataset, arena, parts, serving.metrics, direct_io=cfg.io.direct_io,
+                                     threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
+        except BaseException:
+            arena.close()
+            raise
+        self.context = PipelineContext(cfg, resident, arena, reader, serving.metrics, serving.cpu_pool,
+                                       plan.buffer.partitions, train_label_counts(parts, train, resident.labels))
+        serving.metrics.static_nodes.set(static_rows)
+        serving.metrics.static_bytes.set(arena.static_bytes)
+
+    def summary(self) -> str:
+        per = self.budget_plan.buffer.partitions
+        return f"{len(self.context.resident.partitions)} partitions, {per} per mega-batch"
+
+    def start_pipeline(self, start_epoch: int) -> TrainPipeline:
+        return start_train_pipeline(self.context, start_epoch)
+
+    def eval_access(self) -> EvalAccess:
+        return MemmapEval(self._dataset, self.context.resident.partitions, self._labels)
+
+    def close(self) -> None:
+        self.context.reader.close()
+        self.context.arena.close()
+
+
+def _plan_budget(setup: ModeSetup) -> tuple[MemoryPlan, ResidentData]:
+    """The memory plan, and the resident data with the static cache it keeps (``static_cache = "auto"``
+    keeps a prefix of the prepared static nodes by in-degree)."""
+    cfg, m, resident = setup.serving.config, setup.dataset.manifest, setup.resident
+    index_itemsize = np.dtype(m.index_dtype.value).itemsize
+    # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
+    batch = setup.pilot.train_or_zero
+    parts = resident.partitions
+    train_counts = parts.count_in(resident.split_ids["train"])
+
+    def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
+        return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=parts,
+                           fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
+                           static_row_bytes=m.row_bytes, static_edges=static_edges,
+                           index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
+                           batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges)
+
+    cut, cut_edges = float(m.edge_cut.get("fraction", 0.0)), int(m.edge_cut.get("edges", 0))
+    static = resident.static
+    static_cut = static.cut_in_degree(parts)
+    if cfg.hierarchy.static_cache is None:
+        ranked = static.by_degree()
+        plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
+                                static_cut_edges=static_cut[ranked], cut_edges=cut_edges, edge_cut=cut,
+                                num_partitions=m.num_partitions)
+        log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
+                 f"{static.num_nodes:,}")
+        kept = np.sort(ranked[:plan.static_nodes])  # select keeps ascending ids, so its rows in this order
+        static, static_cut = static.select(kept), static_cut[kept]
+        resident = replace(resident, static=static)
+    else:
+        plan = plan_for(static.num_nodes, len(static.indices))
+    static_share = static_cut_share(int(static_cut.sum()), cut_edges)
+    expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
+    # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees
+    # exceed the fanouts, so this line informs and never warns
+    log.info("mega-batches of %d of %d partitions, %.1f%% of edges cut, %.1f%% of those leaving static nodes: "
+             "about %.3f of in-edges kept", plan.buffer.partitions, m.num_partitions, 100 * cut,
+             100 * static_share, expected)
+    return plan, resident
