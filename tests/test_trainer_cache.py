@@ -10,7 +10,7 @@ import proto.client
 from proto.messages import message_to_map
 from tests.daemon_harness import daemon_config, running_daemon, small_dataset
 from trainer.batch import Batch, DeviceCachePlan
-from trainer.daemon_source import DaemonError, DaemonSource
+from trainer.daemon_source import DaemonSource
 from trainer.device_cache import CacheOutOfStep, DeviceFeatureCache
 from trainer.loop import TrainConfig, train
 
@@ -154,18 +154,3 @@ def test_a_skipped_plan_is_refused():
     cache.assemble_batch(batch(0))
     with pytest.raises(CacheOutOfStep, match="plan 2 arrived, expected 1"):
         cache.assemble_batch(batch(2))
-
-
-def test_daemon_source_refuses_a_plan_that_does_not_fit_its_batch(dataset, tmp_path):
-    with running_daemon(config_for(dataset, tmp_path, "hierarchical")) as daemon:
-        source = DaemonSource(str(daemon.config.server.socket), timeout=30, feature_cache_bytes=50 * ROW_BYTES)
-        try:
-            arrays = {"x": np.zeros((2, DIM), np.float32), "hit_slot": np.array([-1, 3, 60], np.int32),
-                      "upd_slot": np.zeros(0, np.int32), "upd_pos": np.zeros(0, np.int32)}
-            with pytest.raises(DaemonError, match="hit_slot outside"):
-                source._check_plan(arrays)
-            arrays["hit_slot"][2] = 4
-            with pytest.raises(DaemonError, match="x has 2 rows, the cache plan ships 1"):
-                source._check_plan(arrays)
-        finally:
-            source.close()

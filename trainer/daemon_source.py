@@ -10,11 +10,11 @@ import time
 import warnings
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
+from proto.batch_arrays import BatchArrays
 from proto.client import ControlClient
-from proto.errors import ConnectFailed, ConnectionClosed, RemoteError
+from proto.errors import ConnectFailed, ConnectionClosed, RemoteError, SlotError
 from proto.messages import BatchReady, Bye, Credit, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
 from trainer.batch import Batch, DeviceCachePlan
 from trainer.source import BatchSource, SourceInfo
@@ -114,50 +114,27 @@ class DaemonSource(BatchSource):
                 raise DaemonError(f"unexpected {msg.TAG} message during a {kind} stream")
 
     def _batch(self, ready: BatchReady) -> Batch:
-        arrays = self._client.read_batch(ready).arrays
-
-        def tensor(name: str) -> torch.Tensor:
-            return torch.from_numpy(arrays[name])
+        views = self._client.read_batch(ready).arrays
 
         def release() -> None:
             if not self._client.closed:
                 self._send(Release(slot=ready.slot, seq=ready.seq))
 
+        try:
+            arrays = BatchArrays.read(views, self._info.feature_cache_rows)
+        except SlotError as err:
+            release()
+            raise DaemonError(f"{ready.kind} batch seq {ready.seq}: {err}") from None
         plan = None
-        if "hit_slot" in arrays:
-            try:
-                self._check_plan(arrays)
-            except DaemonError:
-                release()
-                raise
-            plan = DeviceCachePlan(tensor("hit_slot"), tensor("upd_slot"), tensor("upd_pos"), self._cache_step)
+        if arrays.hit_slot is not None and arrays.upd_slot is not None and arrays.upd_pos is not None:
+            plan = DeviceCachePlan(torch.from_numpy(arrays.hit_slot), torch.from_numpy(arrays.upd_slot),
+                                   torch.from_numpy(arrays.upd_pos), self._cache_step)
             self._cache_step += 1
-        return Batch(x=tensor("x"), y=tensor("y"), edge_index=tensor("edge_index"), n_id=tensor("n_id"),
-                     num_sampled_nodes=[int(v) for v in np.asarray(arrays["nodes_per_hop"])],
-                     num_sampled_edges=[int(v) for v in np.asarray(arrays["edges_per_hop"])],
+        return Batch(x=torch.from_numpy(arrays.x), y=torch.from_numpy(arrays.y),
+                     edge_index=torch.from_numpy(arrays.edge_index), n_id=torch.from_numpy(arrays.n_id),
+                     num_sampled_nodes=[int(v) for v in arrays.nodes_per_hop],
+                     num_sampled_edges=[int(v) for v in arrays.edges_per_hop],
                      seq=ready.seq, cache_plan=plan, _release=release)
-
-    def _check_plan(self, arrays: dict[str, np.ndarray]) -> None:
-        """Refuse a cache plan that would index out of range or leave a row unwritten (vectorized, O(n)).
-
-        Checked on the host, where the slot is: on a GPU a bad index is an asynchronous device
-        assert, not an error naming the batch.
-        """
-        rows = self._info.feature_cache_rows
-        hit, slots, pos = arrays["hit_slot"], arrays.get("upd_slot"), arrays.get("upd_pos")
-        if rows == 0:
-            raise DaemonError("the daemon sent a feature cache plan, but this session has no feature cache")
-        if slots is None or pos is None or hit.dtype != np.int32 or slots.dtype != np.int32 or pos.dtype != np.int32:
-            raise DaemonError("a feature cache plan needs int32 hit_slot, upd_slot and upd_pos arrays")
-        n = len(hit)
-        if hit.size and (hit.min() < -1 or hit.max() >= rows):
-            raise DaemonError(f"hit_slot outside [-1, {rows})")
-        if slots.shape != pos.shape or (slots.size and (slots.min() < 0 or slots.max() >= rows
-                                                        or pos.min() < 0 or pos.max() >= n)):
-            raise DaemonError(f"upd_slot/upd_pos: shapes {slots.shape}/{pos.shape}, or outside [0, {rows})/[0, {n})")
-        shipped = int(np.count_nonzero(hit < 0))
-        if arrays["x"].shape[0] != shipped:
-            raise DaemonError(f"x has {arrays['x'].shape[0]} rows, the cache plan ships {shipped}")
 
     def close(self) -> None:
         self._client.close("trainer done")

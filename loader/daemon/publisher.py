@@ -9,15 +9,14 @@ capped by the slots and a slow trainer stalls the whole pipeline through the bou
 
 import asyncio
 
-import numpy as np
-
 from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledPass
+from proto.batch_arrays import BatchShape, open_batch
 from proto.errors import SlotOverflow
 from proto.messages import BatchId
-from proto.slots import ArraySpec, SlotRing, plan_slot
+from proto.slots import SlotRing
 
-__all__ = ["SlotFlow", "batch_specs", "fill_slot", "overflow_message"]
+__all__ = ["SlotFlow", "fill_slot", "overflow_message"]
 
 
 class SlotFlow:
@@ -73,27 +72,6 @@ class SlotFlow:
         self._changed.set()
 
 
-def batch_specs(num_nodes: int, num_seeds: int, num_edges: int, num_hops: int, feat_dim: int,
-                feat_dtype: np.dtype, shipped_rows: int | None = None, num_updates: int = 0) -> list[ArraySpec]:
-    """The arrays of one batch slot (see proto/PROTOCOL.md, "Batch arrays").
-
-    shipped_rows (default None: every row, no cache arrays): a batch for a client with a feature
-    cache, whose ``x`` holds only this many rows, plus ``hit_slot`` and the update of
-    ``num_updates`` rows (``upd_slot``, ``upd_pos``), all int32.
-    """
-    rows = num_nodes if shipped_rows is None else shipped_rows
-    specs = [ArraySpec("x", feat_dtype, (rows, feat_dim)), ArraySpec("n_id", np.dtype(np.int64), (num_nodes,)),
-             ArraySpec("y", np.dtype(np.int64), (num_seeds,)),
-             ArraySpec("edge_index", np.dtype(np.int64), (2, num_edges)),
-             ArraySpec("nodes_per_hop", np.dtype(np.int64), (num_hops + 1,)),
-             ArraySpec("edges_per_hop", np.dtype(np.int64), (num_hops,))]
-    if shipped_rows is not None:
-        specs += [ArraySpec("hit_slot", np.dtype(np.int32), (num_nodes,)),
-                  ArraySpec("upd_slot", np.dtype(np.int32), (num_updates,)),
-                  ArraySpec("upd_pos", np.dtype(np.int32), (num_updates,))]
-    return specs
-
-
 def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
               source: SlotSource) -> int:
     """Write batch ``b`` of ``sampled`` into ``slot`` and commit it; returns payload bytes.
@@ -102,18 +80,17 @@ def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass
     """
     batch = sampled.batch(b)
     nodes = batch.nodes
-    specs = batch_specs(len(nodes), int(batch.num_sampled_nodes[0]), batch.edge_index.shape[1], sampled.num_hops,
-                        source.feat_dim, source.feat_dtype)
-    plan = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
-    arrays = ring.arrays_for(slot, plan)
-    source.rows.fill(b, nodes, arrays["x"])
-    arrays["n_id"][:] = source.global_ids(nodes)
-    arrays["y"][:] = source.labels(nodes[:int(batch.num_sampled_nodes[0])])
-    arrays["edge_index"][:] = batch.edge_index
-    arrays["nodes_per_hop"][:] = batch.num_sampled_nodes
-    arrays["edges_per_hop"][:] = batch.num_sampled_edges
-    ring.commit(slot, batch_id, plan)
-    return sum(spec.nbytes for spec in specs)
+    seeds = int(batch.num_sampled_nodes[0])
+    out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], sampled.num_hops,
+                                            source.feat_dim, source.feat_dtype))
+    arrays = out.arrays
+    source.rows.fill(b, nodes, arrays.x)
+    arrays.n_id[:] = source.global_ids(nodes)
+    arrays.y[:] = source.labels(nodes[:seeds])
+    arrays.edge_index[:] = batch.edge_index
+    arrays.nodes_per_hop[:] = batch.num_sampled_nodes
+    arrays.edges_per_hop[:] = batch.num_sampled_edges
+    return out.commit(batch_id)
 
 
 def overflow_message(err: SlotOverflow) -> str:

@@ -22,11 +22,11 @@ import numpy as np
 
 from loader.daemon.config import SamplerConfig
 from loader.daemon.eval_stream import EvalData, open_eval_data
-from loader.daemon.publisher import batch_specs
 from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
 from loader.sampling.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
 from loader.sampling.sampling import sample_pass
+from proto.batch_arrays import BatchShape
 from proto.sizes import format_size
 from proto.slots import HEADER_BYTES, slot_bytes_for
 
@@ -128,9 +128,9 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
     for bound, batch_size, fanouts in cases:
         if bound is None:
             continue  # no batch of this kind to size for
-        specs = batch_specs(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
-                            np.dtype(m.feat_dtype.value))
-        worst = max(worst, slot_bytes_for(specs, HEADER_BYTES))
+        shape = BatchShape(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
+                           np.dtype(m.feat_dtype.value))
+        worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 
 

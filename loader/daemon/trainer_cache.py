@@ -29,11 +29,11 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
-from loader.daemon.publisher import batch_specs
 from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledPass
+from proto.batch_arrays import BatchShape, open_batch
 from proto.messages import BatchId
-from proto.slots import SlotRing, plan_slot
+from proto.slots import SlotRing
 
 __all__ = ["TrainerCache", "accepted_rows", "MAX_ROWS", "CachedSlot"]
 
@@ -104,11 +104,11 @@ class TrainerCache:
         miss = np.flatnonzero(hits < 0)
         change = plan.changeset(b)
         seeds = int(batch.num_sampled_nodes[0])
-        specs = batch_specs(len(nodes), seeds, batch.edge_index.shape[1], sampled.num_hops, source.feat_dim,
-                            source.feat_dtype, shipped_rows=len(miss), num_updates=len(change.slots))
-        layout = plan_slot(specs, ring.slot_bytes, ring.header_bytes)
-        arrays = ring.arrays_for(slot, layout)
-        x = arrays["x"]
+        out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], sampled.num_hops,
+                                                source.feat_dim, source.feat_dtype, shipped_rows=len(miss),
+                                                num_updates=len(change.slots)))
+        arrays = out.arrays
+        x = arrays.x
         if source.rows.fills_any_subset:
             if len(miss):
                 source.rows.fill(b, nodes[miss], x)
@@ -118,16 +118,17 @@ class TrainerCache:
             scratch = self._scratch_for(len(nodes))
             source.rows.fill(b, nodes, scratch)
             copy_rows(row_words(scratch), miss, row_words(x), np.arange(len(miss), dtype=np.int64))
-        arrays["n_id"][:] = plan.ids(b)  # the dataset ids the plan was made for
-        arrays["y"][:] = source.labels(nodes[:seeds])
-        arrays["edge_index"][:] = batch.edge_index
-        arrays["nodes_per_hop"][:] = batch.num_sampled_nodes
-        arrays["edges_per_hop"][:] = batch.num_sampled_edges
-        arrays["hit_slot"][:] = hits
-        arrays["upd_slot"][:] = change.slots
-        arrays["upd_pos"][:] = change.in_positions
-        ring.commit(slot, batch_id, layout)
-        return CachedSlot(sum(spec.nbytes for spec in specs), len(nodes) - len(miss), len(miss))
+        arrays.n_id[:] = plan.ids(b)  # the dataset ids the plan was made for
+        arrays.y[:] = source.labels(nodes[:seeds])
+        arrays.edge_index[:] = batch.edge_index
+        arrays.nodes_per_hop[:] = batch.num_sampled_nodes
+        arrays.edges_per_hop[:] = batch.num_sampled_edges
+        assert arrays.hit_slot is not None and arrays.upd_slot is not None and arrays.upd_pos is not None
+        arrays.hit_slot[:] = hits
+        arrays.upd_slot[:] = change.slots
+        arrays.upd_pos[:] = change.in_positions
+        nbytes = out.commit(batch_id)
+        return CachedSlot(nbytes, len(nodes) - len(miss), len(miss))
 
     def _scratch_for(self, num_rows: int) -> np.ndarray:
         if len(self._scratch) < num_rows:
