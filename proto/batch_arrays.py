@@ -14,7 +14,7 @@ import numpy as np
 
 from proto.errors import SlotError
 from proto.messages import BatchId
-from proto.slots import ArraySpec, SlotPlan, SlotRing, plan_slot
+from proto.slots import ArraySpec, SlotPlacement, SlotRing, place_arrays
 
 __all__ = ["BatchShape", "BatchArrays", "OpenBatch", "open_batch"]
 
@@ -152,7 +152,7 @@ class OpenBatch:
 
     ring: SlotRing
     slot: int
-    layout: SlotPlan
+    layout: SlotPlacement
     arrays: BatchArrays
 
     def commit(self, batch_id: BatchId) -> int:
@@ -163,5 +163,5 @@ class OpenBatch:
 
 def open_batch(ring: SlotRing, slot: int, shape: BatchShape) -> OpenBatch:
     """Lay ``shape``'s arrays out in ``slot`` (invalidating what it held); ``SlotOverflow`` if they do not fit."""
-    layout = plan_slot(shape.specs(), ring.slot_bytes, ring.header_bytes)
+    layout = place_arrays(shape.specs(), ring.slot_bytes, ring.header_bytes)
     return OpenBatch(ring, slot, layout, BatchArrays.from_views(ring.arrays_for(slot, layout)))

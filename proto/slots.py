@@ -6,7 +6,7 @@ multiple of ``PAGE_BYTES`` (4096), so every slot starts on a page. A slot begins
 offset that is a multiple of its ``ArraySpec.align`` (default 64). The binary header layout is specified
 in proto/PROTOCOL.md ("Slot header").
 
-The producer (the daemon) plans a batch with ``plan_slot``, fills the arrays in place through
+The producer (the daemon) places a batch with ``place_arrays``, fills the arrays in place through
 ``SlotRing.arrays_for`` and publishes them with ``SlotRing.commit``, which writes the header last and its
 magic last of all. The consumer (the trainer) gets zero-copy views with ``SlotRing.read``, which checks
 every header field and bound first, so a corrupt or stale header raises ``SlotError`` instead of reading
@@ -28,8 +28,8 @@ from proto.messages import KINDS, BatchId, SlotLayout
 
 __all__ = [
     "PAGE_BYTES", "HEADER_BYTES", "MIN_HEADER_BYTES", "ARRAY_ALIGNMENT", "MAGIC", "LAYOUT_VERSION", "MAX_ARRAYS",
-    "NAME_BYTES", "MAX_NDIM", "DType", "KIND_CODES", "ArraySpec", "PlannedArray", "SlotPlan",
-    "SlotContents", "SlotRing", "plan_slot", "slot_bytes_for",
+    "NAME_BYTES", "MAX_NDIM", "DType", "KIND_CODES", "ArraySpec", "PlacedArray", "SlotPlacement",
+    "SlotContents", "SlotRing", "place_arrays", "slot_bytes_for",
 ]
 
 PAGE_BYTES = 4096
@@ -131,7 +131,7 @@ class ArraySpec:
 
 
 @dataclass(frozen=True)
-class PlannedArray:
+class PlacedArray:
     """Where one array lies in a slot: ``offset`` from the slot start, ``nbytes`` long."""
 
     spec: ArraySpec
@@ -140,13 +140,13 @@ class PlannedArray:
 
 
 @dataclass(frozen=True)
-class SlotPlan:
+class SlotPlacement:
     """The placement of a batch's arrays in a slot of ``slot_bytes`` bytes with a ``header_bytes`` header.
 
     ``payload_bytes`` is the span from the end of the header to the end of the last array.
     """
 
-    arrays: tuple[PlannedArray, ...]
+    arrays: tuple[PlacedArray, ...]
     slot_bytes: int
     header_bytes: int
     payload_bytes: int
@@ -161,7 +161,7 @@ def _check_geometry(slot_bytes: int, header_bytes: int) -> None:
                         f"got {slot_bytes}")
 
 
-def _place(specs: Sequence[ArraySpec], header_bytes: int) -> tuple[tuple[PlannedArray, ...], int]:
+def _place(specs: Sequence[ArraySpec], header_bytes: int) -> tuple[tuple[PlacedArray, ...], int]:
     """The arrays placed in order after the header, and the offset where the last one ends."""
     if len(specs) > MAX_ARRAYS:
         raise ValueError(f"a slot holds at most {MAX_ARRAYS} arrays, got {len(specs)}")
@@ -172,12 +172,12 @@ def _place(specs: Sequence[ArraySpec], header_bytes: int) -> tuple[tuple[Planned
     end = header_bytes
     for spec in specs:
         offset = _round_up(end, spec.align)
-        placed.append(PlannedArray(spec, offset, spec.nbytes))
+        placed.append(PlacedArray(spec, offset, spec.nbytes))
         end = offset + spec.nbytes
     return tuple(placed), end
 
 
-def plan_slot(specs: Sequence[ArraySpec], slot_bytes: int, header_bytes: int = HEADER_BYTES) -> SlotPlan:
+def place_arrays(specs: Sequence[ArraySpec], slot_bytes: int, header_bytes: int = HEADER_BYTES) -> SlotPlacement:
     """Place ``specs`` in one slot; raises ``SlotOverflow`` (needed = the slot size that would fit).
 
     ``header_bytes`` defaults to ``HEADER_BYTES``.
@@ -186,7 +186,7 @@ def plan_slot(specs: Sequence[ArraySpec], slot_bytes: int, header_bytes: int = H
     placed, end = _place(specs, header_bytes)
     if end > slot_bytes:
         raise SlotOverflow(_round_up(end, PAGE_BYTES), slot_bytes)
-    return SlotPlan(placed, slot_bytes, header_bytes, end - header_bytes)
+    return SlotPlacement(placed, slot_bytes, header_bytes, end - header_bytes)
 
 
 def slot_bytes_for(specs: Sequence[ArraySpec], header_bytes: int = HEADER_BYTES) -> int:
@@ -245,10 +245,10 @@ class SlotRing:
             raise SlotError(f"slot {slot!r} is outside the ring (0 to {self.count - 1})")
         return slot * self.slot_bytes
 
-    def _check_plan(self, plan: SlotPlan) -> None:
-        if (plan.slot_bytes, plan.header_bytes) != (self.slot_bytes, self.header_bytes):
-            raise SlotError(f"plan is for {plan.slot_bytes}-byte slots with {plan.header_bytes}-byte headers, "
-                            f"the ring has {self.slot_bytes} and {self.header_bytes}")
+    def _check_placement(self, placement: SlotPlacement) -> None:
+        if (placement.slot_bytes, placement.header_bytes) != (self.slot_bytes, self.header_bytes):
+            raise SlotError(f"placement is for {placement.slot_bytes}-byte slots with {placement.header_bytes}-byte "
+                            f"headers, the ring has {self.slot_bytes} and {self.header_bytes}")
 
     def _check_writable(self) -> None:
         if not self.writable:
@@ -256,32 +256,32 @@ class SlotRing:
 
     # --- writer side -------------------------------------------------------------------------------
 
-    def arrays_for(self, slot: int, plan: SlotPlan) -> dict[str, np.ndarray]:
-        """Writable views of ``slot`` laid out by ``plan``, to fill in place; invalidates the slot first."""
+    def arrays_for(self, slot: int, placement: SlotPlacement) -> dict[str, np.ndarray]:
+        """Writable views of ``slot`` laid out by ``placement``, to fill in place; invalidates the slot first."""
         self._check_writable()
-        self._check_plan(plan)
+        self._check_placement(placement)
         start = self._start(slot)
         # A reader must not take the old header for a description of the arrays being overwritten.
         self._bytes[start:start + len(MAGIC)] = 0
-        return {a.spec.name: self._array(start + a.offset, a.spec.dtype, a.spec.shape) for a in plan.arrays}
+        return {a.spec.name: self._array(start + a.offset, a.spec.dtype, a.spec.shape) for a in placement.arrays}
 
-    def commit(self, slot: int, batch: BatchId, plan: SlotPlan) -> None:
+    def commit(self, slot: int, batch: BatchId, placement: SlotPlacement) -> None:
         """Publish ``slot``: write the array table, then the header fields, then the magic.
 
         Writing the magic last means a reader that finds it sees the rest of the header; the
         happens-before edge between processes is still the ``BatchReady`` message sent after this.
         """
         self._check_writable()
-        self._check_plan(plan)
+        self._check_placement(placement)
         start = self._start(slot)
         self._bytes[start:start + len(MAGIC)] = 0
-        for i, a in enumerate(plan.arrays):
+        for i, a in enumerate(placement.arrays):
             shape = a.spec.shape + (0,) * (MAX_NDIM - len(a.spec.shape))
             _ENTRY.pack_into(self._view, start + _TABLE_OFFSET + i * _ENTRY.size, a.spec.name.encode("ascii"),
                              a.spec.code, len(a.spec.shape), *shape, a.offset, a.nbytes)
-        fixed = _FIXED.pack(MAGIC, LAYOUT_VERSION, KIND_CODES[batch.kind], len(plan.arrays), batch.seq,
+        fixed = _FIXED.pack(MAGIC, LAYOUT_VERSION, KIND_CODES[batch.kind], len(placement.arrays), batch.seq,
                             batch.epoch, batch.pass_index, batch.batch_index, batch.num_batches,
-                            plan.payload_bytes)
+                            placement.payload_bytes)
         self._view[start + len(MAGIC):start + _FIXED.size] = fixed[len(MAGIC):]
         self._view[start:start + len(MAGIC)] = MAGIC
 

@@ -161,12 +161,12 @@ def test_exact_mode_on_coauthor_physics_equals_the_reference_bitwise(physics, tm
     ("hierarchical", {}), ("inmemory", {}), ("mmap", {}), ("exact", {"neighbor_cache": "16K", "feature_cache": "8K"}),
     ("static", {"neighbor_cache": 0, "feature_cache": "40K"})])
 def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
-    from loader.sampling.inmemory import STREAM_VAL, eval_batches_plan
+    from loader.sampling.inmemory import STREAM_VAL, eval_split_batches
     from proto.messages import EvalEnd, EvalRequest
 
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS), "eval_batch_size": 200})
-    plan = eval_batches_plan(reference.splits["val"], 200, 0, STREAM_VAL)
+    plan = eval_split_batches(reference.splits["val"], 200, 0, STREAM_VAL)
     expected = sample_pass(reference.graph, plan.seeds, 200, FANOUTS, plan.keys)
     with running_daemon(config):
         client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)

@@ -11,7 +11,7 @@ from loader.sampling.inmemory import (
     STREAM_TRAIN,
     STREAM_VAL,
     epoch_batches_inmemory,
-    eval_batches_plan,
+    eval_split_batches,
     load_in_memory,
     num_batches,
     shuffle_key,
@@ -75,10 +75,10 @@ def test_epoch_plan_is_a_seeded_shuffle_with_one_key_per_batch():
 
 def test_eval_plan_is_sorted_and_keyed_by_split():
     ids = np.array([9, 3, 5, 1], dtype=np.int64)
-    val = eval_batches_plan(ids, 3, seed=2, stream=split_stream("val"))
+    val = eval_split_batches(ids, 3, seed=2, stream=split_stream("val"))
     assert val.seeds.tolist() == [1, 3, 5, 9]
     np.testing.assert_array_equal(val.keys, batch_keys(2, STREAM_VAL, 0, 0, 0, 2))
-    test = eval_batches_plan(ids, 3, seed=2, stream=split_stream("test"))
+    test = eval_split_batches(ids, 3, seed=2, stream=split_stream("test"))
     np.testing.assert_array_equal(test.keys, batch_keys(2, STREAM_TEST, 0, 0, 0, 2))
     assert len({STREAM_TRAIN, STREAM_VAL, STREAM_TEST, STREAM_SHUFFLE}) == 4
     with pytest.raises(ValueError, match="split"):

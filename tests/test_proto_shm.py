@@ -39,7 +39,7 @@ from proto.messages import (
     Welcome,
 )
 from proto.shm import SEALS, Segment, create_segment, map_segment, recv_with_fds, send_with_fds
-from proto.slots import ArraySpec, SlotRing, plan_slot
+from proto.slots import ArraySpec, SlotRing, place_arrays
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = [ArraySpec("x", np.dtype("float32"), (50, 8), align=4096), ArraySpec("n_id", np.dtype("int64"), (50,))]
@@ -55,7 +55,7 @@ def open_fds() -> set[str]:
 
 
 def write_batch(ring: SlotRing, slot: int, seq: int) -> dict[str, np.ndarray]:
-    plan = plan_slot(SPECS, ring.slot_bytes)
+    plan = place_arrays(SPECS, ring.slot_bytes)
     arrays = ring.arrays_for(slot, plan)
     arrays["x"][...] = np.arange(400, dtype=np.float32).reshape(50, 8) + seq
     arrays["n_id"][...] = np.arange(50) * 3 + seq

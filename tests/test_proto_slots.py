@@ -19,7 +19,7 @@ from proto.slots import (
     PAGE_BYTES,
     ArraySpec,
     SlotRing,
-    plan_slot,
+    place_arrays,
     slot_bytes_for,
 )
 
@@ -53,7 +53,7 @@ def committed_ring(count: int = 3, slot: int = 1, seq: int = 5):
     slot_bytes = slot_bytes_for(specs)
     buf = bytearray(count * slot_bytes)
     ring = SlotRing(buf, count, slot_bytes)
-    plan = plan_slot(specs, slot_bytes)
+    plan = place_arrays(specs, slot_bytes)
     expected = fill(ring.arrays_for(slot, plan), seed=seq)
     ring.commit(slot, BatchId("train", seq, 2, 1, 7, 40), plan)
     return ring, buf, slot_bytes, expected
@@ -74,7 +74,7 @@ def test_plan_commit_read_round_trip(specs, slot, kind, seq, num_batches, seed):
     assert slot_bytes % PAGE_BYTES == 0 and slot_bytes > HEADER_BYTES
     segment = mmap.mmap(-1, 3 * slot_bytes)  # page aligned, like the real segment
     ring = SlotRing(segment, 3, slot_bytes)
-    plan = plan_slot(specs, slot_bytes)
+    plan = place_arrays(specs, slot_bytes)
     arrays = ring.arrays_for(slot, plan)
     expected = fill(arrays, seed)
     header = BatchId(kind, seq, seed % 2**32, 3, 9, num_batches)
@@ -104,7 +104,7 @@ def test_plan_commit_read_round_trip(specs, slot, kind, seq, num_batches, seed):
 def test_writes_after_commit_are_visible_through_read_views():
     ring, buf, _, expected = committed_ring()
     view = ring.read(1).arrays["y"]
-    buf_view = ring.arrays_for(1, plan_slot(batch_specs(), ring.slot_bytes))["y"]
+    buf_view = ring.arrays_for(1, place_arrays(batch_specs(), ring.slot_bytes))["y"]
     buf_view[:] = -1
     assert (view == -1).all()
     assert not (expected["y"] == -1).all()
@@ -114,9 +114,9 @@ def test_overflow_names_the_size_needed():
     specs = batch_specs()
     needed = slot_bytes_for(specs)
     with pytest.raises(SlotOverflow, match=f"needs {needed} bytes per slot but slots have 8192") as info:
-        plan_slot(specs, 8192)
+        place_arrays(specs, 8192)
     assert (info.value.needed, info.value.available) == (needed, 8192)
-    assert plan_slot(specs, needed).payload_bytes <= needed - HEADER_BYTES
+    assert place_arrays(specs, needed).payload_bytes <= needed - HEADER_BYTES
 
 
 def test_uncommitted_cleared_and_rewritten_slots_are_invalid():
@@ -124,10 +124,10 @@ def test_uncommitted_cleared_and_rewritten_slots_are_invalid():
     with pytest.raises(SlotError, match="slot 0 holds no committed batch"):
         ring.read(0)
     ring.read(1)
-    ring.arrays_for(1, plan_slot(batch_specs(), slot_bytes))  # the producer starts overwriting the slot
+    ring.arrays_for(1, place_arrays(batch_specs(), slot_bytes))  # the producer starts overwriting the slot
     with pytest.raises(SlotError, match="no committed batch"):
         ring.read(1)
-    ring.commit(1, BatchId("val", 6, 0, 0, 0, -1), plan_slot(batch_specs(), slot_bytes))
+    ring.commit(1, BatchId("val", 6, 0, 0, 0, -1), place_arrays(batch_specs(), slot_bytes))
     assert ring.read(1, expect_seq=6).batch_id.kind == "val"
     ring.clear(1)
     with pytest.raises(SlotError, match="no committed batch"):
@@ -151,7 +151,7 @@ def test_an_interrupted_commit_leaves_the_slot_invalid(monkeypatch):
 
     monkeypatch.setattr(slots, "_ENTRY", FailingEntry())
     with pytest.raises(RuntimeError):
-        ring.commit(1, BatchId("train", 6, 0, 0, 0, -1), plan_slot(batch_specs(), slot_bytes))
+        ring.commit(1, BatchId("train", 6, 0, 0, 0, -1), place_arrays(batch_specs(), slot_bytes))
     monkeypatch.setattr(slots, "_ENTRY", real)
     with pytest.raises(SlotError, match="no committed batch"):
         ring.read(1)
@@ -229,7 +229,7 @@ def test_read_only_ring():
     np.testing.assert_array_equal(contents.arrays["x"], expected["x"])
     assert not contents.arrays["x"].flags.writeable
     with pytest.raises(SlotError, match="read-only"):
-        reader.arrays_for(1, plan_slot(batch_specs(), slot_bytes))
+        reader.arrays_for(1, place_arrays(batch_specs(), slot_bytes))
     with pytest.raises(SlotError, match="read-only"):
         reader.clear(1)
 
@@ -254,10 +254,10 @@ def test_array_spec_normalizes():
 
 def test_plan_limits():
     with pytest.raises(ValueError, match="at most 32 arrays"):
-        plan_slot([ArraySpec(f"a{i}", np.dtype("uint8"), (1,)) for i in range(MAX_ARRAYS + 1)], 65536)
+        place_arrays([ArraySpec(f"a{i}", np.dtype("uint8"), (1,)) for i in range(MAX_ARRAYS + 1)], 65536)
     with pytest.raises(ValueError, match="unique"):
-        plan_slot([ArraySpec("a", np.dtype("uint8"), (1,))] * 2, 65536)
-    full = plan_slot([ArraySpec(f"a{i}", np.dtype("uint8"), (1,)) for i in range(MAX_ARRAYS)], 65536)
+        place_arrays([ArraySpec("a", np.dtype("uint8"), (1,))] * 2, 65536)
+    full = place_arrays([ArraySpec(f"a{i}", np.dtype("uint8"), (1,)) for i in range(MAX_ARRAYS)], 65536)
     assert len(full.arrays) == MAX_ARRAYS
 
 
@@ -282,8 +282,8 @@ def test_ring_from_layout_and_misuse():
         ring.read(2)
     with pytest.raises(SlotError, match="outside the ring"):
         ring.read(-1)
-    with pytest.raises(SlotError, match="plan is for 8192-byte slots"):
-        ring.arrays_for(0, plan_slot([ArraySpec("a", np.dtype("uint8"), (1,))], 8192))
+    with pytest.raises(SlotError, match="placement is for 8192-byte slots"):
+        ring.arrays_for(0, place_arrays([ArraySpec("a", np.dtype("uint8"), (1,))], 8192))
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

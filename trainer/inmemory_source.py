@@ -14,10 +14,10 @@ import torch
 
 from loader.format.dataset import Dataset, open_dataset
 from loader.sampling.inmemory import (
-    BatchPlan,
+    EpochBatches,
     InMemoryGraph,
     epoch_batches_inmemory,
-    eval_batches_plan,
+    eval_split_batches,
     load_in_memory,
     split_stream,
 )
@@ -92,10 +92,10 @@ class InMemorySource(BatchSource):
     def eval_batches(self, split: str) -> Iterator[Batch]:
         if split not in ("val", "test"):
             raise ValueError(f"split must be 'val' or 'test', got {split!r}")
-        plan = eval_batches_plan(self.data.splits[split], self.eval_batch_size, self.seed, split_stream(split))
+        plan = eval_split_batches(self.data.splits[split], self.eval_batch_size, self.seed, split_stream(split))
         return self._batches(plan, self.eval_batch_size, self.eval_fanouts)
 
-    def _batches(self, plan: BatchPlan, batch_size: int, fanouts: tuple[int, ...]) -> Iterator[Batch]:
+    def _batches(self, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...]) -> Iterator[Batch]:
         seq = 0
         for first in range(0, len(plan.keys), self.chunk_batches):
             keys = plan.keys[first:first + self.chunk_batches]

@@ -1,7 +1,7 @@
 """``BudgetPlan``: the interface of every mode's split of ``[memory] budget``.
 
-Each mode resolves its own plan at startup (``hierarchical.memplan.MemoryPlan``,
-``fullgraph.outofcore.OutOfCorePlan``, ``fullgraph.fullgraph_modes.HeldPlan``) and refuses to start
+Each mode resolves its own plan at startup (``hierarchical.memplan.HierarchicalBudget``,
+``fullgraph.outofcore.OutOfCoreBudget``, ``fullgraph.fullgraph_modes.HeldBudget``) and refuses to start
 when it does not fit; the daemon only logs ``describe()`` and the metrics read ``total``.
 """
 

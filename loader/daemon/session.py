@@ -26,7 +26,7 @@ from loader.daemon.slot_source import SlotSource
 from loader.daemon.stages import EpochDone, TrainPipeline, run_in_pool, run_timed
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
-from loader.sampling.inmemory import eval_batches_plan, split_stream
+from loader.sampling.inmemory import eval_split_batches, split_stream
 from loader.sampling.sampling import SampledPass
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow, UserError
@@ -329,7 +329,7 @@ class Session:
         cfg = self._ctx.config.sampler
         access = self._eval_access()
         try:
-            plan = eval_batches_plan(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
+            plan = eval_split_batches(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
                                      split_stream(split))
             total = len(plan.keys)
             source = access.source

@@ -24,7 +24,7 @@ from loader.daemon.config import SamplerConfig
 from loader.daemon.eval_stream import EvalData, open_eval_data
 from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
-from loader.sampling.inmemory import STREAM_VAL, BatchPlan, epoch_batches_inmemory, eval_batches_plan
+from loader.sampling.inmemory import STREAM_VAL, EpochBatches, epoch_batches_inmemory, eval_split_batches
 from loader.sampling.sampling import sample_pass
 from proto.batch_arrays import BatchShape
 from proto.sizes import format_size
@@ -83,7 +83,7 @@ class PilotSizes:
         return self.train if self.train is not None else NO_BATCH
 
 
-def _pilot(data: EvalData, plan: BatchPlan, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
+def _pilot(data: EvalData, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
            num_edges: int) -> BatchBound | None:
     count = min(PILOT_BATCHES, len(plan.keys))
     if count == 0:
@@ -111,7 +111,7 @@ def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: Sampler
     try:
         train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
                        sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
-        evaluation = _pilot(data, eval_batches_plan(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
+        evaluation = _pilot(data, eval_split_batches(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
                                                     STREAM_VAL),
                             sampler.eval_batch_size, sampler.eval_fanouts, m.num_nodes, m.num_edges)
     finally:

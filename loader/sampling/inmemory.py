@@ -19,8 +19,8 @@ from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
 from proto.errors import UserError
 
 __all__ = [
-    "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "SPLITS", "InMemoryGraph", "BatchPlan",
-    "load_in_memory", "shuffle_key", "num_batches", "epoch_batches_inmemory", "eval_batches_plan", "split_stream",
+    "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "SPLITS", "InMemoryGraph", "EpochBatches",
+    "load_in_memory", "shuffle_key", "num_batches", "epoch_batches_inmemory", "eval_split_batches", "split_stream",
 ]
 
 STREAM_TRAIN = 0
@@ -59,7 +59,7 @@ class InMemoryGraph:
         return int(self.features.shape[1])
 
 
-class BatchPlan(NamedTuple):
+class EpochBatches(NamedTuple):
     """Seeds of a sequence of batches in batch order, and one sampling key per batch.
 
     Batch ``b`` is ``seeds[b * batch_size:(b + 1) * batch_size]`` sampled with ``keys[b]``.
@@ -135,7 +135,7 @@ def shuffle_key(seed: int, epoch: int) -> int:
     return int(batch_keys(seed, STREAM_SHUFFLE, epoch, 0, 0, 1)[0])
 
 
-def epoch_batches_inmemory(train_ids: np.ndarray, batch_size: int, seed: int, epoch: int) -> BatchPlan:
+def epoch_batches_inmemory(train_ids: np.ndarray, batch_size: int, seed: int, epoch: int) -> EpochBatches:
     """Neighbour-sampling ("NS") epoch: every training id once, in a fresh random order per epoch.
 
     ``seeds = shuffle(train_ids, shuffle_key(seed, epoch))``; ``keys = batch_keys(seed, STREAM_TRAIN,
@@ -143,7 +143,7 @@ def epoch_batches_inmemory(train_ids: np.ndarray, batch_size: int, seed: int, ep
     """
     ids = np.ascontiguousarray(train_ids, dtype=np.int64)
     count = num_batches(ids.shape[0], batch_size)
-    return BatchPlan(shuffle(ids, shuffle_key(seed, epoch)), batch_keys(seed, STREAM_TRAIN, epoch, 0, 0, count))
+    return EpochBatches(shuffle(ids, shuffle_key(seed, epoch)), batch_keys(seed, STREAM_TRAIN, epoch, 0, 0, count))
 
 
 def split_stream(split: str) -> int:
@@ -154,10 +154,10 @@ def split_stream(split: str) -> int:
     return streams[split]
 
 
-def eval_batches_plan(split_ids: np.ndarray, batch_size: int, seed: int, stream: int) -> BatchPlan:
+def eval_split_batches(split_ids: np.ndarray, batch_size: int, seed: int, stream: int) -> EpochBatches:
     """Evaluation batches of one split: the sorted ids in order (no shuffle), keys of epoch 0, pass 0.
 
     Used by the in-memory source and the loader daemon alike, so evaluation is identical in both.
     """
     ids = np.sort(np.asarray(split_ids, dtype=np.int64))
-    return BatchPlan(ids, batch_keys(seed, stream, 0, 0, 0, num_batches(ids.shape[0], batch_size)))
+    return EpochBatches(ids, batch_keys(seed, stream, 0, 0, 0, num_batches(ids.shape[0], batch_size)))

@@ -24,7 +24,7 @@ from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["InMemoryMode", "MmapMode", "HeldPlan", "inmemory_bytes"]
+__all__ = ["InMemoryMode", "MmapMode", "HeldBudget", "inmemory_bytes"]
 
 
 def inmemory_bytes(dataset: Dataset) -> int:
@@ -35,7 +35,7 @@ def inmemory_bytes(dataset: Dataset) -> int:
 
 
 @dataclass(frozen=True)
-class HeldPlan(BudgetPlan):
+class HeldBudget(BudgetPlan):
     """The budget of a mode that holds one thing besides node arrays and slots (or nothing)."""
 
     mode: str
@@ -69,7 +69,7 @@ class InMemoryMode(FullGraphMode):
         self.graph = data.graph
         self.features = data.features
         self.superbatch = serving.config.exact.superbatch
-        self.budget_plan = HeldPlan(self.name, fixed_bytes, need,
+        self.budget_plan = HeldBudget(self.name, fixed_bytes, need,
                                     f"graph and features {format_size(need)} in RAM")
         self.rows: RowSource = DenseRows(self.features.reshape(-1).view(np.uint8), dataset.manifest.row_bytes)
 
@@ -99,7 +99,7 @@ class MmapMode(FullGraphMode):
         self._data: EvalData = open_eval_data(dataset, partitions)
         self._dataset, self._partitions = dataset, partitions
         self.graph: CSCGraph = self._data.graph
-        self.budget_plan = HeldPlan(self.name, fixed_bytes, 0, "nothing cached by the daemon; the kernel's page "
+        self.budget_plan = HeldBudget(self.name, fixed_bytes, 0, "nothing cached by the daemon; the kernel's page "
                                                                "cache holds what it reads")
         d = self._data
         self.rows: RowSource = FileRows(d.features, d.row_bytes, d.node_begin, d.feat_offset)

@@ -59,7 +59,7 @@ from loader.sampling.sampling import SampledPass
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["OutOfCorePlan", "plan_outofcore", "ExactMode", "StaticMode", "out_degree_ranking",
+__all__ = ["OutOfCoreBudget", "plan_outofcore", "ExactMode", "StaticMode", "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE"]
 
 log = logging.getLogger("megabatch.outofcore")
@@ -75,7 +75,7 @@ gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 1
 
 
 @dataclass(frozen=True)
-class OutOfCorePlan(BudgetPlan):
+class OutOfCoreBudget(BudgetPlan):
     """The resolved split of the budget for an out-of-core mode; ``describe()`` is logged at startup."""
 
     mode: str
@@ -108,7 +108,7 @@ class OutOfCorePlan(BudgetPlan):
 
 
 def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, batch_nodes: int, batch_edges: int
-                   ) -> OutOfCorePlan:
+                   ) -> OutOfCoreBudget:
     """Split ``[memory] budget`` for ``[loader] mode`` = exact or static; UserError when it cannot fit."""
     m, ex, mode = dataset.manifest, config.exact, config.loader.mode
     n = m.num_nodes
@@ -135,7 +135,7 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
-    return OutOfCorePlan(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes)
+    return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes)
 
 
 def _expanded_share(fanouts: tuple[int, ...]) -> float:
@@ -162,11 +162,11 @@ def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
 class _OutOfCoreMode(FullGraphMode):
     """What both out-of-core modes share: the exact sampler and the row reader for missed rows."""
 
-    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCorePlan) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving)
         config = serving.config
         m = dataset.manifest
-        self.budget_plan: OutOfCorePlan = plan
+        self.budget_plan: OutOfCoreBudget = plan
         self.superbatch = config.exact.superbatch
         self._metrics = serving.metrics
         self._row_bytes = m.row_bytes
@@ -250,7 +250,7 @@ class ExactMode(_OutOfCoreMode):
 
     name = "exact"
 
-    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCorePlan) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving, dataset, plan)
         self.cache = FeatureCache.empty(plan.feature_cache_rows, serving.feat_dim, serving.feat_dtype)
         self.planner = CachePlanner(dataset.manifest.num_nodes, plan.feature_cache_rows)
@@ -305,7 +305,7 @@ class StaticMode(_OutOfCoreMode):
 
     name = "static"
 
-    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCorePlan) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving, dataset, plan)
         m = dataset.manifest
         capacity = plan.feature_cache_rows

@@ -1,6 +1,6 @@
 """Stage 3, the assembler: the subgraph induced by (mega-batch nodes + static nodes) in a buffer.
 
-Local ids: the mega-batch's nodes first, partition by partition in plan order (so their feature
+Local ids: the mega-batch's nodes first, partition by partition in schedule order (so their feature
 rows sit where the reader put them), then the static nodes outside the mega-batch. Training
 seeds are mega-batch nodes only: a static node is trained on in the mega-batch of its own
 partition, which keeps "each training node once per pass" exact.
@@ -14,7 +14,7 @@ import numpy as np
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
 from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
 from loader.daemon.hierarchical.reader import LoadedMegaBatch
-from loader.daemon.hierarchical.schedule import MegaBatchPlan
+from loader.daemon.hierarchical.schedule import ScheduledMegaBatch
 from loader.daemon.resident import ResidentData
 from loader.sampling.sampling import CSCGraph
 
@@ -25,7 +25,7 @@ __all__ = ["MegaBatch", "assemble"]
 class MegaBatch:
     """Assembler -> superbatch sampler -> publisher: one mega-batch ready to sample from."""
 
-    plan: MegaBatchPlan
+    scheduled: ScheduledMegaBatch
     buffer: MegaBatchBuffer
     graph: CSCGraph
     """Induced in-neighbour CSC over local ids; ``graph.global_ids`` maps back to dataset ids."""
@@ -54,12 +54,12 @@ class MegaBatch:
 def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureArena) -> MegaBatch:
     """Build the induced subgraph (CPU work; numba kernels release the GIL)."""
     t0 = time.perf_counter()
-    plan, buf = loaded.plan, loaded.buffer
-    parts = resident.partitions.take(plan.partitions)
+    scheduled, buf = loaded.scheduled, loaded.buffer
+    parts = resident.partitions.take(scheduled.partitions)
     counts = parts.num_nodes
     n_mb = int(counts.sum())
     static = resident.static
-    extra_mask = ~np.isin(static.partition, plan.partitions)
+    extra_mask = ~np.isin(static.partition, scheduled.partitions)
     extra = np.flatnonzero(extra_mask)
 
     # dataset ids of the mega-batch nodes: consecutive runs node_begin .. node_end per partition
@@ -104,5 +104,6 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     labels = resident.labels[global_ids]
     train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)
     graph = CSCGraph(indptr=indptr, indices=indices, global_ids=global_ids)
-    return MegaBatch(plan, buf, graph, row_offsets, labels, full_degree, train_seeds, len(extra), loaded.bytes_read,
+    return MegaBatch(scheduled, buf, graph, row_offsets, labels, full_degree, train_seeds, len(extra),
+                     loaded.bytes_read,
                      loaded.seconds + time.perf_counter() - t0)

@@ -33,8 +33,8 @@ from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "MemoryPlan", "plan_memory", "plan_with_static", "buffer_sizes",
-           "round_up"]
+__all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "HierarchicalBudget", "plan_memory", "plan_with_static",
+           "buffer_sizes", "round_up"]
 
 PAGE = 4096
 
@@ -76,7 +76,7 @@ class BufferSizes:
 
 
 @dataclass(frozen=True)
-class MemoryPlan(BudgetPlan):
+class HierarchicalBudget(BudgetPlan):
     """The resolved split of the budget; ``describe()`` is what ``serve`` logs at startup."""
 
     budget: int
@@ -131,14 +131,14 @@ def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static
 def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
                 sessions: SessionSizing, train_counts: np.ndarray | None = None,
-                batch_size: int = 1, batch_bytes: int = 0) -> MemoryPlan:
+                batch_size: int = 1, batch_bytes: int = 0) -> HierarchicalBudget:
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``."""
     num_partitions = len(partitions)
     node_bytes = num_nodes * NODE_ARRAY_BYTES
     static_bytes = round_up(static_nodes * static_row_bytes)
 
-    def make(n_d: int) -> MemoryPlan:
-        return MemoryPlan(budget, node_bytes, static_nodes, static_bytes,
+    def make(n_d: int) -> HierarchicalBudget:
+        return HierarchicalBudget(budget, node_bytes, static_nodes, static_bytes,
                           buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize, train_counts,
                                        batch_size, batch_bytes),
                           sessions)
@@ -165,9 +165,9 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
     return make(lo)
 
 
-def plan_with_static(plan: Callable[[int, int], MemoryPlan], *, static_degrees: np.ndarray,
+def plan_with_static(plan: Callable[[int, int], HierarchicalBudget], *, static_degrees: np.ndarray,
                      static_cut_edges: np.ndarray, cut_edges: int, edge_cut: float,
-                     num_partitions: int) -> MemoryPlan:
+                     num_partitions: int) -> HierarchicalBudget:
     """``static_cache = "auto"``: the static prefix and N_d with the highest expected edge coverage.
 
     plan(static_nodes, static_edges): ``plan_memory`` with every other argument bound (``fraction`` None
@@ -175,7 +175,7 @@ def plan_with_static(plan: Callable[[int, int], MemoryPlan], *, static_degrees: 
     node, in the order prefixes are kept (highest degree first); cut_edges: all cut edges of the graph.
     Raises ``plan``'s error when not even the plan without a static cache fits.
     """
-    best: tuple[float, MemoryPlan] | None = None
+    best: tuple[float, HierarchicalBudget] | None = None
     for share in STATIC_SHARES:  # smallest first: a tie keeps the smaller cache
         k = round(share * len(static_degrees))
         try:

@@ -14,7 +14,7 @@ import numpy as np
 from loader.daemon.eval_stream import EvalAccess, MemmapEval
 from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
-from loader.daemon.hierarchical.memplan import MemoryPlan, plan_memory, plan_with_static
+from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
@@ -37,7 +37,7 @@ class HierarchicalMode(TrainingMode):
         serving, dataset = setup.serving, setup.dataset
         cfg, m = serving.config, dataset.manifest
         plan, resident = _plan_budget(setup)
-        self.budget_plan: MemoryPlan = plan
+        self.budget_plan: HierarchicalBudget = plan
         self._dataset, self._labels = dataset, serving.labels
         parts, train = resident.partitions, resident.split_ids["train"]
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
@@ -71,7 +71,7 @@ class HierarchicalMode(TrainingMode):
         self.context.arena.close()
 
 
-def _plan_budget(setup: ModeSetup) -> tuple[MemoryPlan, ResidentData]:
+def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
     """The memory plan, and the resident data with the static cache it keeps (``static_cache = "auto"``
     keeps a prefix of the prepared static nodes by in-degree)."""
     cfg, m, resident = setup.serving.config, setup.dataset.manifest, setup.resident
@@ -81,7 +81,7 @@ def _plan_budget(setup: ModeSetup) -> tuple[MemoryPlan, ResidentData]:
     parts = resident.partitions
     train_counts = parts.count_in(resident.split_ids["train"])
 
-    def plan_for(static_nodes: int, static_edges: int) -> MemoryPlan:
+    def plan_for(static_nodes: int, static_edges: int) -> HierarchicalBudget:
         return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=parts,
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
                            static_row_bytes=m.row_bytes, static_edges=static_edges,

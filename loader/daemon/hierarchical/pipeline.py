@@ -31,7 +31,7 @@ from loader.daemon.hierarchical.coverage import (
     neighbour_slots,
 )
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
-from loader.daemon.hierarchical.schedule import MegaBatchPlan, label_skew, schedule_epoch
+from loader.daemon.hierarchical.schedule import ScheduledMegaBatch, label_skew, schedule_epoch
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_source import OffsetRows, SlotSource
@@ -63,13 +63,13 @@ class PipelineContext:
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
 
-def epoch_batch_count(resident: ResidentData, plans: list[MegaBatchPlan], batch_size: int, passes: int) -> int:
+def epoch_batch_count(resident: ResidentData, schedule: list[ScheduledMegaBatch], batch_size: int, passes: int) -> int:
     """Batches of an epoch with a fixed number of passes (each mega-batch's seeds in ceil(n/B) batches)."""
     parts = resident.partitions
     total = 0
     train_sorted = resident.split_ids["train"]
-    for plan in plans:
-        per_part = parts.take(plan.partitions).count_in(train_sorted)
+    for scheduled in schedule:
+        per_part = parts.take(scheduled.partitions).count_in(train_sorted)
         total += -(-int(per_part.sum()) // batch_size)
     return total * passes
 
@@ -81,7 +81,8 @@ async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args
     return await run_timed(ctx.cpu_pool, ctx.metrics, stage, func, *args)
 
 
-async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Queue[MegaBatchPlan]") -> None:
+async def _scheduler(ctx: PipelineContext, start_epoch: int,
+                     schedule_queue: "asyncio.Queue[ScheduledMegaBatch]") -> None:
     cfg = ctx.config
     for epoch in itertools.count(start_epoch):
         t0 = time.perf_counter()
@@ -90,19 +91,19 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, plans: "asyncio.Que
                                   balanced)
         if cfg.hierarchy.passes is not None:
             total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes)
-            schedule = [dataclasses.replace(plan, epoch_batches=total) for plan in schedule]
+            schedule = [dataclasses.replace(scheduled, epoch_batches=total) for scheduled in schedule]
         ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
-        for plan in schedule:
-            await plans.put(plan)
+        for scheduled in schedule:
+            await schedule_queue.put(scheduled)
 
 
-async def _reader(ctx: PipelineContext, plans: "asyncio.Queue[MegaBatchPlan]",
+async def _reader(ctx: PipelineContext, schedule_queue: "asyncio.Queue[ScheduledMegaBatch]",
                   free: "asyncio.Queue[MegaBatchBuffer]", loaded: "asyncio.Queue[LoadedMegaBatch]") -> None:
     while True:
-        plan = await plans.get()
+        scheduled = await schedule_queue.get()
         buffer = await free.get()
         t0 = time.perf_counter()
-        result = await ctx.reader.load(plan, buffer)
+        result = await ctx.reader.load(scheduled, buffer)
         ctx.metrics.stage_busy.labels("reader").inc(time.perf_counter() - t0)
         await loaded.put(result)
 
@@ -116,9 +117,10 @@ async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatc
         m.mb_loaded.inc()
         m.mb_load_seconds.observe(mb.load_seconds)
         m.mb_bytes.set(mb.bytes_read)
+        at = mb.scheduled
         log.debug("mega-batch %d/%d of epoch %d: %d partitions, %d nodes (%d static joined), %d edges, %d seeds, "
-                  "%.3f s", mb.plan.index + 1, mb.plan.count, mb.plan.epoch, len(mb.plan.partitions), mb.num_nodes,
-                  mb.static_extra, mb.num_edges, len(mb.train_seeds), mb.load_seconds)
+                  "%.3f s", at.index + 1, at.count, at.epoch, len(at.partitions), mb.num_nodes, mb.static_extra,
+                  mb.num_edges, len(mb.train_seeds), mb.load_seconds)
         await ready.put(mb)
 
 
@@ -161,14 +163,15 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
     quality = EpochQuality()
     while True:
         mb = await ready.get()
-        if mb.plan.epoch != epoch:
-            raise RuntimeError(f"pipeline out of order: mega-batch of epoch {mb.plan.epoch} while in {epoch}")
-        epoch_batches = mb.plan.epoch_batches
+        if mb.scheduled.epoch != epoch:
+            raise RuntimeError(f"pipeline out of order: mega-batch of epoch {mb.scheduled.epoch} while in {epoch}")
+        epoch_batches = mb.scheduled.epoch_batches
         ctx.metrics.mb_nodes.set(mb.num_nodes)
         ctx.metrics.mb_edges.set(mb.num_edges)
         source = megabatch_source(ctx, mb)
         for pass_index in itertools.count():
-            key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.plan.index, 1)[0])
+            key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.scheduled.index,
+                                 1)[0])
             seeds = shuffle(mb.train_seeds, key)
             n_batches = -(-len(seeds) // batch_size)
             keys = batch_keys(cfg.sampler.seed, STREAM_TRAIN, epoch, 0, batch_in_epoch, n_batches)
@@ -176,7 +179,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
             sampled, slots = await _timed(ctx, "sampler", _sample_measured, mb.graph, seeds, batch_size,
                                           cfg.sampler.fanouts, keys, mb.full_degree if pass_index == 0 else None)
             if slots is not None:
-                skew = label_skew(ctx.label_counts, mb.plan.partitions)
+                skew = label_skew(ctx.label_counts, mb.scheduled.partitions)
                 quality.add(slots, skew, len(seeds))
                 ctx.metrics.mb_coverage.set(slots.filled / slots.full if slots.full else 1.0)
                 ctx.metrics.mb_label_skew.set(skew)
@@ -186,7 +189,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
                 last = pass_index + 1 >= fixed_passes
             else:
                 # Appendix B: reuse while the next mega-batch is still loading (p <= T_load / T_comp), capped
-                last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.plan.is_last
+                last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.scheduled.is_last
                         or n_batches == 0)
             ctx.metrics.pass_index.set(pass_index)
             await output.put(SampledWork(source, functools.partial(release, mb.buffer), pass_index, sampled, seeds,
@@ -196,7 +199,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
             if last:
                 ctx.metrics.passes.set(pass_index + 1)
                 break
-        if mb.plan.is_last:
+        if mb.scheduled.is_last:
             _report_epoch(ctx, epoch, quality)
             await output.put(EpochDone(epoch, batch_in_epoch, passes_in_epoch))
             epoch, batch_in_epoch, passes_in_epoch = epoch + 1, 0, 0
@@ -205,19 +208,19 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
 
 def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipeline:
     """Create the queues and stage tasks of a training stream starting at ``start_epoch``."""
-    plans: asyncio.Queue[MegaBatchPlan] = asyncio.Queue(maxsize=2)
+    schedule_queue: asyncio.Queue[ScheduledMegaBatch] = asyncio.Queue(maxsize=2)
     loaded: asyncio.Queue[LoadedMegaBatch] = asyncio.Queue(maxsize=1)
     ready: asyncio.Queue[MegaBatch] = asyncio.Queue(maxsize=1)
     output: asyncio.Queue[SampledWork | EpochDone] = asyncio.Queue(maxsize=1)
     free: asyncio.Queue[MegaBatchBuffer] = asyncio.Queue(maxsize=len(ctx.arena.buffers))
     for buffer in ctx.arena.buffers:
         free.put_nowait(buffer)
-    for name, queue in (("plans", plans), ("loaded", loaded), ("ready", ready), ("sampled", output),
+    for name, queue in (("plans", schedule_queue), ("loaded", loaded), ("ready", ready), ("sampled", output),
                         ("free_buffers", free)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
-    pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, plans))
-    pipeline.add_stage("reader", _reader(ctx, plans, free, loaded))
+    pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, schedule_queue))
+    pipeline.add_stage("reader", _reader(ctx, schedule_queue, free, loaded))
     pipeline.add_stage("assembler", _assembler(ctx, loaded, ready))
     pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, free.put_nowait))
     return pipeline

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
-from loader.daemon.hierarchical.schedule import MegaBatchPlan
+from loader.daemon.hierarchical.schedule import ScheduledMegaBatch
 from loader.daemon.metrics import DaemonMetrics
 from loader.format.dataset import Dataset
 from loader.format.fileio import read_failed
@@ -66,7 +66,7 @@ class MegaBatchReads:
 
     requests: list[ReadRequest]
     feature_base: np.ndarray
-    """int64 (N_d,): arena offset of each partition's first feature row, in plan order."""
+    """int64 (N_d,): arena offset of each partition's first feature row, in schedule order."""
     edges: int
     """In-edges read, over all the mega-batch's partitions."""
     checks: list[RangeCheck]
@@ -76,12 +76,12 @@ class MegaBatchReads:
 class LoadedMegaBatch:
     """Disk reader -> assembler: a mega-batch's raw data in ``buffer``."""
 
-    plan: MegaBatchPlan
+    scheduled: ScheduledMegaBatch
     buffer: MegaBatchBuffer
     feature_base: np.ndarray
-    """int64 per partition of the plan: arena byte offset of its first feature row."""
+    """int64 per partition of the mega-batch: arena byte offset of its first feature row."""
     raw_edges: int
-    """Edge-list entries read into ``buffer.raw_indices`` (partitions in plan order)."""
+    """Edge-list entries read into ``buffer.raw_indices`` (partitions in schedule order)."""
     bytes_read: int
     seconds: float
 
@@ -150,9 +150,9 @@ class PartitionReader:
         self._metrics.disk_bytes.labels(req.file).inc(done)
         return done
 
-    def plan_reads(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> MegaBatchReads:
+    def plan_reads(self, scheduled: ScheduledMegaBatch, buffer: MegaBatchBuffer) -> MegaBatchReads:
         """The reads of one mega-batch, its partitions' arena offsets, its edge count and its range checks."""
-        parts = self._parts.take(plan.partitions)
+        parts = self._parts.take(scheduled.partitions)
         requests: list[ReadRequest] = []
         checks: list[RangeCheck] = []
         feature_base = np.empty(len(parts), dtype=np.int64)
@@ -179,7 +179,7 @@ class PartitionReader:
             for column, (name, (fd, offset, dest, need)) in enumerate(zip(PARTITION_CHECK_COLUMNS, ranges)):
                 requests.extend(self._requests(fd, offset, dest, need, name))
                 if self._checks is not None:
-                    checks.append(RangeCheck(int(plan.partitions[i]), column, dest, offset))
+                    checks.append(RangeCheck(int(scheduled.partitions[i]), column, dest, offset))
             feat_pos += padded
             edge_pos += n_edges
             ptr_pos += n_ptr
@@ -190,10 +190,10 @@ class PartitionReader:
         verify_partition_range(self._checks, check.partition, check.column, check.data,
                                self._paths[PARTITION_CHECK_COLUMNS[check.column]], check.file_offset)
 
-    async def load(self, plan: MegaBatchPlan, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
+    async def load(self, scheduled: ScheduledMegaBatch, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
         t0 = time.perf_counter()
-        reads = self.plan_reads(plan, buffer)
+        reads = self.plan_reads(scheduled, buffer)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.run_in_executor(self._pool, self._read, req)
                                               for req in reads.requests]
@@ -208,7 +208,7 @@ class PartitionReader:
                 fut.cancel()
             await asyncio.wait(futures)
             raise
-        return LoadedMegaBatch(plan, buffer, reads.feature_base, reads.edges, int(sum(sizes)),
+        return LoadedMegaBatch(scheduled, buffer, reads.feature_base, reads.edges, int(sum(sizes)),
                                time.perf_counter() - t0)
 
     def close(self) -> None:

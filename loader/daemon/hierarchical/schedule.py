@@ -20,14 +20,14 @@ import numpy as np
 from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
 from loader.format.partition_table import PartitionTable
 
-__all__ = ["MegaBatchPlan", "schedule_epoch", "label_skew", "train_label_counts"]
+__all__ = ["ScheduledMegaBatch", "schedule_epoch", "label_skew", "train_label_counts"]
 
 _SCHEDULE_STREAM = 0x5C4ED
 _TIE_STREAM = 0xBA1A
 
 
 @dataclass(frozen=True)
-class MegaBatchPlan:
+class ScheduledMegaBatch:
     """One mega-batch to load: scheduler -> disk reader."""
 
     epoch: int
@@ -43,9 +43,9 @@ class MegaBatchPlan:
     def __post_init__(self) -> None:
         parts = np.ascontiguousarray(self.partitions, dtype=np.int64)
         if parts.ndim != 1 or len(parts) == 0:
-            raise ValueError(f"MegaBatchPlan.partitions must be a non-empty 1-D array, got shape {parts.shape}")
+            raise ValueError(f"ScheduledMegaBatch.partitions must be a non-empty 1-D array, got shape {parts.shape}")
         if not 0 <= self.index < self.count:
-            raise ValueError(f"MegaBatchPlan.index {self.index} outside [0, {self.count})")
+            raise ValueError(f"ScheduledMegaBatch.index {self.index} outside [0, {self.count})")
         object.__setattr__(self, "partitions", parts)
 
     @property
@@ -54,7 +54,7 @@ class MegaBatchPlan:
 
 
 def schedule_epoch(num_partitions: int, per_megabatch: int, seed: int, epoch: int,
-                   label_counts: np.ndarray | None = None) -> list[MegaBatchPlan]:
+                   label_counts: np.ndarray | None = None) -> list[ScheduledMegaBatch]:
     """The epoch's mega-batches; a pure function of its arguments (same seed, same schedule).
 
     Without ``label_counts`` ("random"): the shuffle cut into groups of ``per_megabatch``. With
@@ -80,7 +80,7 @@ def schedule_epoch(num_partitions: int, per_megabatch: int, seed: int, epoch: in
         by_group = np.argsort(group_of[order], kind="stable")
         bounds = np.cumsum(np.bincount(group_of, minlength=num_groups))[:-1]
         groups = np.split(order[by_group], bounds)
-    return [MegaBatchPlan(epoch, i, len(groups), np.sort(g)) for i, g in enumerate(groups)]
+    return [ScheduledMegaBatch(epoch, i, len(groups), np.sort(g)) for i, g in enumerate(groups)]
 
 
 def label_skew(label_counts: np.ndarray, partitions: np.ndarray) -> float:
