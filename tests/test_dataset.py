@@ -56,3 +56,22 @@ def test_not_a_dataset(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(UserError, match="corrupt JSON"):
         open_dataset(tmp_path)
+
+
+def test_the_typed_manifest_writes_back_the_json_it_read(dataset_dir):
+    """The sub-tables are typed in memory but the format is unchanged: reading and writing back a
+    manifest gives the file's exact bytes."""
+    text = (dataset_dir / "manifest.json").read_text()
+    manifest = open_dataset(dataset_dir).manifest
+    assert manifest_text(manifest.to_json()) == text
+    assert manifest.edge_cut.edges >= 0 and 0.0 <= manifest.edge_cut.fraction <= 1.0
+    assert manifest.splits.train + manifest.splits.val + manifest.splits.test == 50
+
+
+@pytest.mark.parametrize("table, key", [("edge_cut", "edges"), ("splits", "train"), ("static_cache", "num_nodes"),
+                                        ("partitioner", "name")])
+def test_a_missing_sub_table_field_is_named(dataset_dir, tmp_path, table, key):
+    shutil.copytree(dataset_dir, tmp_path / "ds")
+    _resign(tmp_path / "ds", lambda d: d[table].pop(key))
+    with pytest.raises(UserError, match=f"missing field '{table}.{key}'"):
+        open_dataset(tmp_path / "ds")

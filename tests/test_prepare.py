@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loader.format.dataset import FEATURE_ALIGNMENT, open_dataset
+from loader.format.manifest_tables import SplitSizes
 from loader.format.npyio import read_npy
 from loader.offline.prepare import NODE_STATE_BYTES, PrepareOptions, prepare_dataset
 from proto.errors import UserError
@@ -141,7 +142,7 @@ def test_no_split_gets_a_stratified_one(tmp_path):
     write_raw(tmp_path / "raw", src, dst, features, labels, 4)
     dataset = prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(num_partitions=2, progress=False))
     m = dataset.manifest
-    assert m.splits == {"generated": True, "train": 120, "val": 40, "test": 40}
+    assert m.splits == SplitSizes(train=120, val=40, test=40, generated=True)
 
 
 def test_metis_cut_far_below_random_and_stream_reported(tmp_path):
@@ -156,7 +157,7 @@ def test_metis_cut_far_below_random_and_stream_reported(tmp_path):
     for name in ("metis", "stream", "random"):
         dataset = prepare_dataset(tmp_path / "raw", tmp_path / name, PrepareOptions(
             num_partitions=64, partitioner=name, progress=False))
-        cut[name] = dataset.manifest.edge_cut["fraction"]
+        cut[name] = dataset.manifest.edge_cut.fraction
     assert cut["random"] > 0.95
     assert cut["metis"] < 0.5 * cut["random"]
     assert cut["stream"] < 0.7 * cut["random"]

@@ -55,7 +55,7 @@ def test_generate_then_prepare_round_trip(tmp_path):
     split = tuple(read_npy(raw.split(name)) for name in ("train", "val", "test"))
     assert_round_trip(dataset, src, dst, features, labels, split)
     # communities make METIS cut far fewer edges than the 15/16 a random assignment would
-    assert dataset.manifest.edge_cut["fraction"] < 0.6
+    assert dataset.manifest.edge_cut.fraction < 0.6
 
 
 @pytest.mark.slow

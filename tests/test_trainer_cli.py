@@ -51,7 +51,7 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert [r["epoch"] for r in result["epochs"]] == [1, 2] and result["best_epoch"] in (1, 2)
     assert result["config"]["hidden"] == 16 and result["device"] == "cpu"
-    train_nodes = open_dataset(dataset).manifest.splits["train"]
+    train_nodes = open_dataset(dataset).manifest.splits.train
     assert [r["samples"] for r in result["epochs"]] == [train_nodes] * 2 and 0 <= result["test_acc_at_best"] <= 1
     # 4 classes: auto judges by accuracy, so the scores are the accuracies
     assert result["metric"] == "accuracy" and result["config"]["metric"] == "auto"

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
 from loader.format.npyio import read_npy
 from loader.format.partition_table import FEATURE_ALIGNMENT, PARTITION_COLUMNS, PartitionTable
 from proto.errors import UserError
@@ -78,11 +79,11 @@ class Manifest:
     feat_dtype: FeatureDtype
     index_dtype: IndexDtype
     feature_alignment: int
-    partitioner: dict[str, Any]
-    edge_cut: dict[str, Any]
-    static_cache: dict[str, Any]
-    neighbor_rank: dict[str, Any]
-    splits: dict[str, Any]
+    partitioner: PartitionerInfo
+    edge_cut: EdgeCut
+    static_cache: StaticCacheInfo
+    neighbor_rank: NeighborRankInfo
+    splits: SplitSizes
     files: dict[str, FileEntry]
     created_by: dict[str, Any]
     source: dict[str, Any]
@@ -124,8 +125,9 @@ class Manifest:
             "features": {"file": FILES["features"], "dim": self.feat_dim, "dtype": self.feat_dtype.value,
                          "alignment": self.feature_alignment,
                          **({} if self.feature_check_block is None else {"check_block": self.feature_check_block})},
-            "index_dtype": self.index_dtype.value, "partitioner": self.partitioner, "edge_cut": self.edge_cut,
-            "static_cache": self.static_cache, "neighbor_rank": self.neighbor_rank, "splits": self.splits,
+            "index_dtype": self.index_dtype.value, "partitioner": self.partitioner.to_json(),
+            "edge_cut": self.edge_cut.to_json(), "static_cache": self.static_cache.to_json(),
+            "neighbor_rank": self.neighbor_rank.to_json(), "splits": self.splits.to_json(),
             "files": {name: {"bytes": e.bytes, "xxh3_64": e.xxh3_64} for name, e in sorted(self.files.items())},
             "created_by": self.created_by, "source": self.source,
         })
@@ -151,9 +153,11 @@ class Manifest:
                 num_partitions=int(data["num_partitions"]), num_classes=int(data["num_classes"]),
                 feat_dim=int(feats["dim"]), feat_dtype=FeatureDtype(feats["dtype"]),
                 index_dtype=IndexDtype(data["index_dtype"]), feature_alignment=int(feats["alignment"]),
-                partitioner=dict(data["partitioner"]), edge_cut=dict(data["edge_cut"]),
-                static_cache=dict(data["static_cache"]), neighbor_rank=dict(data["neighbor_rank"]),
-                splits=dict(data["splits"]), files=files, created_by=dict(data["created_by"]),
+                partitioner=PartitionerInfo.from_json(data["partitioner"]),
+                edge_cut=EdgeCut.from_json(data["edge_cut"]),
+                static_cache=StaticCacheInfo.from_json(data["static_cache"]),
+                neighbor_rank=NeighborRankInfo.from_json(data["neighbor_rank"]),
+                splits=SplitSizes.from_json(data["splits"]), files=files, created_by=dict(data["created_by"]),
                 source=dict(data.get("source") or {}),
                 feature_check_block=None if feats.get("check_block") is None else int(feats["check_block"]),
                 extra={k: v for k, v in data.items() if k not in known})

@@ -30,7 +30,7 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
             out_degree += np.bincount(ids, minlength=m.num_nodes)
     parts = dataset.partitions()
     sizes = parts.num_nodes
-    split_sizes = {name: m.splits.get(name) for name in ("train", "val", "test")}
+    split_sizes = {name: m.splits.of(name) for name in ("train", "val", "test")}
     return {
         "path": str(dataset.path), "format_version": m.version, "num_nodes": m.num_nodes,
         "num_edges": m.num_edges, "num_classes": m.num_classes,
@@ -39,11 +39,11 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
         "bytes": {"total": sum(e.bytes for e in m.files.values()),
                   **{name: e.bytes for name, e in sorted(m.files.items())}},
         "in_degree": _stats(in_degree), "out_degree": _stats(out_degree),
-        "partitioner": m.partitioner, "edge_cut": m.edge_cut,
+        "partitioner": m.partitioner.to_json(), "edge_cut": m.edge_cut.to_json(),
         "partitions": {"count": m.num_partitions, "nodes": _stats(sizes),
                        "imbalance": float(sizes.max() / sizes.mean()) if sizes.size else 1.0,
                        "empty": int((sizes == 0).sum())},
-        "static_cache": m.static_cache, "splits": split_sizes, "source": m.source,
+        "static_cache": m.static_cache.to_json(), "splits": split_sizes, "source": m.source,
     }
 
 

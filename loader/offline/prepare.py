@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from loader.format.dataset import (
     open_dataset,
 )
 from loader.format.fileio import file_xxh3, write_all
+from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
 from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.format.partition_table import PartitionTable
 from loader.format.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
@@ -156,12 +156,10 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
                 num_partitions=options.num_partitions, num_classes=head.num_classes, feat_dim=head.feat_dim,
                 feat_dtype=FeatureDtype(out_dtype.name), index_dtype=IndexDtype(index_dtype.name),
                 feature_alignment=FEATURE_ALIGNMENT, feature_check_block=feature_block,
-                partitioner={"name": partitioner.name, "params": partitioner.params(),
-                             "seconds": round(partition_seconds, 3)},
-                edge_cut={"edges": cut_edges, "fraction": cut_edges / head.num_edges if head.num_edges else 0.0},
-                static_cache={"ratio": options.static_ratio, "num_nodes": int(static_count),
-                              "ranked_by": "in_degree + out_degree"},
-                neighbor_rank={"ranked_by": "out_degree / in_degree (in_degree 0 first)"},
+                partitioner=PartitionerInfo(partitioner.name, partitioner.params(), round(partition_seconds, 3)),
+                edge_cut=EdgeCut(cut_edges, cut_edges / head.num_edges if head.num_edges else 0.0),
+                static_cache=StaticCacheInfo(options.static_ratio, int(static_count), "in_degree + out_degree"),
+                neighbor_rank=NeighborRankInfo("out_degree / in_degree (in_degree 0 first)"),
                 splits=splits, files=files,
                 created_by={"tool": "megabatch", "version": loader.__version__,
                             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -231,7 +229,7 @@ def _neighbor_rank(in_new: np.ndarray, out_new: np.ndarray) -> np.ndarray:
     return np.argsort(-ratio, kind="stable").astype(np.int64)
 
 
-def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Path) -> dict[str, Any]:
+def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Path) -> SplitSizes:
     labels = read_npy(raw.labels).astype(np.int64)
     write_npy(tmp / FILES["labels"], labels[renumbering.new_to_orig])
     generated = not raw.header.has_split
@@ -242,11 +240,10 @@ def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Pat
     else:
         ids = tuple(read_split_ids(raw.split(name)) for name in SPLIT_NAMES)
     del labels
-    sizes: dict[str, Any] = {"generated": generated}
     for name, orig in zip(SPLIT_NAMES, ids):
         write_npy(tmp / FILES[name], np.sort(renumbering.orig_to_new[orig]))
-        sizes[name] = int(len(orig))
-    return sizes
+    train, val, test = (int(len(orig)) for orig in ids)
+    return SplitSizes(train, val, test, generated)
 
 
 def _checksums(tmp: Path, progress: bool) -> dict[str, FileEntry]:

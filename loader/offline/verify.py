@@ -184,8 +184,8 @@ def _check_labels_and_splits(dataset: Dataset) -> list[str]:
         if seen[ids].any():
             problems.append(f"{name} split overlaps another split")
         seen[ids] = True
-        if m.splits.get(name) != len(ids):
-            problems.append(f"{name} split has {len(ids)} ids, manifest says {m.splits.get(name)}")
+        if m.splits.of(name) != len(ids):
+            problems.append(f"{name} split has {len(ids)} ids, manifest says {m.splits.of(name)}")
     return problems
 
 
@@ -209,8 +209,8 @@ def _check_static_cache(dataset: Dataset) -> list[str]:
     m = dataset.manifest
     static = dataset.read("static_nodes", "int64", 1)
     problems = []
-    if len(static) != m.static_cache.get("num_nodes"):
-        problems.append(f"{len(static)} static nodes, manifest says {m.static_cache.get('num_nodes')}")
+    if len(static) != m.static_cache.num_nodes:
+        problems.append(f"{len(static)} static nodes, manifest says {m.static_cache.num_nodes}")
     if static.size and (static.min() < 0 or static.max() >= m.num_nodes or (np.diff(static) <= 0).any()):
         return problems + ["static_nodes must be sorted, unique ids in range"]
     with NpyReader(dataset.file("static_features")) as reader:

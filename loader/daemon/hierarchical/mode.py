@@ -88,7 +88,7 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
                            index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges)
 
-    cut, cut_edges = float(m.edge_cut.get("fraction", 0.0)), int(m.edge_cut.get("edges", 0))
+    cut, cut_edges = m.edge_cut.fraction, m.edge_cut.edges
     static = resident.static
     static_cut = static.cut_in_degree(parts)
     if cfg.hierarchy.static_cache is None:
