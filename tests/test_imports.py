@@ -1,6 +1,7 @@
 """The loader never imports torch: the daemon and the offline tools run without it (only ``megabatch train``,
 in its own interpreter, loads it)."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -30,3 +31,38 @@ def test_importing_every_loader_module_never_imports_torch():
                  "loader.daemon.fullgraph.outofcore"):
         assert name in result["imported"]
     assert result["torch"] == []
+
+
+def imports_of(path: Path) -> set[str]:
+    """Top-level packages ``path`` imports anywhere in its source (function bodies included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_layers_hold():
+    """docs/ARCHITECTURE.md, "Layers": asyncio only under loader/daemon/, numba only in *_kernels.py
+    and jit.py, proto imports neither loader nor trainer, loader never trainer, and the offline tools
+    are not imported by the daemon."""
+    broken = []
+    for path in sorted(ROOT.glob("loader/**/*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        names = imports_of(path)
+        if "asyncio" in names and not rel.startswith("loader/daemon/"):
+            broken.append(f"{rel} imports asyncio")
+        if "numba" in names and not (path.stem.endswith("_kernels") or rel == "loader/jit.py"):
+            broken.append(f"{rel} imports numba")
+        if "trainer" in names:
+            broken.append(f"{rel} imports trainer")
+        if rel.startswith("loader/daemon/") and "loader.offline" in path.read_text():
+            broken.append(f"{rel} imports loader.offline")
+    for path in sorted(ROOT.glob("proto/**/*.py")):
+        wrong = sorted(imports_of(path) & {"loader", "trainer", "torch"})
+        if wrong:
+            broken.append(f"{path.relative_to(ROOT).as_posix()} imports {wrong}")
+    assert broken == []
