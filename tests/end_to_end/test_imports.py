@@ -4,9 +4,8 @@ in its own interpreter, loads it)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT
 
 IMPORT_ALL = """
 import importlib, json, pkgutil, sys
@@ -21,7 +20,7 @@ print(json.dumps({"imported": names, "torch": torch}))
 
 
 def test_importing_every_loader_module_never_imports_torch():
-    run = subprocess.run([sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    run = subprocess.run([sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # the walk reached every layer, the daemon's subpackages included
