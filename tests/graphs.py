@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from loader.format.raw import RawDataset, RawDatasetWriter, open_raw
-
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from tests.paths import SHARED_DATA
 
 
 def shared_graph(name: str) -> Path:

@@ -5,7 +5,7 @@ A block checksum is XXH3-64 (seed 0, default secret) of one block of a file: 409
 (``check_block_bytes``); the last block of a file whose length is not a multiple of the block size is
 hashed as if zero-padded. Every input is therefore 512 to 4096 bytes, which takes only XXH3's
 long-input path (inputs over 240 bytes), so that path is all this module implements. The values equal
-``xxhash.xxh3_64_intdigest(block)`` (tests/test_read_checks.py checks that against the library).
+``xxhash.xxh3_64_intdigest(block)`` (tests/loader/format/test_read_checks.py checks that against the library).
 
 Where it can, a block is hashed by the C function ``XXH3_64bits`` that the ``xxhash`` wheel's
 extension module exports (12 GB/s with its SIMD code, against 3.8 GB/s for the numba

@@ -60,7 +60,7 @@ MIN_CHUNK_BUDGET = 16 << 20
 FIXED_OVERHEAD_BYTES = 192 << 20
 """What peak RSS may exceed ``memory_budget`` by: the interpreter with numpy and pymetis
 (~95 MiB measured), numba's LLVM once a kernel runs (+44 MiB), and allocator slack. Checked by
-tests/test_memory_bound.py and bench/prepare_bench.py."""
+tests/loader/offline/test_memory_bound.py and bench/prepare_bench.py."""
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from loader.format.raw import RawDataset, RawDatasetWriter, validate_raw
 from loader.format.splits import stratified_split
 from loader.offline.importers import IMPORT_FORMATS, ImportOptions, import_dataset
 from proto.errors import UserError
+from tests.paths import SHARED_DATA
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ROUND_TRIP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -36,8 +36,8 @@ from loader.daemon.server import Daemon
 from loader.daemon.session import Session
 from proto.messages import EpochEnd, StartEpoch, Stats, StatsRequest
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from tests.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
@@ -243,8 +243,8 @@ STATES = ["connected", "welcome_unread", "hello", "credit", "training", "trainin
 
 def doomed_client(config, state: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", CLIENT, str(config.server.socket), state],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def next_line(child: subprocess.Popen[str]) -> str:

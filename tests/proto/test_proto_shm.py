@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,8 +39,8 @@ from proto.messages import (
 )
 from proto.shm import SEALS, Segment, create_segment, map_segment, recv_with_fds, send_with_fds
 from proto.slots import ArraySpec, SlotRing, place_arrays
+from tests.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 SPECS = [ArraySpec("x", np.dtype("float32"), (50, 8), align=4096), ArraySpec("n_id", np.dtype("int64"), (50,))]
 LAYOUT = SlotLayout(count=3, slot_bytes=16384, header_bytes=4096, segment_bytes=3 * 16384)
 INFO = DatasetInfo("demo", 1000, 8, "float32", 4, 2, [10, 5], [-1, -1], 50, 600, 200, 200, "megabatch")
@@ -109,7 +108,7 @@ def test_segment_passed_to_a_child_process_over_a_socketpair():
     with create_segment(LAYOUT.segment_bytes) as seg, parent_sock:
         ring = SlotRing.from_layout(seg.mapping, LAYOUT)
         expected = write_batch(ring, slot=2, seq=9)
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(child_sock.fileno())], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(child_sock.fileno())], cwd=REPO_ROOT,
                                 pass_fds=[child_sock.fileno()], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         child_sock.close()
         info = {"nbytes": seg.nbytes, "count": LAYOUT.count, "slot_bytes": LAYOUT.slot_bytes, "slot": 2, "seq": 9}

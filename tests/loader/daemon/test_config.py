@@ -4,6 +4,7 @@ import pytest
 
 from loader.daemon.config import config_from_mapping, load_config
 from proto.errors import UserError
+from tests.paths import REPO_ROOT
 
 
 def base(**tables):
@@ -102,7 +103,6 @@ def test_load_config_file_errors(tmp_path):
 
 
 def test_shipped_configs_parse():
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent / "deploy" / "config"
+    root = REPO_ROOT / "deploy" / "config"
     for name in ("demo.toml", "loader.toml"):
         assert load_config(root / name).sampler.batch_size > 0

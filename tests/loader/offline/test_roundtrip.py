@@ -15,8 +15,8 @@ from loader.offline.generate import generate_graph
 from loader.offline.importers import ImportOptions, import_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from tests.graphs import shared_graph
-from tests.test_importers import random_graph, write_npz, write_numpy, write_ogb
-from tests.test_prepare import assert_round_trip, read_features
+from tests.loader.offline.importers.test_importers import random_graph, write_npz, write_numpy, write_ogb
+from tests.loader.offline.test_prepare import assert_round_trip, read_features
 
 E2E = settings(max_examples=20, deadline=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -5,7 +5,6 @@ import logging
 import re
 import socket
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,7 @@ from loader.offline.generate import generate_graph
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from proto.messages import EpochEnd, StartEpoch
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT
 
 
 def epoch_log(config, caplog):
@@ -71,7 +69,7 @@ def demo_dataset(tmp_path_factory):
 
 
 def test_demo_graph_does_not_warn(demo_dataset, tmp_path, caplog):
-    demo = tomllib.loads((ROOT / "deploy" / "config" / "demo.toml").read_text())
+    demo = tomllib.loads((REPO_ROOT / "deploy" / "config" / "demo.toml").read_text())
     demo["dataset"]["path"] = str(demo_dataset)
     demo["server"]["socket"] = str(tmp_path / "s.sock")
     report, warnings, metrics = epoch_log(config_from_mapping(demo), caplog)

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from proto.sizes import parse_size
+from tests.paths import REPO_ROOT
 
 try:  # not a dependency: when present, it cross-checks the small YAML reader below
     import yaml
 except ImportError:
     yaml = None
 
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
+DEPLOY = REPO_ROOT / "deploy"
 SYSTEMD = DEPLOY / "systemd"
 DASHBOARD = DEPLOY / "grafana" / "megabatch-dashboard.json"
 YAML_FILES = ["prometheus/prometheus.yml", "prometheus/alerts.yml", "prometheus/alerts_test.yml",
@@ -36,7 +36,7 @@ DAEMON_OVERHEAD = 320 << 20
 
 def documented_metrics() -> dict[str, str]:
     """Name -> type (Counter, Gauge, Histogram, Info) from the tables under "## Metrics reference"."""
-    text = (ROOT / "docs" / "DEPLOY.md").read_text()
+    text = (REPO_ROOT / "docs" / "DEPLOY.md").read_text()
     section = text.split("\n## Metrics reference\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([a-z0-9_]+)` \| (\w+) \|", section, flags=re.MULTILINE)
     metrics = dict(rows)
@@ -495,7 +495,7 @@ def test_loader_unit_does_not_restart_a_config_error_forever():
     unit = settings("megabatch-loader.service", "Unit")
     assert unit["StartLimitIntervalSec"] == "10min" and int(unit["StartLimitBurst"]) >= 2
     assert not {"StartLimitIntervalSec", "StartLimitBurst"} & svc.keys()
-    deploy_doc = (ROOT / "docs" / "DEPLOY.md").read_text()
+    deploy_doc = (REPO_ROOT / "docs" / "DEPLOY.md").read_text()
     for code in ("| 0 |", "| 78 |", "| 130 |"):
         assert code in deploy_doc, f"docs/DEPLOY.md: exit code row {code} missing"
 
@@ -505,7 +505,7 @@ def test_memory_cap_example_is_budget_plus_stated_overhead():
     examples = set(re.findall(r"^#\s*MemoryMax=(\S+)$", text, flags=re.MULTILINE))
     assert len(examples) == 1, examples
     assert parse_size(examples.pop()) == parse_size(loader_config()["memory"]["budget"]) + DAEMON_OVERHEAD
-    assert "MemoryMax = budget + 320M" in (ROOT / "docs" / "DEPLOY.md").read_text()
+    assert "MemoryMax = budget + 320M" in (REPO_ROOT / "docs" / "DEPLOY.md").read_text()
 
 
 def test_trainer_unit_settings():

@@ -3,11 +3,11 @@ in its own interpreter, loads it)."""
 
 import ast
 import json
+import pathlib
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT
 
 IMPORT_ALL = """
 import importlib, json, pkgutil, sys
@@ -22,7 +22,7 @@ print(json.dumps({"imported": names, "torch": torch}))
 
 
 def test_importing_every_loader_module_never_imports_torch():
-    run = subprocess.run([sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    run = subprocess.run([sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # the walk reached every layer, the daemon's subpackages included
@@ -33,7 +33,7 @@ def test_importing_every_loader_module_never_imports_torch():
     assert result["torch"] == []
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: pathlib.Path) -> set[str]:
     """Top-level packages ``path`` imports anywhere in its source (function bodies included)."""
     tree = ast.parse(path.read_text(), str(path))
     names: set[str] = set()
@@ -50,8 +50,8 @@ def test_the_layers_hold():
     and jit.py, proto imports neither loader nor trainer, loader never trainer, and the offline tools
     are not imported by the daemon."""
     broken = []
-    for path in sorted(ROOT.glob("loader/**/*.py")):
-        rel = path.relative_to(ROOT).as_posix()
+    for path in sorted(REPO_ROOT.glob("loader/**/*.py")):
+        rel = path.relative_to(REPO_ROOT).as_posix()
         names = imports_of(path)
         if "asyncio" in names and not rel.startswith("loader/daemon/"):
             broken.append(f"{rel} imports asyncio")
@@ -61,8 +61,8 @@ def test_the_layers_hold():
             broken.append(f"{rel} imports trainer")
         if rel.startswith("loader/daemon/") and "loader.offline" in path.read_text():
             broken.append(f"{rel} imports loader.offline")
-    for path in sorted(ROOT.glob("proto/**/*.py")):
+    for path in sorted(REPO_ROOT.glob("proto/**/*.py")):
         wrong = sorted(imports_of(path) & {"loader", "trainer", "torch"})
         if wrong:
-            broken.append(f"{path.relative_to(ROOT).as_posix()} imports {wrong}")
+            broken.append(f"{path.relative_to(REPO_ROOT).as_posix()} imports {wrong}")
     assert broken == []

@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from proto.errors import UserError
 from tests.graphs import generated_dataset
-from tests.test_scores import ref_binary_auc, ref_macro_f1
+from tests.trainer.test_scores import ref_binary_auc, ref_macro_f1
 from trainer.batch import Batch
 from trainer.inmemory_source import InMemorySource
 from trainer.loop import SequenceError, TrainConfig, format_epoch, train

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -35,8 +34,7 @@ from proto.messages import (
 )
 from proto.shm import recv_with_fds
 from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon, small_dataset
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +165,7 @@ def test_a_supplementary_group_admits_a_peer(dataset, tmp_path):
     def child(groups: list[int]) -> str:
         # another process: the kernel records credentials per connecting process (SO_PEERCRED, SO_PEERGROUPS)
         run = subprocess.run([sys.executable, "-c", CHILD, str(config.server.socket), ",".join(map(str, groups)),
-                              str(other)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                              str(other)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
         assert run.returncode == 0, run.stderr
         return run.stdout.strip()
 
