@@ -28,7 +28,7 @@ log = logging.getLogger("megabatch.pipeline")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SampledWork:
     """Superbatch sampler -> publisher: every batch of one pass (over one mega-batch, or a superbatch
     of the full graph in the other modes)."""

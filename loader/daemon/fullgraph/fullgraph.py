@@ -114,8 +114,10 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, 
             await out.put(item)
             continue
         rows = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", rows_for, item.sampled)
-        await out.put(SampledWork(mode.slot_source(rows), tokens.release, 0, item.sampled, item.seeds, item.first_batch,
-                                  item.epoch_batches, True))
+        # a superbatch is one pass; its token goes back once its last batch is published
+        await out.put(SampledWork(source=mode.slot_source(rows), release=tokens.release, pass_index=0,
+                                  sampled=item.sampled, seeds=item.seeds, first_batch=item.first_batch,
+                                  epoch_batches=item.epoch_batches, last_pass=True))
 
 
 def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:

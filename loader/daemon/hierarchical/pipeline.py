@@ -192,8 +192,9 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
                 last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.scheduled.is_last
                         or n_batches == 0)
             ctx.metrics.pass_index.set(pass_index)
-            await output.put(SampledWork(source, functools.partial(release, mb.buffer), pass_index, sampled, seeds,
-                                         batch_in_epoch, epoch_batches, last))
+            await output.put(SampledWork(source=source, release=functools.partial(release, mb.buffer),
+                                         pass_index=pass_index, sampled=sampled, seeds=seeds,
+                                         first_batch=batch_in_epoch, epoch_batches=epoch_batches, last_pass=last))
             batch_in_epoch += n_batches
             passes_in_epoch += 1
             if last:
