@@ -17,6 +17,7 @@ from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.sampling.inmemory import epoch_batches_inmemory
 from proto.errors import UserError
 from tests.graphs import random_graph, write_raw
+from trainer.checkpoint import Checkpoint, capture_rng, load_checkpoint, save_checkpoint
 from trainer.cli import main
 from trainer.inmemory_source import InMemorySource
 from trainer.launch import exit_status
@@ -228,3 +229,19 @@ def test_what_several_ranks_cannot_do_is_one_line(monkeypatch, capsys, env, args
     assert main(["--no-progress", *args]) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith(fragment), errors
+
+
+def test_a_checkpoint_keeps_every_ranks_rng_and_refuses_a_mismatch(tmp_path):
+    path = tmp_path / "ck.pt"
+    states = [capture_rng(), capture_rng()]
+    fields = {"epoch": 1, "model_state": {}, "optimizer_state": {}, "signature": {}, "config": {}, "progress": {},
+              "history": []}
+    save_checkpoint(path, Checkpoint(**fields, rng=states[0], world_size=2, rank_rng=states))
+    loaded = load_checkpoint(path)
+    assert loaded.world_size == 2 and loaded.rank_rng is not None and len(loaded.rank_rng) == 2
+    assert torch.equal(loaded.rank_rng[1]["torch"], states[1]["torch"])
+    save_checkpoint(path, Checkpoint(**fields, rng=states[0]))
+    assert (load_checkpoint(path).world_size, load_checkpoint(path).rank_rng) == (1, None)  # one rank, as before
+    save_checkpoint(path, Checkpoint(**fields, rng=states[0], world_size=3, rank_rng=states))
+    with pytest.raises(UserError, match="corrupt checkpoint .world_size 3 and its per-rank RNG states"):
+        load_checkpoint(path)
