@@ -1,10 +1,8 @@
 """``python -m trainer``: the implementation of ``megabatch train``."""
 
-import sys
-
-from trainer.cli import main
+from trainer.cli import exit_program, main
 
 __all__: list[str] = []
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_program(main())

@@ -64,6 +64,9 @@ class Batch:
     """Sequence number given by the producer (checked for gaps and duplicates)."""
     cache_plan: DeviceCachePlan | None = None
     """None: ``x`` holds every row. Else ``x`` holds the shipped rows only (see above)."""
+    global_seeds: int | None = None
+    """Under DDP, the seeds of the whole global batch this batch is one rank's piece of (every rank's piece
+    of the step together); the loss is scaled by it. None: the batch stands alone (a single process)."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -95,7 +98,8 @@ class Batch:
         plan = None if self.cache_plan is None else self.cache_plan.to(device, non_blocking)
         return Batch(self.x.to(device, non_blocking=non_blocking), self.y.to(device, non_blocking=non_blocking),
                      self.edge_index.to(device, non_blocking=non_blocking), self.n_id,
-                     self.num_sampled_nodes, self.num_sampled_edges, self.seq, plan, self.release)
+                     self.num_sampled_nodes, self.num_sampled_edges, self.seq, plan, self.global_seeds,
+                     _release=self.release)
 
     def release(self) -> None:
         """Hand the underlying shared-memory slot back to its producer (idempotent)."""

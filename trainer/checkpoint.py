@@ -42,6 +42,8 @@ class Checkpoint:
     test accuracy there, best_val_acc, best_test_score, bad_evals, stopped_early, metric_reason)
     and ``history`` one dict per completed epoch. ``metric``: what "best" means (a
     ``trainer.scores.METRICS`` name; default ``LEGACY_METRIC``, what older checkpoints mean).
+    ``world_size``: the ranks that trained the run (default 1); ``rank_rng``: with several, every
+    rank's RNG states in rank order (``rng`` is rank 0's), else None.
     """
 
     epoch: int
@@ -53,12 +55,15 @@ class Checkpoint:
     history: list[dict[str, Any]]
     rng: dict[str, Any] = field(default_factory=dict)
     metric: str = LEGACY_METRIC
+    world_size: int = 1
+    rank_rng: list[dict[str, Any]] | None = None
 
     def payload(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": self.epoch,
                 "model_state": self.model_state, "optimizer_state": self.optimizer_state,
                 "signature": self.signature, "config": self.config, "progress": self.progress,
-                "history": self.history, "rng": self.rng, "metric": self.metric}
+                "history": self.history, "rng": self.rng, "metric": self.metric, "world_size": self.world_size,
+                "rank_rng": self.rank_rng}
 
 
 def capture_rng() -> dict[str, Any]:
@@ -125,7 +130,12 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     if metric not in METRICS:
         raise UserError(f"{path}: checkpoint judges its run by an unknown metric {metric!r} "
                         f"(this trainer knows {', '.join(METRICS)})")
-    return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric)
+    # world_size and rank_rng came with DDP, without a version bump: an older file was written by one rank
+    world_size, rank_rng = data.get("world_size", 1), data.get("rank_rng")
+    if not isinstance(world_size, int) or world_size < 1 or not (
+            rank_rng is None or (isinstance(rank_rng, list) and len(rank_rng) == world_size)):
+        raise UserError(f"{path}: corrupt checkpoint (world_size {world_size!r} and its per-rank RNG states)")
+    return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric, world_size=world_size, rank_rng=rank_rng)
 
 
 def check_compatible(path: Path | str, checkpoint: Checkpoint, signature: dict[str, Any]) -> None:

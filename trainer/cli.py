@@ -8,11 +8,18 @@ Stopping: SIGTERM (``systemctl stop``) finishes the current step, stops, prints 
 checkpoint the file holds (checkpoints are written at epoch boundaries only: the cut epoch is replayed
 whole by ``--resume``) and exits 0; a second SIGTERM interrupts at once. Ctrl-C (SIGINT) interrupts
 at once and exits 130; its line says what the checkpoint holds too.
+
+Several ranks (DDP, ``--mode inmemory`` only): under torchrun (WORLD_SIZE > 1 in the environment) each
+process is one rank; ``--nproc-per-node N`` starts N ranks on this machine itself (``trainer.launch``).
+Rank 0 alone prints epoch lines and the final line, serves ``--metrics-port``, writes ``--json-out``
+and the checkpoint; every rank prints its own error lines, prefixed with "rank R/W".
 """
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -25,9 +32,11 @@ from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
+from trainer.ranks import DEFAULT_TIMEOUT_S, Ranks, ranks_from_env
 from trainer.scores import METRIC_CHOICES, MINORITY_SHARE
 
-__all__ = ["main", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler", "checkpoint_note"]
+__all__ = ["main", "exit_program", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler",
+           "checkpoint_note"]
 
 if TYPE_CHECKING:
     from trainer.loop import StopControl
@@ -74,6 +83,16 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -132,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
     mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
     mod.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+
+    dist = parser.add_argument_group("several ranks (DDP; --mode inmemory only)")
+    dist.add_argument("--nproc-per-node", type=_positive_int, default=1, metavar="N",
+                      help="train with N ranks on this machine (gloo on CPU, NCCL with one GPU per rank), started "
+                           "by this command; under torchrun leave it out: torchrun sets the ranks (default 1)")
+    dist.add_argument("--dist-timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                      help="longest a rank waits for the others (startup, each step, a checkpoint, an evaluation) "
+                           f"before it fails instead of hanging on a dead rank (default {DEFAULT_TIMEOUT_S:g})")
 
     out = parser.add_argument_group("output")
     out.add_argument("--metrics-port", type=_non_negative_int, default=0,
@@ -229,7 +256,13 @@ def checkpoint_note(checkpoint: str | None, control: "StopControl | None") -> st
     return f"the checkpoint {checkpoint} holds epoch {control.checkpoint_epoch}; resume with --resume"
 
 
-def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
+def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _SigtermStop) -> int:
+    if ranks.distributed and args.mode == "daemon":
+        raise UserError(f"the loader daemon serves one rank per job so far (WORLD_SIZE is {ranks.world_size}); "
+                        "use --mode inmemory for DDP")
+    if ranks.distributed and args.nproc_per_node > 1:
+        raise UserError(f"--nproc-per-node {args.nproc_per_node}: this process is already one of "
+                        f"{ranks.world_size} ranks (WORLD_SIZE is set, as torchrun sets it); use one or the other")
     # the dataset and config are checked before torch is imported: their errors come in a blink
     opened = None
     if args.mode == "inmemory":
@@ -240,7 +273,7 @@ def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
             raise UserError("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
         opened = open_dataset(dataset)
 
-    from trainer.loop import StopControl, TrainConfig, train
+    from trainer.loop import StopControl, TrainConfig, resolve_device, train
     from trainer.metrics import TrainerMetrics
     from trainer.source import BatchSource
 
@@ -249,6 +282,12 @@ def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
                       patience=args.patience, seed=args.seed, device=args.device,
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
                       heads=args.heads, max_steps=args.max_steps, metric=args.metric)
+    if args.nproc_per_node > 1:
+        # the arguments, the dataset and the configuration were checked once, here, before any rank starts
+        from trainer.launch import launch
+
+        return launch(argv, args.nproc_per_node)
+    device = resolve_device(cfg.device, ranks)
     source: BatchSource
     if opened is None:
         try:
@@ -265,25 +304,38 @@ def _run(args: argparse.Namespace, stop: _SigtermStop) -> int:
 
         source = InMemorySource(opened, batch_size=sampler.batch_size, fanouts=sampler.fanouts,
                                 eval_fanouts=sampler.eval_fanouts, eval_batch_size=sampler.eval_batch_size,
-                                seed=sampler.seed)
-    metrics = TrainerMetrics()
+                                seed=sampler.seed, rank=ranks.rank, world_size=ranks.world_size)
+    # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
+    metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()
     stop.attach(control)
     try:
-        try:
-            metrics.serve(args.metrics_port, args.metrics_address)
-        except OSError as err:
-            raise UserError(f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_address} "
-                            f"({err.strerror or err})") from None
+        if metrics is not None:
+            try:
+                metrics.serve(args.metrics_port, args.metrics_address)
+            except OSError as err:
+                raise UserError(f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_address} "
+                                f"({err.strerror or err})") from None
         info = source.info
         log.info("source: %s (%d features, %d classes, %d hops, %d training nodes)", info.description,
                  info.num_features, info.num_classes, info.num_hops, info.train_nodes)
-        result = train(source, cfg, progress=args.progress, metrics=metrics,
-                       log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)),
-                       control=control)
+        if ranks.distributed:
+            from trainer.distributed import process_group
+
+            log.info("%d ranks (%s), %d seeds per rank and step; --dist-timeout %g s", ranks.world_size,
+                     "nccl" if device.type == "cuda" else "gloo", info.batch_size, args.dist_timeout)
+        with contextlib.ExitStack() as group:
+            if ranks.distributed:
+                group.enter_context(process_group(ranks, device, args.dist_timeout))
+            result = train(source, cfg, progress=args.progress, metrics=metrics,
+                           log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)),
+                           control=control, ranks=ranks)
     finally:
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         source.close()
+    if not ranks.main:
+        return 0
     if args.json_out:
         _write_json(Path(args.json_out), result.to_json())
     if result.stopped_on_request:
@@ -308,6 +360,8 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                                           ("--sampler-seed", args.sampler_seed)) if value is not None]
         if given:
             parser.error(f"{', '.join(given)}: inmemory-mode options (the daemon's config sets its sampler)")
+        if args.nproc_per_node > 1:
+            parser.error("--nproc-per-node: --mode inmemory only (the loader daemon serves one rank per job so far)")
     elif args.socket is not None:
         parser.error("--socket and --mode inmemory exclude each other")
     elif args.feature_cache:
@@ -317,6 +371,14 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint PATH")
+
+
+def _peer_failure(err: BaseException, ranks: Ranks, timeout_s: float) -> str | None:
+    if not ranks.distributed:
+        return None
+    from trainer.distributed import peer_failure
+
+    return peer_failure(err, ranks, timeout_s)
 
 
 def _data_path_errors() -> tuple[type[Exception], ...]:
@@ -329,39 +391,85 @@ def _data_path_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_mode(parser, args)
+    try:
+        ranks = ranks_from_env()
+    except UserError as err:
+        print(error_line(f"{PROG}: error: {err}"), file=sys.stderr)
+        return 1
+    if not ranks.main:
+        args.quiet = True  # one log per job, rank 0's; errors and warnings still come from every rank
     configure_logging(logging.WARNING if args.quiet else logging.INFO)
     if args.quiet:
         args.progress = False
     stop = _SigtermStop()
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return _run(args, stop)
-    except UserError as err:
-        print(error_line(f"{PROG}: error: {err}"), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; {checkpoint_note(args.checkpoint, stop.control)}", file=sys.stderr)
-        return 130
-    except OSError as err:
-        print(error_line(f"{PROG}: error: {io_error(err, 'training')}"), file=sys.stderr)
-        return 1
-    except Exception as err:  # the user interface is never a traceback
-        if isinstance(err, _data_path_errors()):
-            # the data path broke (daemon gone, corrupt data): what can be resumed is the next question
-            print(error_line(f"{PROG}: error: {err}; {checkpoint_note(args.checkpoint, stop.control)}"),
-                  file=sys.stderr)
-            return 1
-        if args.debug:
-            traceback.print_exc()
-        print(error_line(f"{PROG}: internal error: {type(err).__name__}: {err} (rerun with --debug for details)"),
-              file=sys.stderr)
-        return 70
+        return _run(args, argv, ranks, stop)
+    except (Exception, KeyboardInterrupt) as err:
+        if ranks.distributed:
+            _FAILED.append(err)  # its traceback holds the run, DDP's reducer and the process group: see exit_program
+        return _report(err, args, ranks, stop.control)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
+_FAILED: list[BaseException] = []
+"""Under several ranks, the error that ended the run, kept (with everything its traceback holds) until
+``exit_program`` leaves with ``os._exit``."""
+
+
+def _report(err: BaseException, args: argparse.Namespace, ranks: Ranks, control: "StopControl | None") -> int:
+    """Print the one line for ``err``; the exit status."""
+    who = f"{ranks.label()}: " if ranks.distributed else ""
+    if isinstance(err, UserError):
+        print(error_line(f"{PROG}: error: {who}{err}"), file=sys.stderr)
+        return 1
+    if isinstance(err, KeyboardInterrupt):
+        print(f"{PROG}: {who}interrupted; {checkpoint_note(args.checkpoint, control)}", file=sys.stderr)
+        return 130
+    if isinstance(err, OSError):
+        print(error_line(f"{PROG}: error: {who}{io_error(err, 'training')}"), file=sys.stderr)
+        return 1
+    # the user interface is never a traceback
+    lost = _peer_failure(err, ranks, args.dist_timeout)
+    if lost is not None or isinstance(err, _data_path_errors()):
+        # the data path or a peer rank broke: what can be resumed is the next question
+        print(error_line(f"{PROG}: error: {who}{lost or err}; {checkpoint_note(args.checkpoint, control)}"),
+              file=sys.stderr)
+        return 1
+    if args.debug:
+        traceback.print_exception(err)
+    print(error_line(f"{PROG}: internal error: {who}{type(err).__name__}: {err} (rerun with --debug for "
+                     "details)"), file=sys.stderr)
+    return 70
+
+
+def exit_program(code: int) -> NoReturn:
+    """End the ``megabatch train`` process with ``code``: ``sys.exit``, except in one rank of several.
+
+    A rank leaves with ``os._exit`` once its output is flushed, without freeing what a failed run left
+    (``_FAILED``). After a failed collective, freeing DDP's reducer frees the process group, whose
+    destructor joins gloo's worker threads while holding the GIL, and a worker still finishing the
+    failed collective waits for the GIL to release its tensors: a deadlock (seen with gdb, now and
+    then, in a rank whose peer had been killed), which is the very hang ``--dist-timeout`` is there
+    to prevent. Nothing is lost: the JSON result and the checkpoint are written atomically before
+    this, the metrics server is closed, and no rank relies on an exit handler.
+    """
+    try:
+        several = ranks_from_env().distributed
+    except UserError:
+        several = False  # main reported it already
+    if several:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_program(main())

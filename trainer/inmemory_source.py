@@ -4,6 +4,10 @@ The baseline the loader daemon is measured against (HierBatching's "NS"): every 
 all training nodes in a fresh random order, each batch sampled from the full graph. Batches
 come from the same sampler, keys and evaluation plans as the daemon's, so the two modes differ
 only in which neighbours are visible to a batch (all of them here).
+
+Under DDP each rank holds its own source (``rank`` of ``world_size``), which yields that rank's share
+only: its piece of every global batch (``loader.sampling.ranks.deal_epoch``; an empty batch where the
+last global batch left it no seed) and every ``world_size``-th evaluation batch.
 """
 
 from collections.abc import Iterator, Sequence
@@ -16,11 +20,12 @@ from loader.format.dataset import Dataset, open_dataset
 from loader.sampling.inmemory import (
     EpochBatches,
     InMemoryGraph,
-    epoch_batches_inmemory,
     eval_split_batches,
     load_in_memory,
+    num_batches,
     split_stream,
 )
+from loader.sampling.ranks import check_rank, deal_epoch, deal_eval
 from loader.sampling.sampling import SampledBatch, sample_pass
 from proto.errors import UserError
 from trainer.batch import Batch
@@ -47,19 +52,25 @@ class InMemorySource(BatchSource):
     seeds per batch (default 1024). fanouts: neighbours per hop, -1 = all (default (10, 5)).
     eval_fanouts: for val/test batches, one per hop (default: ``fanouts``). eval_batch_size:
     (default 1024). seed: sampler and shuffle seed (default 0). chunk_batches: batches per
-    sampler call (default 256).
+    sampler call (default 256). rank, world_size: the share of the epoch this source yields
+    (default 0 of 1: all of it); ``batch_size`` is then per rank.
     Features stored as float16 are widened to float32 per batch.
     """
 
     def __init__(self, dataset: Path | str | Dataset, *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 5),
                  eval_fanouts: Sequence[int] | None = None, eval_batch_size: int = 1024, seed: int = 0,
-                 chunk_batches: int = DEFAULT_CHUNK_BATCHES) -> None:
+                 chunk_batches: int = DEFAULT_CHUNK_BATCHES, rank: int = 0, world_size: int = 1) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("chunk_batches", chunk_batches)):
             if value <= 0:
                 raise UserError(f"{name} must be positive, got {value}")
         if seed < 0:
             raise UserError(f"sampler seed must be non-negative, got {seed}")
+        try:
+            check_rank(rank, world_size)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self.rank, self.world_size = rank, world_size
         self.fanouts = _fanouts("fanouts", fanouts)
         self.eval_fanouts = _fanouts("eval_fanouts", self.fanouts if eval_fanouts is None else eval_fanouts)
         if len(self.eval_fanouts) != len(self.fanouts):
@@ -86,27 +97,46 @@ class InMemorySource(BatchSource):
         return self._info
 
     def train_batches(self, epoch: int) -> Iterator[Batch]:
-        plan = epoch_batches_inmemory(self.data.splits["train"], self.batch_size, self.seed, epoch)
-        return self._batches(plan, self.batch_size, self.fanouts)
+        # one rank of one is the single-process epoch exactly (seeds and keys; tests/test_ranks.py)
+        mine = deal_epoch(self.data.splits["train"], self.batch_size, self.seed, epoch, self.rank, self.world_size)
+        return self._batches(EpochBatches(mine.seeds, mine.keys), self.batch_size, self.fanouts,
+                             mine.global_sizes.tolist())
 
     def eval_batches(self, split: str) -> Iterator[Batch]:
         if split not in ("val", "test"):
             raise ValueError(f"split must be 'val' or 'test', got {split!r}")
         plan = eval_split_batches(self.data.splits[split], self.eval_batch_size, self.seed, split_stream(split))
+        if self.world_size > 1:
+            plan = deal_eval(plan, self.eval_batch_size, self.rank, self.world_size)
         return self._batches(plan, self.eval_batch_size, self.eval_fanouts)
 
-    def _batches(self, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...]) -> Iterator[Batch]:
+    def _batches(self, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...],
+                 global_sizes: list[int] | None = None) -> Iterator[Batch]:
+        """The batches of ``plan``; a key beyond the batches its seeds fill is an empty batch (a rank's
+        piece of a last global batch too short to give it a seed). ``global_sizes``: per batch, the
+        seeds of the global batch it belongs to (DDP training)."""
         seq = 0
-        for first in range(0, len(plan.keys), self.chunk_batches):
-            keys = plan.keys[first:first + self.chunk_batches]
+        filled = num_batches(len(plan.seeds), batch_size)
+        for first in range(0, filled, self.chunk_batches):
+            keys = plan.keys[first:min(first + self.chunk_batches, filled)]
             seeds = plan.seeds[first * batch_size:(first + len(keys)) * batch_size]
             # keys are per batch, so sampling in chunks gives exactly the batches of one whole-epoch call
             sampled = sample_pass(self.data.graph, seeds, batch_size, fanouts, keys)
             for b in range(sampled.num_batches):
-                yield self._to_batch(sampled.batch(b), seq)
+                yield self._to_batch(sampled.batch(b), seq, None if global_sizes is None else global_sizes[seq])
                 seq += 1
+        for step in range(filled, len(plan.keys)):
+            yield self._empty_batch(len(fanouts), seq, None if global_sizes is None else global_sizes[step])
+            seq += 1
 
-    def _to_batch(self, sampled: SampledBatch, seq: int) -> Batch:
+    def _empty_batch(self, hops: int, seq: int, global_seeds: int | None) -> Batch:
+        # no seed, yet a batch: the training step still runs forward and backward so DDP's all-reduce matches
+        return Batch(x=torch.zeros((0, self.data.feat_dim), dtype=torch.float32), y=torch.zeros(0, dtype=torch.int64),
+                     edge_index=torch.zeros((2, 0), dtype=torch.int64), n_id=torch.zeros(0, dtype=torch.int64),
+                     num_sampled_nodes=[0] * (hops + 1), num_sampled_edges=[0] * hops, seq=seq,
+                     global_seeds=global_seeds)
+
+    def _to_batch(self, sampled: SampledBatch, seq: int, global_seeds: int | None) -> Batch:
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
         features = self.data.features[nodes]
@@ -116,4 +146,5 @@ class InMemorySource(BatchSource):
                      edge_index=torch.from_numpy(sampled.edge_index),
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),
                      num_sampled_nodes=[int(v) for v in sampled.num_sampled_nodes],
-                     num_sampled_edges=[int(v) for v in sampled.num_sampled_edges], seq=seq)
+                     num_sampled_edges=[int(v) for v in sampled.num_sampled_edges], seq=seq,
+                     global_seeds=global_seeds)

@@ -16,6 +16,14 @@ boundary: the current step finishes, the rest of the epoch is dropped, nothing i
 checkpointed for it. Checkpoints hold completed epochs only, so the file keeps the last completed
 epoch (``StopControl.checkpoint_epoch`` says which) and a resumed run replays the cut epoch whole.
 A request during an evaluation lets it finish: the epoch is complete, so its checkpoint is written.
+
+Several ranks (``ranks``, torch.distributed; ``trainer.distributed``): the model is wrapped in
+DistributedDataParallel and each rank trains on its piece of every global batch (the source deals
+them). Every decision that changes which collectives run next is taken identically on every rank:
+stop requests are agreed at each step boundary (one all-reduce of a flag), the epoch's loss and
+accuracy and the evaluation counts are summed over the ranks, so the metrics, the best epoch and
+early stopping are the same everywhere. Only rank 0 logs epoch lines and writes the checkpoint,
+which holds every rank's RNG states.
 """
 
 import contextlib
@@ -47,8 +55,10 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.device_cache import DeviceFeatureCache
+from trainer.distributed import Peers, data_parallel, training_device
 from trainer.metrics import TrainerMetrics
 from trainer.models import MODELS, build_model
+from trainer.ranks import SINGLE, Ranks
 from trainer.scores import (
     METRIC_CHOICES,
     SHORT_NAMES,
@@ -287,13 +297,10 @@ def format_epoch(record: EpochRecord, total: int, metric: str = "accuracy") -> s
             f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%")
 
 
-def resolve_device(name: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; "cuda" without a GPU is a UserError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("device cuda requested but no CUDA device is available")
-    return torch.device(name)
+def resolve_device(name: str, ranks: Ranks = SINGLE) -> torch.device:
+    """"auto" -> cuda when available, else cpu; "cuda" without a GPU is a UserError. Several ranks on
+    CUDA take GPU ``LOCAL_RANK`` each (``trainer.distributed.training_device``)."""
+    return training_device(name, ranks)
 
 
 def seed_everything(seed: int) -> None:
@@ -431,16 +438,22 @@ class _Run:
     """The state of one ``train`` call; methods in the order they run."""
 
     def __init__(self, source: BatchSource, cfg: TrainConfig, progress: bool, metrics: TrainerMetrics | None,
-                 log: Callable[[str], None], control: StopControl) -> None:
-        self.source, self.cfg, self.metrics, self.log = source, cfg, metrics, log
+                 log: Callable[[str], None], control: StopControl, ranks: Ranks) -> None:
+        self.source, self.cfg, self.metrics, self.ranks = source, cfg, metrics, ranks
+        self.log = log if ranks.main else _quiet
         self.control = control
-        self.progress = progress and sys.stderr.isatty()
-        self.device = resolve_device(cfg.device)
+        self.progress = progress and sys.stderr.isatty() and ranks.main
+        self.device = resolve_device(cfg.device, ranks)
+        self.peers = Peers(ranks, self.device)
         info = source.info
         self.info = info
+        # the same seed on every rank: the same initial weights (DDP broadcasts rank 0's anyway) and dropout seed
         seed_everything(cfg.seed)
         self.model = build_model(cfg.model, info.num_features, cfg.hidden, info.num_classes, info.num_hops,
                                  cfg.dropout, cfg.heads).to(self.device)
+        self.train_model = data_parallel(self.model, ranks, self.device)
+        """What training steps call: ``model`` itself, or its DDP wrapper under several ranks. Evaluation
+        calls ``model``: ranks evaluate different numbers of batches and DDP's forward may be a collective."""
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.signature = _model_signature(cfg, info.num_features, info.num_classes, info.num_hops)
         cache = None
@@ -486,6 +499,12 @@ class _Run:
         ckpt = load_checkpoint(path)
         check_compatible(path, ckpt, self.signature)
         check_metric(path, ckpt, self.cfg.metric)
+        world = self.ranks.world_size
+        if ckpt.world_size != world and self.ranks.main:
+            log_.warning("%s was written by %d rank(s), this run has %d: the rest of the run deals its batches "
+                         "differently from the interrupted one", path, ckpt.world_size, world)
+        rank_rng = ckpt.rank_rng
+        rng = rank_rng[self.ranks.rank] if rank_rng is not None and len(rank_rng) == world else ckpt.rng
         try:
             self.model.load_state_dict(ckpt.model_state)
             self.optimizer.load_state_dict(ckpt.optimizer_state)
@@ -500,7 +519,7 @@ class _Run:
             self.result.test_score_at_best = progress.get("best_test_score", progress["best_test"])
             self.result.stopped_early = bool(progress["stopped_early"])
             self.bad_evals = int(progress["bad_evals"])
-            restore_rng(ckpt.rng)
+            restore_rng(rng)
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(f"{path}: checkpoint does not fit this model ({first[:200]})") from None
@@ -518,21 +537,22 @@ class _Run:
         self.model.train()
         total_loss, correct, labelled, samples, batches = 0.0, 0, 0, 0, 0
         wait_s = step_s = 0.0
-        expected = -(-self.info.train_nodes // self.info.batch_size)
+        expected = -(-self.info.train_nodes // (self.info.batch_size * self.ranks.world_size))
         started = time.perf_counter()
         check = SequenceCheck(f"train (epoch {epoch})")
         self.stager.take_rows()  # forget the rows of evaluation batches
         with (Progress(f"epoch {epoch}/{self.cfg.epochs}", expected, "batches", enabled=self.progress) as bar,
               contextlib.closing(_prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
             for batch, waited in stream:
-                if self.control.requested:
+                if self.stop_requested():
                     # a step boundary: the step before finished; closing the stream releases this batch
                     self.result.stopped_on_request = True
                     break
                 step_started = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
-                loss = F.cross_entropy(logits, batch.y, ignore_index=-1)
+                logits = self.train_model(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                                          batch.num_sampled_edges)
+                loss, summed = self.loss(logits, batch)
                 loss.backward()
                 self.optimizer.step()
                 mask = batch.y >= 0
@@ -540,7 +560,7 @@ class _Run:
                 if self.label_counts is not None:
                     self.label_counts += torch.bincount(batch.y[mask], minlength=2)[:2]
                 batch_labelled = int(mask.sum())
-                total_loss += loss.item() * batch_labelled
+                total_loss += summed.item() if summed is not None else loss.item() * batch_labelled
                 batch.release()
                 step = time.perf_counter() - step_started
                 correct, labelled = correct + batch_correct, labelled + batch_labelled
@@ -558,16 +578,46 @@ class _Run:
                     break
         train_s = time.perf_counter() - started
         busy = wait_s + step_s
+        if self.ranks.distributed:
+            # the epoch's loss, accuracy and throughput over every rank's pieces; timings stay this rank's
+            totals = self.peers.sum(torch.tensor([total_loss, correct, labelled, samples], dtype=torch.float64))
+            total_loss = float(totals[0])
+            correct, labelled, samples = (int(v) for v in totals[1:].tolist())
         return EpochRecord(epoch=epoch, loss=total_loss / max(1, labelled), train_acc=correct / max(1, labelled),
                            val_acc=None, test_acc=None, batches=batches, samples=samples,
                            samples_per_s=samples / train_s if train_s > 0 else 0.0, wait_s=wait_s, step_s=step_s,
                            data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s, eval_s=0.0)
 
+    def stop_requested(self) -> bool:
+        """Whether to stop at this step boundary: under several ranks, whether any rank was asked to (every
+        rank must stop at the same step, or the others would wait for it in the next all-reduce)."""
+        return self.peers.any(self.control.requested)
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The loss to backpropagate, and under several ranks the sum of its seeds' losses (for the log).
+
+        One process: the mean over the batch's labelled seeds. Several ranks: the sum over this rank's
+        seeds times W / (seeds of the global batch). DDP averages the ranks' gradients, that is divides
+        their sum by W, so the step follows the gradient of the mean loss over the whole global batch,
+        however unevenly its seeds were dealt (the last step's pieces may differ by one, or be empty). A
+        plain mean per rank would weigh the seeds of a short piece more. Splits hold labelled nodes only
+        (``megabatch import`` refuses others), so the global batch's seeds are its labelled seeds. An
+        empty piece still has a loss attached to every parameter (a sum over no seeds, 0): its backward
+        joins DDP's all-reduce like every other rank's.
+        """
+        if not self.ranks.distributed:
+            return F.cross_entropy(logits, batch.y, ignore_index=-1), None
+        if batch.global_seeds is None:
+            raise RuntimeError("a training batch under DDP does not say how many seeds its global batch holds "
+                               "(the source does not deal batches to ranks)")
+        summed = F.cross_entropy(logits, batch.y, ignore_index=-1, reduction="sum")
+        return summed * (self.ranks.world_size / max(1, batch.global_seeds)), summed.detach()
+
     def decide_metric(self, epoch: int) -> None:
         """Resolve ``auto`` from the labels counted in this epoch's training batches (first epoch only)."""
         if self.label_counts is None:
             return
-        counts = [int(c) for c in self.label_counts.tolist()]
+        counts = [int(c) for c in self.peers.sum(self.label_counts).tolist()]
         self.label_counts = None
         self.set_metric(choose_metric("auto", 2, counts), f"counted in the training batches of epoch {epoch}")
 
@@ -585,6 +635,7 @@ class _Run:
         scores: list[torch.Tensor] = []
         labels: list[torch.Tensor] = []
         check = SequenceCheck(f"{split} evaluation")
+        # each rank evaluates its share of the batches; the counts (and AUC's scores) are pooled below
         with contextlib.closing(_prefetched(iter(self.source.eval_batches(split)), self.stager, check)) as stream:
             for batch, _ in stream:
                 logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
@@ -598,12 +649,14 @@ class _Run:
                     scores.append(torch.log_softmax(logits[mask].float(), dim=1).cpu())
                     labels.append(y.cpu())
                 batch.release()
-        matrix = confusion.view(classes, classes).cpu().numpy()
+        matrix = self.peers.sum(confusion).view(classes, classes).cpu().numpy()
         # no labelled node: accuracy 0 as before, so dashboards and scripts keep a number
         acc = accuracy_from_confusion(matrix) if matrix.sum() else 0.0
         if self.metric == "roc_auc":
-            score = roc_auc(torch.cat(scores).numpy() if scores else np.zeros((0, classes), np.float32),
-                            torch.cat(labels).numpy() if labels else np.zeros(0, np.int64))
+            # AUC ranks every score of the split against every other: every rank gets them all, in rank order
+            all_scores = self.peers.gather_rows(torch.cat(scores) if scores else torch.zeros((0, classes)))
+            all_labels = self.peers.gather_rows(torch.cat(labels) if labels else torch.zeros(0, dtype=torch.int64))
+            score = roc_auc(all_scores.numpy(), all_labels.numpy())
         elif self.metric == "macro_f1":
             score = macro_f1_from_confusion(matrix)
         else:
@@ -651,6 +704,11 @@ class _Run:
 
     def save(self, epoch: int) -> None:
         assert self.cfg.checkpoint is not None
+        # every rank's RNG states (dropout streams differ by rank once batch shapes do), so that a resumed
+        # run continues each rank where it left off; gathered by every rank, written by rank 0 alone
+        rank_rng = self.peers.gather_objects(capture_rng()) if self.ranks.distributed else None
+        if not self.ranks.main:
+            return
         self.control.writing = epoch
         # best_val/best_test keep their first meaning (best score, test accuracy there): with metric
         # accuracy, a checkpoint reads the same to a trainer from before metrics were selectable
@@ -661,22 +719,31 @@ class _Run:
         save_checkpoint(self.cfg.checkpoint, Checkpoint(
             epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
             signature=self.signature, config=self.cfg.to_json(), progress=progress,
-            history=[asdict(r) for r in self.result.epochs], rng=capture_rng(), metric=self.metric))
+            history=[asdict(r) for r in self.result.epochs], rng=capture_rng() if rank_rng is None else rank_rng[0],
+            metric=self.metric, world_size=self.ranks.world_size, rank_rng=rank_rng))
         self.control.checkpoint_epoch, self.control.writing = epoch, None
 
 
+def _quiet(line: str) -> None:
+    """The epoch log of ranks other than 0."""
+
+
 def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metrics: TrainerMetrics | None = None,
-          log: Callable[[str], None] | None = None, control: StopControl | None = None) -> TrainResult:
+          log: Callable[[str], None] | None = None, control: StopControl | None = None,
+          ranks: Ranks = SINGLE) -> TrainResult:
     """Train a ``cfg.model`` on ``source`` for ``cfg.epochs`` epochs (fewer when early stopping fires).
 
     ``progress`` draws a bar per epoch when stderr is a terminal (default False); ``metrics``
     receives per-batch and per-epoch values (default None); ``log`` gets one line per epoch
     (default: the "megabatch.trainer" logger at INFO). ``result.model`` is the trained model.
     ``control`` (default None: none) stops the run at a step boundary on request and reports which
-    epoch the checkpoint file holds (``StopControl``).
+    epoch the checkpoint file holds (``StopControl``). ``ranks`` (default: a single process): this
+    process's place among several training ranks, whose process group is already initialised
+    (``trainer.distributed.process_group``) and whose ``source`` yields this rank's share; only rank 0
+    logs and writes the checkpoint.
     """
     control = control if control is not None else StopControl()
-    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info, control)
+    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info, control, ranks)
     if cfg.resume:
         run.resume()
         if run.result.stopped_early:
@@ -684,7 +751,7 @@ def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metr
             run.result.model = run.model
             return run.result
     for epoch in range(run.next_epoch, cfg.epochs + 1):
-        if control.requested:
+        if run.stop_requested():
             run.result.stopped_on_request = True
             break
         if run.run_epoch(epoch):

@@ -19,8 +19,9 @@ from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
 from proto.errors import UserError
 
 __all__ = [
-    "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "SPLITS", "InMemoryGraph", "EpochBatches",
-    "load_in_memory", "shuffle_key", "num_batches", "epoch_batches_inmemory", "eval_split_batches", "split_stream",
+    "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "STREAM_TRAIN_RANK", "SPLITS", "InMemoryGraph",
+    "EpochBatches", "load_in_memory", "shuffle_key", "num_batches", "epoch_batches_inmemory", "eval_split_batches",
+    "split_stream",
 ]
 
 STREAM_TRAIN = 0
@@ -31,6 +32,10 @@ STREAM_TEST = 2
 """``batch_keys`` stream of test batches."""
 STREAM_SHUFFLE = 3
 """``batch_keys`` stream the per-epoch seed shuffle key is drawn from (never used to sample a batch)."""
+STREAM_TRAIN_RANK = 4
+"""``batch_keys`` stream of the training pieces of ranks 1, 2, ... when an epoch is dealt to several ranks
+(``loader.sampling.ranks``; pass_index = the rank). Rank 0 keeps ``STREAM_TRAIN``, so a single rank
+samples exactly as a single process does."""
 
 SPLITS = ("train", "val", "test")
 

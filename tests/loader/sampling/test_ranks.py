@@ -1,0 +1,122 @@
+"""Dealing an epoch to ranks (loader/sampling/ranks.py) against a plain Python reference."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.sampling.inmemory import (
+    STREAM_TRAIN,
+    STREAM_TRAIN_RANK,
+    STREAM_VAL,
+    EpochBatches,
+    epoch_batches_inmemory,
+    eval_split_batches,
+)
+from loader.sampling.ranks import RankBatches, deal_epoch, deal_eval, num_steps, piece_bounds
+from loader.sampling.sampling import batch_keys
+
+PROPERTY = settings(max_examples=150, deadline=None)
+
+
+def ref_deal(order: list[int], b: int, w: int) -> list[list[list[int]]]:
+    """pieces[r][k]: the reference dealing, one global batch at a time."""
+    pieces: list[list[list[int]]] = [[] for _ in range(w)]
+    for first in range(0, len(order), w * b):
+        group = order[first:first + w * b]
+        share, extra = divmod(len(group), w)
+        at = 0
+        for r in range(w):
+            size = share + (1 if r < extra else 0)
+            pieces[r].append(group[at:at + size])
+            at += size
+        assert at == len(group)
+    return pieces
+
+
+def ref_key(seed: int, epoch: int, k: int, r: int) -> int:
+    stream, pass_index = (STREAM_TRAIN, 0) if r == 0 else (STREAM_TRAIN_RANK, r)
+    return int(batch_keys(seed, stream, epoch, pass_index, k, 1)[0])
+
+
+def epochs():
+    return st.tuples(st.integers(0, 300), st.integers(1, 40), st.integers(1, 6), st.integers(0, 2**63),
+                     st.integers(0, 50))
+
+
+@PROPERTY
+@given(epochs())
+def test_dealing_matches_the_reference_and_covers_the_epoch_once(args):
+    n, b, w, seed, epoch = args
+    train_ids = np.random.default_rng(n).choice(10 * n + 1, n, replace=False)
+    single = epoch_batches_inmemory(train_ids, b, seed, epoch)
+    expected = ref_deal(single.seeds.tolist(), b, w)
+    steps = -(-n // (w * b))
+    dealt = [deal_epoch(train_ids, b, seed, epoch, r, w) for r in range(w)]
+    union: list[int] = []
+    for r, mine in enumerate(dealt):
+        assert mine.num_steps == steps == num_steps(n, b, w)  # every rank steps as often
+        assert [mine.step_seeds(s).tolist() for s in range(steps)] == expected[r]
+        assert mine.sizes().tolist() == [len(p) for p in expected[r]]
+        assert mine.keys.tolist() == [ref_key(seed, epoch, k, r) for k in range(steps)]
+        assert mine.global_sizes.tolist() == [min(w * b, n - k * w * b) for k in range(steps)]
+        union.extend(mine.seeds.tolist())
+    assert sorted(union) == sorted(train_ids.tolist()) and len(set(union)) == len(union)
+    sizes = np.array([mine.sizes() for mine in dealt]).reshape(w, steps)
+    if steps:
+        assert (sizes[:, :-1] == b).all()  # pieces differ only in the last step, and there by at most one
+        assert sizes[:, -1].max() - sizes[:, -1].min() <= 1 and sizes[:, -1].sum() == n - (steps - 1) * w * b
+
+
+@PROPERTY
+@given(epochs())
+def test_one_rank_is_the_single_process_plan(args):
+    n, b, _, seed, epoch = args
+    train_ids = np.random.default_rng(n).choice(10 * n + 1, n, replace=False)
+    single = epoch_batches_inmemory(train_ids, b, seed, epoch)
+    mine = deal_epoch(train_ids, b, seed, epoch, 0, 1)
+    np.testing.assert_array_equal(mine.seeds, single.seeds)
+    np.testing.assert_array_equal(mine.keys, single.keys)
+    assert mine.keys.dtype == single.keys.dtype == np.uint64
+
+
+@PROPERTY
+@given(st.integers(0, 300), st.integers(1, 40), st.integers(1, 6))
+def test_evaluation_batches_go_round_robin_whole(n, b, w):
+    plan = eval_split_batches(np.arange(0, 3 * n, 3), b, 7, STREAM_VAL)
+    batches = [(plan.seeds[i * b:(i + 1) * b].tolist(), int(plan.keys[i])) for i in range(len(plan.keys))]
+    taken = []
+    for r in range(w):
+        mine = deal_eval(plan, b, r, w)
+        got = [(mine.seeds[i * b:(i + 1) * b].tolist(), int(mine.keys[i])) for i in range(len(mine.keys))]
+        assert got == batches[r::w] and sum(len(s) for s, _ in got) == len(mine.seeds)
+        taken.extend(got)
+    assert sorted(taken) == sorted(batches)
+    alone = deal_eval(plan, b, 0, 1)
+    np.testing.assert_array_equal(alone.seeds, plan.seeds)
+    np.testing.assert_array_equal(alone.keys, plan.keys)
+
+
+def test_the_last_ranks_get_an_empty_piece_when_fewer_seeds_than_ranks_are_left():
+    ids = np.arange(21)
+    dealt = [deal_epoch(ids, 5, 0, 1, r, 4) for r in range(4)]  # global batches of 20, then 1 seed
+    assert [d.sizes().tolist() for d in dealt] == [[5, 1], [5, 0], [5, 0], [5, 0]]
+    assert [d.global_sizes.tolist() for d in dealt] == [[20, 1]] * 4
+    assert dealt[3].step_seeds(1).shape == (0,) and dealt[3].step_seeds(1).dtype == np.int64
+    start, size = piece_bounds(21, 5, 4, 1)
+    assert start.tolist() == [5, 21] and size.tolist() == [5, 0]
+    empty = deal_epoch(np.zeros(0, np.int64), 5, 0, 1, 2, 3)
+    assert empty.num_steps == 0 and empty.seeds.shape == (0,)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: deal_epoch(np.arange(5), 2, 0, 0, 2, 2), r"rank must be in \[0, 2\), got 2"),
+    (lambda: deal_epoch(np.arange(5), 2, 0, 0, 0, 0), "world_size must be at least 1, got 0"),
+    (lambda: deal_epoch(np.arange(5), 0, 0, 0, 0, 1), "batch_size must be positive, got 0"),
+    (lambda: deal_eval(EpochBatches(np.arange(5), np.zeros(2, np.uint64)), 2, 0, 1), "2 keys for 5 seeds"),
+    (lambda: RankBatches(0, 1, 2, np.arange(5), np.zeros(2, np.uint64), np.zeros(2, np.int64)),
+     "seeds: 5 for 2 steps of at most 2"),
+])
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
