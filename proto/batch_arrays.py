@@ -8,7 +8,7 @@ arrays contradict each other before any of them reaches a tensor.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,7 +86,9 @@ class BatchArrays:
     @classmethod
     def from_views(cls, views: Mapping[str, np.ndarray]) -> "BatchArrays":
         """Writer side: the views ``SlotRing.arrays_for`` made from ``BatchShape.specs`` (no checks needed)."""
-        return cls(**{f.name: views.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]
+        return cls(x=views["x"], n_id=views["n_id"], y=views["y"], edge_index=views["edge_index"],
+                   nodes_per_hop=views["nodes_per_hop"], edges_per_hop=views["edges_per_hop"],
+                   hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"))
 
     @classmethod
     def read(cls, views: Mapping[str, np.ndarray], feature_cache_rows: int) -> "BatchArrays":
