@@ -15,6 +15,7 @@ import select
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 from proto.codec import FrameDecoder, encode
 from proto.errors import ConnectFailed, ConnectionClosed, ProtocolError, RemoteError, SlotError
@@ -22,12 +23,22 @@ from proto.messages import PROTOCOL_VERSION, BatchReady, Bye, Error, ErrorCode, 
 from proto.shm import Segment, map_segment, recv_with_fds
 from proto.slots import SlotContents, SlotRing
 
-__all__ = ["DEFAULT_TIMEOUT", "RECV_BYTES", "ControlClient", "DaemonShuttingDown"]
+__all__ = ["DEFAULT_TIMEOUT", "RECV_BYTES", "ControlClient", "DaemonShuttingDown", "JobMember"]
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds ``connect`` waits for the connection and the Welcome by default."""
 RECV_BYTES = 64 * 1024
 """Bytes asked of one ``recv`` call."""
+
+
+@dataclass(frozen=True)
+class JobMember:
+    """Which rank of a training job a client is (the job fields of ``Hello``); the default: a lone trainer."""
+
+    job: str = ""
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
 
 
 class DaemonShuttingDown(ConnectionClosed):
@@ -76,7 +87,7 @@ class ControlClient:
 
     @classmethod
     def connect(cls, path: str, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
-                feature_cache_bytes: int = 0) -> "ControlClient":
+                feature_cache_bytes: int = 0, job: JobMember | None = None) -> "ControlClient":
         """Connect to the daemon's Unix socket at ``path`` and handshake (see ``handshake``).
 
         ``timeout`` (default ``DEFAULT_TIMEOUT``; None waits forever) bounds the connection and the
@@ -89,15 +100,17 @@ class ControlClient:
         except OSError as err:
             sock.close()
             raise _connect_error(path, err) from None
-        return cls.handshake(sock, client=client, timeout=timeout, feature_cache_bytes=feature_cache_bytes)
+        return cls.handshake(sock, client=client, timeout=timeout, feature_cache_bytes=feature_cache_bytes, job=job)
 
     @classmethod
     def handshake(cls, sock: socket.socket, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
-                  feature_cache_bytes: int = 0) -> "ControlClient":
+                  feature_cache_bytes: int = 0, job: JobMember | None = None) -> "ControlClient":
         """Run the handshake on the connected stream socket ``sock``, which the client then owns.
 
         Sends ``Hello(PROTOCOL_VERSION, client, pid, feature_cache_bytes)`` (default 0: no client
-        feature cache; ``welcome.feature_cache_rows`` says what the daemon accepted) and waits up to
+        feature cache; ``welcome.feature_cache_rows`` says what the daemon accepted; with ``job``, the Hello's
+        job fields: ``welcome.job`` is then the job's name, or "" from a daemon that does not deal to
+        ranks) and waits up to
         ``timeout`` seconds (default ``DEFAULT_TIMEOUT``) for the Welcome and its segment descriptor.
         Raises ``RemoteError`` if the daemon answers with an Error (e.g. ``busy``), ``ConnectionClosed`` if it hangs up,
         ``ProtocolError`` for anything else than a valid Welcome of this protocol version carrying one
@@ -107,7 +120,10 @@ class ControlClient:
         fds: list[int] = []
         try:
             sock.settimeout(timeout)
-            sock.sendall(encode(Hello(PROTOCOL_VERSION, client, os.getpid(), feature_cache_bytes)))
+            member = job if job is not None else JobMember()
+            sock.sendall(encode(Hello(PROTOCOL_VERSION, client, os.getpid(), feature_cache_bytes, job=member.job,
+                                      rank=member.rank, world_size=member.world_size,
+                                      local_world_size=member.local_world_size)))
             decoder = FrameDecoder()
             messages: list[Message] = []
             while not messages:

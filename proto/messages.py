@@ -58,6 +58,10 @@ class ErrorCode(enum.StrEnum):
     DATA_CORRUPT = "data_corrupt"
     """Bytes the daemon read for this stream failed the dataset's read checks; the message names the file and
     byte offset, and nothing of the failed batch was published (compatible revision of version 1)."""
+    JOB_FAILED = "job_failed"
+    """The training job this session is a rank of failed (another rank left or stalled mid-epoch, the ranks
+    did not all connect within the daemon's job timeout, or they disagree); the message says which
+    (compatible revision of version 1)."""
 
 
 SPLITS = ("val", "test")
@@ -240,6 +244,16 @@ class Hello(Message):
     """Bytes of feature rows the client can cache (its trainer-side cache); 0 (default) = no cache.
     In bytes, not rows: the client learns the row size only from the Welcome. The daemon answers
     with the rows it accepts in ``Welcome.feature_cache_rows``."""
+    job: str = ""
+    """A training job of several ranks (torch.distributed) that this client is one rank of; "" (default)
+    = a trainer alone. Every rank of a job that uses this daemon sends the same ``job``, ``world_size``
+    and ``local_world_size``; the daemon waits for all of them and deals each epoch to them."""
+    rank: int = field(default=0, metadata=_COUNT)
+    """This client's rank in the job, in [0, ``world_size``)."""
+    world_size: int = field(default=1, metadata=_POSITIVE)
+    """Ranks in the whole job, on every machine."""
+    local_world_size: int = field(default=1, metadata=_POSITIVE)
+    """Ranks of the job that connect to this daemon (torchrun's LOCAL_WORLD_SIZE)."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +272,9 @@ class Welcome(Message):
     """Rows of the client's feature cache the daemon plans for (0 = none: training slots carry every
     row). At most ``Hello.feature_cache_bytes`` // (``num_features`` x item size) and at most
     ``num_nodes``; a daemon without the feature leaves it out (0)."""
+    job: str = ""
+    """``Hello.job`` as the daemon accepted it; a daemon that does not know jobs leaves it out (""), and
+    a client of a job must then refuse to train (the daemon would not deal to its ranks)."""
 
 
 @dataclass(frozen=True)
@@ -305,12 +322,15 @@ class BatchReady(Message):
     """Position of the batch in its stream, from 0."""
     num_batches: int = field(metadata=_BATCHES)
     """Batches in this stream when known, else -1."""
+    global_seeds: int = field(default=0, metadata=_COUNT)
+    """Training batches of a job of several ranks: the seeds of the global batch this piece belongs to,
+    over every rank (the loss scale); 0 (default) otherwise. Not stored in the slot header."""
 
     @classmethod
-    def announce(cls, slot: int, batch: "BatchId") -> "BatchReady":
+    def announce(cls, slot: int, batch: "BatchId", global_seeds: int = 0) -> "BatchReady":
         """The announcement of ``batch`` in ``slot``."""
         return cls(slot=slot, seq=batch.seq, kind=batch.kind, epoch=batch.epoch, pass_index=batch.pass_index,
-                   batch_index=batch.batch_index, num_batches=batch.num_batches)
+                   batch_index=batch.batch_index, num_batches=batch.num_batches, global_seeds=global_seeds)
 
     @property
     def batch_id(self) -> "BatchId":
@@ -338,7 +358,7 @@ class BatchId:
         if self.kind not in KINDS:
             raise ValueError(f"BatchId.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         for f in dataclasses.fields(BatchReady):
-            if f.name in ("slot", "kind"):
+            if f.name in ("slot", "kind", "global_seeds"):
                 continue
             lo, hi = f.metadata["range"]
             value = getattr(self, f.name)

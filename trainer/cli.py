@@ -9,8 +9,9 @@ checkpoint the file holds (checkpoints are written at epoch boundaries only: the
 whole by ``--resume``) and exits 0; a second SIGTERM interrupts at once. Ctrl-C (SIGINT) interrupts
 at once and exits 130; its line says what the checkpoint holds too.
 
-Several ranks (DDP, ``--mode inmemory`` only): under torchrun (WORLD_SIZE > 1 in the environment) each
-process is one rank; ``--nproc-per-node N`` starts N ranks on this machine itself (``trainer.launch``).
+Several ranks (DDP): under torchrun (WORLD_SIZE > 1 in the environment) each process is one rank;
+``--nproc-per-node N`` starts N ranks on this machine itself (``trainer.launch``). With ``--socket`` every
+rank joins one job on its machine's daemon, which deals each epoch to the job's ranks.
 Rank 0 alone prints epoch lines and the final line, serves ``--metrics-port``, writes ``--json-out``
 and the checkpoint; every rank prints its own error lines, prefixed with "rank R/W".
 """
@@ -152,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
     mod.add_argument("--resume", action="store_true", help="continue from --checkpoint")
 
-    dist = parser.add_argument_group("several ranks (DDP; --mode inmemory only)")
+    dist = parser.add_argument_group("several ranks (DDP)")
     dist.add_argument("--nproc-per-node", type=_positive_int, default=1, metavar="N",
                       help="train with N ranks on this machine (gloo on CPU, NCCL with one GPU per rank), started "
                            "by this command; under torchrun leave it out: torchrun sets the ranks (default 1)")
@@ -256,10 +257,13 @@ def checkpoint_note(checkpoint: str | None, control: "StopControl | None") -> st
     return f"the checkpoint {checkpoint} holds epoch {control.checkpoint_epoch}; resume with --resume"
 
 
+SEVERAL_RANKS_NO_CACHE = ("--feature-cache: not with several ranks (the daemon deals one stream to all of a job's "
+                          "ranks and plans no client cache for it)")
+
+
 def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _SigtermStop) -> int:
-    if ranks.distributed and args.mode == "daemon":
-        raise UserError(f"the loader daemon serves one rank per job so far (WORLD_SIZE is {ranks.world_size}); "
-                        "use --mode inmemory for DDP")
+    if ranks.distributed and args.feature_cache:
+        raise UserError(SEVERAL_RANKS_NO_CACHE)
     if ranks.distributed and args.nproc_per_node > 1:
         raise UserError(f"--nproc-per-node {args.nproc_per_node}: this process is already one of "
                         f"{ranks.world_size} ranks (WORLD_SIZE is set, as torchrun sets it); use one or the other")
@@ -295,7 +299,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         except ImportError as err:
             raise UserError(f"daemon mode is not available in this installation ({err})") from None
         source = DaemonSource(args.socket, connect_timeout=args.connect_timeout,
-                              feature_cache_bytes=args.feature_cache)
+                              feature_cache_bytes=args.feature_cache, ranks=ranks)
         if args.feature_cache and not source.info.feature_cache_rows:
             log.warning("--feature-cache %s: the daemon plans no feature cache (an older daemon, or less than "
                         "one feature row); every row is shipped", args.feature_cache)
@@ -360,8 +364,8 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                                           ("--sampler-seed", args.sampler_seed)) if value is not None]
         if given:
             parser.error(f"{', '.join(given)}: inmemory-mode options (the daemon's config sets its sampler)")
-        if args.nproc_per_node > 1:
-            parser.error("--nproc-per-node: --mode inmemory only (the loader daemon serves one rank per job so far)")
+        if args.nproc_per_node > 1 and args.feature_cache:
+            parser.error(SEVERAL_RANKS_NO_CACHE)
     elif args.socket is not None:
         parser.error("--socket and --mode inmemory exclude each other")
     elif args.feature_cache:

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import torch
 
 from proto.batch_arrays import BatchArrays
-from proto.client import ControlClient
+from proto.client import ControlClient, JobMember
 from proto.errors import ConnectFailed, ConnectionClosed, RemoteError, SlotError
 from proto.messages import BatchReady, Bye, Credit, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
 from trainer.batch import Batch, DeviceCachePlan
+from trainer.ranks import SINGLE, Ranks
 from trainer.source import BatchSource, SourceInfo
 
 __all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS"]
@@ -38,18 +39,26 @@ class DaemonSource(BatchSource):
     feature_cache_bytes (default 0: none): ask the daemon to plan a feature cache of this many
     bytes on the trainer; ``info.feature_cache_rows`` is what it accepted. Training batches then
     carry a ``cache_plan`` and only the rows the cache lacks (``trainer.device_cache``).
+
+    ranks (default: a process training alone): this process's place in a job of several ranks; the
+    session joins the job on the daemon, which deals each epoch to the job's ranks (every batch then
+    says how many seeds its global batch holds) and gives each rank its share of an evaluation.
     """
 
     def __init__(self, socket_path: str, credits: int | None = None, timeout: float | None = 60.0,
-                 connect_timeout: float = 0.0, feature_cache_bytes: int = 0) -> None:
+                 connect_timeout: float = 0.0, feature_cache_bytes: int = 0, ranks: Ranks = SINGLE) -> None:
         if feature_cache_bytes < 0:
             raise ValueError(f"feature_cache_bytes must be >= 0, got {feature_cache_bytes}")
+        self._ranks = ranks
+        job = JobMember(ranks.job, ranks.rank, ranks.world_size, ranks.local_world_size) if ranks.distributed \
+            else None
         # connect_timeout > 0: wait for a daemon that is still starting (its socket appears when it is ready)
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
                 self._client = ControlClient.connect(socket_path, client=f"megabatch-trainer pid {os.getpid()}",
-                                                     timeout=timeout, feature_cache_bytes=feature_cache_bytes)
+                                                     timeout=timeout, feature_cache_bytes=feature_cache_bytes,
+                                                     job=job)
                 break
             except ConnectFailed as err:
                 if time.monotonic() >= deadline:
@@ -58,6 +67,10 @@ class DaemonSource(BatchSource):
             except (RemoteError, ConnectionClosed, TimeoutError) as err:
                 raise DaemonError(str(err)) from None
         w = self._client.welcome
+        if job is not None and w.job != job.job:
+            self._client.close("no job support")
+            raise DaemonError(f"the loader daemon at {socket_path} does not deal batches to the ranks of a job "
+                              f"(an older daemon); {ranks.label()} cannot train through it")
         d = w.dataset
         self._info = SourceInfo(num_features=d.num_features, num_classes=d.num_classes, num_hops=d.num_hops,
                                 batch_size=d.batch_size, train_nodes=d.train_nodes,
@@ -134,7 +147,8 @@ class DaemonSource(BatchSource):
                      edge_index=torch.from_numpy(arrays.edge_index), n_id=torch.from_numpy(arrays.n_id),
                      num_sampled_nodes=[int(v) for v in arrays.nodes_per_hop],
                      num_sampled_edges=[int(v) for v in arrays.edges_per_hop],
-                     seq=ready.seq, cache_plan=plan, _release=release)
+                     seq=ready.seq, cache_plan=plan,
+                     global_seeds=ready.global_seeds if self._ranks.distributed else None, _release=release)
 
     def close(self) -> None:
         self._client.close("trainer done")

@@ -27,6 +27,11 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
+    """Ranks on this machine (torchrun's LOCAL_WORLD_SIZE): how many connect to this machine's daemon."""
+    job: str = ""
+    """The job's name for the loader daemon: torchrun's run id, else MASTER_ADDR:MASTER_PORT (unique
+    among the jobs that run at once, and the same on every rank)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -35,6 +40,9 @@ class Ranks:
             raise UserError(f"RANK must be in [0, {self.world_size}) for WORLD_SIZE {self.world_size}, got {self.rank}")
         if self.local_rank < 0:
             raise UserError(f"LOCAL_RANK must not be negative, got {self.local_rank}")
+        if not 1 <= self.local_world_size <= self.world_size:
+            raise UserError(f"LOCAL_WORLD_SIZE must be in [1, {self.world_size}] for WORLD_SIZE {self.world_size}, "
+                            f"got {self.local_world_size}")
 
     @property
     def distributed(self) -> bool:
@@ -67,7 +75,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
 def ranks_from_env(env: Mapping[str, str] | None = None) -> Ranks:
     """The ``Ranks`` torchrun's variables describe (default ``os.environ``); ``SINGLE`` without WORLD_SIZE.
 
-    With WORLD_SIZE > 1, RANK, MASTER_ADDR and MASTER_PORT must be set (LOCAL_RANK defaults to 0).
+    With WORLD_SIZE > 1, RANK, MASTER_ADDR and MASTER_PORT must be set (LOCAL_RANK defaults to 0,
+    LOCAL_WORLD_SIZE to WORLD_SIZE: every rank on this machine).
     """
     env = os.environ if env is None else env
     world_size = _env_int(env, "WORLD_SIZE", 1)
@@ -79,4 +88,7 @@ def ranks_from_env(env: Mapping[str, str] | None = None) -> Ranks:
     if missing:
         raise UserError(f"WORLD_SIZE is {world_size} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                         "not set (start the ranks with torchrun, or use --nproc-per-node)")
-    return Ranks(rank=_env_int(env, "RANK", 0), world_size=world_size, local_rank=_env_int(env, "LOCAL_RANK", 0))
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    job = run_id if run_id and run_id != "none" else f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    return Ranks(rank=_env_int(env, "RANK", 0), world_size=world_size, local_rank=_env_int(env, "LOCAL_RANK", 0),
+                 local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", world_size), job=job)

@@ -144,6 +144,9 @@ class ServerConfig:
     epoch (or an evaluation) before the daemon evicts it, freeing the pipeline (default 60)."""
     max_pending: int = 16
     """Connections accepted but not yet past their Hello; more are closed at once (default 16)."""
+    job_timeout: float = 300.0
+    """Seconds the ranks of a training job (``Hello.job``) have, from the first rank's StartEpoch, until
+    every local rank has connected; then the job fails with an error naming the missing ranks (default 300)."""
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,8 @@ def _server(t: Mapping[str, Any], base: Path) -> ServerConfig:
         allow_gids=_ids("server", "allow_gids", t.get("allow_gids", list(d.allow_gids))),
         stall_timeout=_seconds("server", "stall_timeout", t.get("stall_timeout", d.stall_timeout)),
         idle_timeout=_seconds("server", "idle_timeout", t.get("idle_timeout", d.idle_timeout)),
-        max_pending=_int("server", "max_pending", t.get("max_pending", d.max_pending), minimum=1, maximum=65536))
+        max_pending=_int("server", "max_pending", t.get("max_pending", d.max_pending), minimum=1, maximum=65536),
+        job_timeout=_seconds("server", "job_timeout", t.get("job_timeout", d.job_timeout)))
 
 
 def _seconds(table: str, key: str, value: Any) -> float:

@@ -25,9 +25,10 @@ LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120
 
 STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval")
 
-REFUSAL_REASONS = ("forbidden", "pending", "busy")
+REFUSAL_REASONS = ("forbidden", "pending", "busy", "job")
 """Why a connection was closed before it became a session: a peer outside ``[server] allow_uids`` /
-``allow_gids``, too many connections waiting for their Hello (``max_pending``), or ``max_clients`` reached."""
+``allow_gids``, too many connections waiting for their Hello (``max_pending``), ``max_clients`` reached,
+or a job rank that does not fit its job (wrong sizes, a rank twice, a job this daemon cannot serve)."""
 
 EVICTION_REASONS = ("stall", "idle", "unread")
 """Why a session was evicted: its stream waited ``[server] stall_timeout`` for a release or credit, the

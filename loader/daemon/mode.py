@@ -17,6 +17,7 @@ from loader.daemon.serving import ServingContext
 from loader.daemon.slot_sizing import PilotSizes, SessionSizing
 from loader.daemon.stages import TrainPipeline
 from loader.format.dataset import Dataset
+from loader.sampling.ranks import LocalRanks
 
 __all__ = ["ModeSetup", "TrainingMode"]
 
@@ -47,9 +48,10 @@ class TrainingMode(ABC):
         """A few words for the "serving ..." line (e.g. partitions per mega-batch)."""
 
     @abstractmethod
-    def start_pipeline(self, start_epoch: int) -> TrainPipeline:
-        """Start the stages of a training stream from ``start_epoch``. At most one runs at a time, and a
-        stopped one's stages are gone before the next starts, so a mode may reuse its buffers."""
+    def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
+        """Start the stages of a training stream from ``start_epoch`` whose batches are ``local``'s pieces
+        (``loader.sampling.ranks``; ``SINGLE_RANK``: one trainer's batches). At most one runs at a time,
+        and a stopped one's stages are gone before the next starts, so a mode may reuse its buffers."""
 
     @abstractmethod
     def eval_access(self) -> EvalAccess:

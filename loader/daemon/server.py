@@ -37,17 +37,19 @@ import uvloop
 from loader import __version__
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.jobs import Job, job_mismatch
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.modes import loads_static_cache, open_mode
 from loader.daemon.resident import ResidentData, load_resident
 from loader.daemon.sdnotify import notify, watchdog_interval
 from loader.daemon.serving import ServingContext
-from loader.daemon.session import ControlProtocol, Session, loggable
+from loader.daemon.session import ControlProtocol, JobRank, Session, loggable
 from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
+from loader.sampling.ranks import SINGLE_RANK, LocalRanks
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
@@ -78,6 +80,15 @@ NGROUPS_MAX = 65536
 """Linux's limit on a process's supplementary groups."""
 
 
+def _in_job(hello: Hello) -> bool:
+    """Whether the Hello comes from one rank of a job of several (a job of one rank is a lone trainer)."""
+    return bool(hello.job) and hello.world_size > 1
+
+
+def _owner_label(owner: Session | Job) -> str:
+    return f"session {owner.id}" if isinstance(owner, Session) else owner.describe()
+
+
 @dataclass
 class DaemonState:
     """Mutable runtime state: who is connected and who owns the training pipeline."""
@@ -85,8 +96,12 @@ class DaemonState:
     sessions: dict[int, Session] = field(default_factory=dict)
     next_session: int = 1
     pipeline: TrainPipeline | None = None
-    pipeline_owner: Session | None = None
+    pipeline_owner: Session | Job | None = None
     pipeline_next_epoch: int | None = None
+    pipeline_local: LocalRanks = SINGLE_RANK
+    """The ranks the running pipeline deals to (one trainer: ``SINGLE_RANK``)."""
+    jobs: dict[str, Job] = field(default_factory=dict)
+    """Training jobs of several ranks with at least one rank connected, by ``Hello.job``."""
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
     stopping: set["asyncio.Task[None]"] = field(default_factory=set)
     """Pipelines being stopped; a new one starts only once they are gone."""
@@ -430,9 +445,20 @@ class Daemon:
             await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
                                                      f"(max_clients = {self.sessions.clients})")
             return
+        problem = self._job_problem(hello)
+        if problem is not None:
+            self.metrics.refused_connections.labels("job").inc()
+            await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)
+            return
         session = self._new_session(peer, hello)
         if session is None:
             await self._refuse(conn, ErrorCode.INTERNAL, "cannot allocate shared memory for the slots")
+            return
+        problem = self._join_job(session, hello)
+        if problem is not None:
+            self._session_lost(session)
+            self.metrics.refused_connections.labels("job").inc()
+            await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)
             return
         assert self._welcome_info is not None
         welcome = Welcome(protocol_version=PROTOCOL_VERSION, daemon_version=__version__, session=session.id,
@@ -440,7 +466,8 @@ class Daemon:
                           slots=SlotLayout(count=session.ring.count, slot_bytes=session.ring.slot_bytes,
                                            header_bytes=session.ring.header_bytes,
                                            segment_bytes=session.segment.nbytes),
-                          feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0)
+                          feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0,
+                          job=session.job.job.name if session.job is not None else "")
         try:
             # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole.
             # The client gets the read-only descriptor: with ours it could resize the memfd under our writes.
@@ -461,6 +488,45 @@ class Daemon:
             await asyncio.get_running_loop().sock_sendall(conn, encode(Error(str(code), message)))
         conn.close()
 
+    def _job_problem(self, hello: Hello) -> str | None:
+        """Why this daemon cannot serve the job rank a Hello describes, or None (also for a lone trainer)."""
+        if not _in_job(hello):
+            return None
+        problem = job_mismatch(hello.job, hello.world_size, hello.local_world_size, hello.rank)
+        if problem is not None:
+            return problem
+        if hello.local_world_size > self.sessions.clients:
+            return (f"job {hello.job!r} has {hello.local_world_size} ranks on this machine but the daemon serves "
+                    f"at most {self.sessions.clients} clients ([server] max_clients)")
+        if hello.local_world_size < hello.world_size and self.mode is not None and self.mode.name == "hierarchical" \
+                and self.config.hierarchy.passes is None:
+            # every machine must deal the same number of steps, and passes = "auto" decides per machine
+            return (f"job {hello.job!r} spans machines ({hello.local_world_size} of {hello.world_size} ranks here): "
+                    f"set [hierarchy] passes to a number on every daemon (\"auto\" decides per machine, and the "
+                    f"machines' step counts would differ)")
+        return None
+
+    def _join_job(self, session: Session, hello: Hello) -> str | None:
+        """Make ``session`` rank ``hello.rank`` of its job (creating the job with its first rank)."""
+        if not _in_job(hello):
+            return None
+        job = self.state.jobs.get(hello.job)
+        if job is None:
+            job = Job(hello.job, hello.world_size, hello.local_world_size, self, self.config.server.job_timeout,
+                      self._job_empty)
+            self.state.jobs[hello.job] = job
+        problem = job.admit(session, hello.rank, hello.world_size, hello.local_world_size)
+        if problem is not None:
+            if not job.members:
+                self._job_empty(job)
+            return problem
+        session.job = JobRank(job, hello.rank)
+        return None
+
+    def _job_empty(self, job: Job) -> None:
+        if self.state.jobs.get(job.name) is job:
+            del self.state.jobs[job.name]
+
     def _new_session(self, peer: str, hello: Hello) -> Session | None:
         assert self._serving is not None
         count, slot_bytes = self.sessions.slots, self.sessions.slot_bytes
@@ -473,7 +539,9 @@ class Daemon:
         trainer_cache = None
         serving, info = self._serving, self._welcome_info
         assert info is not None
-        rows = accepted_rows(hello.feature_cache_bytes, info.num_nodes, serving.feat_dim, serving.feat_dtype)
+        # a job's ranks share one stream, whose batches go to several clients: no client cache is planned
+        asked = 0 if _in_job(hello) else hello.feature_cache_bytes
+        rows = accepted_rows(asked, info.num_nodes, serving.feat_dim, serving.feat_dtype)
         if rows:
             trainer_cache = TrainerCache(info.num_nodes, rows, serving.feat_dim, serving.feat_dtype)
             # not charged to [memory] budget (docs/CONFIG.md): 4 bytes per node per session with a cache
@@ -492,6 +560,8 @@ class Daemon:
             return
         self.metrics.clients.set(len(self.state.sessions))
         log.info("session %d: disconnected", session.id)
+        if session.job is not None:
+            session.job.job.member_left(session)  # also where the session never got past its handshake
         if self.state.pipeline_owner is session:
             self._spawn(self._stop_pipeline(), "stop-pipeline")
         task = asyncio.ensure_future(self._dispose(session))
@@ -516,31 +586,33 @@ class Daemon:
         return self.mode.eval_access()
 
     # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
-    async def acquire_pipeline(self, session: Session, epoch: int) -> TrainPipeline | str:
+    async def acquire_pipeline(self, owner: object, epoch: int, local: LocalRanks) -> TrainPipeline | str:
         st = self.state
-        if st.pipeline_owner is not None and st.pipeline_owner is not session:
-            return f"session {st.pipeline_owner.id} is training; one training stream at a time"
+        assert isinstance(owner, Session | Job)
+        if st.pipeline_owner is not None and st.pipeline_owner is not owner:
+            return f"{_owner_label(st.pipeline_owner)} is training; one training stream at a time"
         assert self.mode is not None
-        if st.pipeline is not None and st.pipeline_next_epoch != epoch:
+        if st.pipeline is not None and (st.pipeline_next_epoch != epoch or st.pipeline_local != local):
             pipeline = st.pipeline
             st.pipeline = None
             self._stop_later(pipeline)
         if st.pipeline is None:
             # a stopped pipeline's stages must be gone before a new one takes the buffers and memory
-            st.pipeline_owner = session
+            st.pipeline_owner = owner
             while st.stopping:
                 await asyncio.gather(*list(st.stopping), return_exceptions=True)
-            st.pipeline = self.mode.start_pipeline(epoch)
-        st.pipeline_owner = session
+            st.pipeline = self.mode.start_pipeline(epoch, local)
+            st.pipeline_local = local
+        st.pipeline_owner = owner
         st.pipeline_next_epoch = None
         return st.pipeline
 
-    def owns_pipeline(self, session: Session) -> bool:
-        return self.state.pipeline_owner is session
+    def owns_pipeline(self, owner: object) -> bool:
+        return self.state.pipeline_owner is owner
 
-    def release_pipeline(self, session: Session) -> None:
+    def release_pipeline(self, owner: object) -> None:
         st = self.state
-        if st.pipeline_owner is not session:
+        if st.pipeline_owner is not owner:
             return
         pipeline, st.pipeline, st.pipeline_owner, st.pipeline_next_epoch = st.pipeline, None, None, None
         if pipeline is not None:
@@ -552,12 +624,13 @@ class Daemon:
         self.state.stopping.add(task)
         task.add_done_callback(self.state.stopping.discard)
 
-    def finish_pipeline(self, session: Session, pipeline: TrainPipeline, next_epoch: int | None) -> None:
+    def finish_pipeline(self, owner: object, pipeline: TrainPipeline, next_epoch: int | None) -> None:
         """A stream ended: keep the pipeline running ahead into ``next_epoch``, or drop it."""
         st = self.state
         if st.pipeline is not pipeline:
             return
-        if next_epoch is None or session.closed:
+        assert isinstance(owner, Session | Job)
+        if next_epoch is None or owner.closed:
             st.pipeline = None
             st.pipeline_owner = None
             self._stop_later(pipeline)

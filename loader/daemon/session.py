@@ -13,20 +13,24 @@ announced stay valid until the client releases them (``drained`` tells the daemo
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.jobs import Job, JobFailed
 from loader.daemon.publisher import SlotFlow, fill_slot, overflow_message
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import SlotSource
-from loader.daemon.stages import EpochDone, TrainPipeline, run_in_pool, run_timed
+from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_in_pool, run_timed
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
 from loader.sampling.inmemory import eval_split_batches, split_stream
+from loader.sampling.ranks import SINGLE_RANK, LocalRanks, deal_eval
 from loader.sampling.sampling import SampledPass
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow, UserError
@@ -95,16 +99,24 @@ def loggable(text: str, limit: int = LOGGABLE_CHARS) -> str:
 
 
 class TrainCoordinator(Protocol):
-    """The daemon side a session needs for training streams (one trainer at a time)."""
+    """The daemon side a session needs for training streams (one trainer, or one job, at a time)."""
 
-    async def acquire_pipeline(self, session: "Session", epoch: int) -> TrainPipeline | str: ...
+    async def acquire_pipeline(self, owner: object, epoch: int, local: LocalRanks) -> TrainPipeline | str: ...
 
-    def finish_pipeline(self, session: "Session", pipeline: TrainPipeline, next_epoch: int | None) -> None: ...
+    def finish_pipeline(self, owner: object, pipeline: TrainPipeline, next_epoch: int | None) -> None: ...
 
-    def owns_pipeline(self, session: "Session") -> bool: ...
+    def owns_pipeline(self, owner: object) -> bool: ...
 
-    def release_pipeline(self, session: "Session") -> None:
-        """``session`` closes: if it owns the pipeline, stop it now so the next trainer can have it."""
+    def release_pipeline(self, owner: object) -> None:
+        """``owner`` closes: if it owns the pipeline, stop it now so the next trainer can have it."""
+
+
+@dataclass(frozen=True)
+class JobRank:
+    """A session that is one rank of a training job (``Hello.job``)."""
+
+    job: Job
+    rank: int
 
 
 class Session:
@@ -113,6 +125,8 @@ class Session:
     def __init__(self, session_id: int, peer: str, ctx: ServingContext, coordinator: TrainCoordinator,
                  segment: Segment, ring: SlotRing, eval_access: Callable[[], EvalAccess],
                  trainer_cache: TrainerCache | None = None) -> None:
+        self.job: JobRank | None = None
+        """Set by the daemon when the client is one rank of a job: its training epochs come from the job."""
         self.id = session_id
         self.peer = peer
         self._ctx = ctx
@@ -163,7 +177,8 @@ class Session:
         elif isinstance(msg, StartEpoch | EvalRequest) and self.shutting_down:
             self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start a {msg.TAG} stream: the daemon is shutting down"))
         elif isinstance(msg, StartEpoch):
-            self._start(self._train_stream(msg.epoch), f"epoch {msg.epoch}", training=True)
+            stream = self._train_stream(msg.epoch) if self.job is None else self._job_train_stream(msg.epoch)
+            self._start(stream, f"epoch {msg.epoch}", training=True)
         elif isinstance(msg, EvalRequest):
             self._start(self._eval_stream(msg.split), f"eval {msg.split}", training=False)
         elif isinstance(msg, StatsRequest):
@@ -247,10 +262,11 @@ class Session:
 
     # -- outgoing streams ------------------------------------------------------------------------
     async def _publish(self, kind: str, epoch: int, pass_index: int, index: int, num_batches: int,
-                       sampled: SampledPass, b: int, source: SlotSource, cache_plan: CachePlan | None = None
-                       ) -> bool:
+                       sampled: SampledPass, b: int, source: SlotSource, cache_plan: CachePlan | None = None,
+                       global_seeds: int = 0) -> bool:
         """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
-        feature cache) only the rows the client's cache does not hold are shipped."""
+        feature cache) only the rows the client's cache does not hold are shipped. False: the session
+        was evicted or failed meanwhile (it is closed)."""
         seq = self._seq
         try:
             # only the client frees slots and grants credit: one that stops doing both would hold this
@@ -289,11 +305,31 @@ class Session:
         self._seq += 1
         self._ctx.metrics.published.labels(kind).inc()
         self._ctx.metrics.published_bytes.inc(nbytes)
-        self._send(BatchReady.announce(slot, batch_id))
+        self._send(BatchReady.announce(slot, batch_id, global_seeds))
         return True
 
+    async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int) -> bool:
+        """Batch ``b`` of ``item`` as this rank's step ``step`` of a job's epoch (``loader.daemon.jobs``)."""
+        if self.closed:
+            return False
+        return await self._publish("train", epoch, item.pass_index, step, item.epoch_batches, item.sampled, b,
+                                   item.source, global_seeds=global_seeds)
+
+    def end_epoch(self, end: EpochEnd) -> None:
+        """A job's epoch is over for this rank."""
+        self._last_epoch = end.epoch
+        self._send(end)
+
+    async def _job_train_stream(self, epoch: int) -> None:
+        assert self.job is not None
+        self._last_epoch = epoch
+        self._ctx.metrics.epoch.set(epoch)
+        # JobFailed: the job has told every rank, this one included, and disconnected them
+        with contextlib.suppress(JobFailed):
+            await self.job.job.train(self, self.job.rank, epoch)
+
     async def _train_stream(self, epoch: int) -> None:
-        acquired = await self._coordinator.acquire_pipeline(self, epoch)
+        acquired = await self._coordinator.acquire_pipeline(self, epoch, SINGLE_RANK)
         if isinstance(acquired, str):
             self._send(Error(ErrorCode.BAD_REQUEST, acquired))
             return
@@ -331,6 +367,9 @@ class Session:
         try:
             plan = eval_split_batches(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
                                      split_stream(split))
+            if self.job is not None:
+                # each rank evaluates its share (whole batches, round-robin); the trainer pools the counts
+                plan = deal_eval(plan, cfg.eval_batch_size, self.job.rank, self.job.job.world_size)
             total = len(plan.keys)
             source = access.source
             for first in range(0, total, EVAL_CHUNK_BATCHES):
@@ -381,6 +420,8 @@ class Session:
             stream_hands_back = self._training
         if not stream_hands_back:
             self._coordinator.release_pipeline(self)
+        if self.job is not None:
+            self.job.job.member_left(self)
         self._close()
         self.drained.set()
 

@@ -40,13 +40,19 @@ class SampledWork:
     pass_index: int
     sampled: SampledPass
     seeds: np.ndarray
-    """Local seed ids in batch order (``batch_size`` per batch)."""
+    """Local seed ids in batch order."""
     first_batch: int
-    """Index within the epoch of this pass's first batch."""
+    """Index within the epoch of this pass's first step (its first batch, for a single rank)."""
     epoch_batches: int
-    """Batches in the whole epoch, or -1 when unknown (``passes = "auto"``)."""
+    """Steps in the whole epoch (batches, for a single rank), or -1 when unknown (``passes = "auto"``)."""
     last_pass: bool
     """The publisher hands the buffer back after this one."""
+    member: np.ndarray | None = None
+    """Under several ranks (``loader.sampling.ranks.Pieces``): int64 per batch, the position in the job's
+    ``LocalRanks.ranks`` of the rank it goes to; batches are step-major, so batch b is in step
+    ``first_batch + b // local ranks``. None: every batch goes to the one trainer."""
+    global_size: np.ndarray | None = None
+    """Under several ranks: int64 per batch, the seeds of its global batch over all ranks (the loss scale)."""
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,17 @@ each sampled exactly as a single process samples it. Ranks may evaluate differen
 batches: evaluation has no collective per batch, only one reduction of the counts at the end.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from loader.sampling.inmemory import STREAM_TRAIN, STREAM_TRAIN_RANK, EpochBatches, num_batches, shuffle_key
-from loader.sampling.sampling import as_int_array, batch_keys, shuffle
+from loader.sampling.sampling import SampledPass, as_int_array, batch_keys, concat_passes, empty_pass, shuffle
 
-__all__ = ["RankBatches", "check_rank", "num_steps", "piece_bounds", "rank_keys", "deal_epoch", "deal_eval"]
+__all__ = ["RankBatches", "LocalRanks", "SINGLE_RANK", "Pieces", "check_rank", "num_steps", "piece_bounds", "rank_keys",
+           "deal_epoch", "deal_eval", "deal_pieces", "piece_keys", "gather_pieces",
+           "sample_pieces"]
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -58,11 +61,12 @@ def piece_bounds(num_seeds: int, batch_size: int, world_size: int, rank: int) ->
     return start, size
 
 
-def rank_keys(seed: int, epoch: int, rank: int, steps: int) -> np.ndarray:
-    """uint64 [steps]: the sampling keys of rank ``rank``'s pieces of global batches 0 .. steps - 1."""
+def rank_keys(seed: int, epoch: int, rank: int, steps: int, first_step: int = 0) -> np.ndarray:
+    """uint64 [steps]: the sampling keys of rank ``rank``'s pieces of global batches ``first_step ..
+    first_step + steps - 1`` (with ``first_step`` = 0 and rank 0, the single process's batch keys)."""
     if rank == 0:
-        return batch_keys(seed, STREAM_TRAIN, epoch, 0, 0, steps)
-    return batch_keys(seed, STREAM_TRAIN_RANK, epoch, rank, 0, steps)
+        return batch_keys(seed, STREAM_TRAIN, epoch, 0, first_step, steps)
+    return batch_keys(seed, STREAM_TRAIN_RANK, epoch, rank, first_step, steps)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class RankBatches:
         return self.seeds[step * self.batch_size:(step + 1) * self.batch_size]
 
 
-def _gather(values: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
+def gather_pieces(values: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
     """``concatenate([values[a:a + n] for a, n in zip(start, size)])`` without a Python loop."""
     offsets = np.cumsum(size) - size
     return values[np.repeat(start - offsets, size) + np.arange(int(size.sum()), dtype=np.int64)]
@@ -131,7 +135,7 @@ def deal_epoch(train_ids: np.ndarray, batch_size: int, seed: int, epoch: int, ra
     start, size = piece_bounds(len(order), batch_size, world_size, rank)
     group = batch_size * world_size
     global_sizes = np.minimum(group, len(order) - np.arange(len(start), dtype=np.int64) * group)
-    return RankBatches(rank=rank, world_size=world_size, batch_size=batch_size, seeds=_gather(order, start, size),
+    return RankBatches(rank=rank, world_size=world_size, batch_size=batch_size, seeds=gather_pieces(order, start, size),
                        keys=rank_keys(seed, epoch, rank, len(start)), global_sizes=global_sizes)
 
 
@@ -149,4 +153,120 @@ def deal_eval(plan: EpochBatches, batch_size: int, rank: int, world_size: int) -
     taken = np.arange(rank, len(plan.keys), world_size, dtype=np.int64)
     start = taken * batch_size
     size = np.minimum(batch_size, count - start)
-    return EpochBatches(_gather(np.asarray(plan.seeds, dtype=np.int64), start, size), plan.keys[taken])
+    return EpochBatches(gather_pieces(np.asarray(plan.seeds, dtype=np.int64), start, size), plan.keys[taken])
+
+
+@dataclass(frozen=True)
+class LocalRanks:
+    """The ranks of one training job that one loader daemon serves: ``ranks`` (sorted, distinct) of
+    ``world_size``. A job on one machine has all of them; on several machines each daemon has its
+    machine's ranks and deals only their pieces (the schedule is the same function everywhere)."""
+
+    world_size: int = 1
+    ranks: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        ranks = tuple(int(r) for r in self.ranks)
+        if not ranks:
+            raise ValueError("ranks: a job has at least one rank here")
+        for rank in ranks:
+            check_rank(rank, self.world_size)
+        if list(ranks) != sorted(set(ranks)):
+            raise ValueError(f"ranks: {list(ranks)}, expected distinct and sorted")
+        object.__setattr__(self, "ranks", ranks)
+
+    @property
+    def count(self) -> int:
+        return len(self.ranks)
+
+    def describe(self) -> str:
+        """"ranks 0, 1 of 2" (for logs and errors)."""
+        return f"rank{'s' if self.count > 1 else ''} {', '.join(map(str, self.ranks))} of {self.world_size}"
+
+
+SINGLE_RANK = LocalRanks()
+"""A process training alone: rank 0 of 1 (every dealing function then gives the single process's plan)."""
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A seed sequence of ``num_seeds`` dealt to ``local``'s ranks, in step-major order: the pieces of
+    global batch 0 for each local rank in rank order, then those of global batch 1, and so on.
+
+    Piece i is ``order[start[i]:start[i] + size[i]]`` (int64 arrays), goes to ``local.ranks[member[i]]``
+    in step ``step[i]``, and its global batch holds ``global_size[i]`` seeds over all ranks, local or not.
+    """
+
+    local: LocalRanks
+    start: np.ndarray
+    size: np.ndarray
+    member: np.ndarray
+    step: np.ndarray
+    global_size: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.start)
+
+    @property
+    def num_steps(self) -> int:
+        return self.count // self.local.count
+
+    def steps(self, first: int, last: int) -> "Pieces":
+        """The pieces of steps ``first .. last - 1`` (views)."""
+        cut = slice(first * self.local.count, last * self.local.count)
+        return Pieces(local=self.local, start=self.start[cut], size=self.size[cut], member=self.member[cut],
+                      step=self.step[cut], global_size=self.global_size[cut])
+
+
+def deal_pieces(num_seeds: int, batch_size: int, local: LocalRanks) -> Pieces:
+    """The pieces of ``local``'s ranks when ``num_seeds`` seeds in order are dealt to ``local.world_size``
+    ranks in global batches of ``world_size * batch_size`` (``piece_bounds``; ``deal_epoch`` for one rank).
+
+    With ``SINGLE_RANK`` the pieces are the single process's batches: ``batch_size`` seeds each, the last
+    one short. Every local rank has the same number of pieces (empty ones where a short last global batch
+    has fewer seeds than ranks)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    world = local.world_size
+    bounds = [piece_bounds(num_seeds, batch_size, world, rank) for rank in local.ranks]
+    steps = len(bounds[0][0])
+    group = batch_size * world
+    global_size = np.minimum(group, num_seeds - np.arange(steps, dtype=np.int64) * group)
+    return Pieces(local=local, start=np.stack([b[0] for b in bounds], axis=1).reshape(-1),
+                  size=np.stack([b[1] for b in bounds], axis=1).reshape(-1),
+                  member=np.tile(np.arange(local.count, dtype=np.int64), steps),
+                  step=np.repeat(np.arange(steps, dtype=np.int64), local.count),
+                  global_size=np.repeat(global_size, local.count))
+
+
+def piece_keys(seed: int, epoch: int, local: LocalRanks, first_step: int, steps: int) -> np.ndarray:
+    """uint64 [steps * local.count]: the keys of ``local``'s pieces of global batches ``first_step ..
+    first_step + steps - 1``, step-major like ``Pieces`` (``rank_keys`` of each rank, interleaved)."""
+    keys = [rank_keys(seed, epoch, rank, steps, first_step) for rank in local.ranks]
+    return np.stack(keys, axis=1).reshape(-1)
+
+
+def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], SampledPass], order: np.ndarray, pieces: Pieces,
+                  batch_size: int, keys: np.ndarray, num_hops: int) -> SampledPass:
+    """Piece i of ``pieces`` (seeds ``order[start[i]:start[i] + size[i]]``) sampled with ``keys[i]`` as batch i
+    of one pass. ``sample(seeds, batch_size, keys)`` samples consecutive batches (``sample_pass`` semantics).
+
+    Every piece but those of the last global batch holds ``batch_size`` seeds: they are sampled in one call;
+    the last step's pieces (at most one per local rank, possibly empty) one by one. A piece is sampled the
+    same way whichever call samples it (its seeds and key decide), so the result does not depend on how the
+    pieces are grouped."""
+    if len(keys) != pieces.count:
+        raise ValueError(f"keys: {len(keys)}, expected one per piece ({pieces.count})")
+    full = pieces.count
+    while full > 0 and pieces.size[full - 1] != batch_size:
+        full -= 1
+    parts: list[SampledPass] = []
+    if full:
+        seeds = gather_pieces(order, pieces.start[:full], pieces.size[:full])
+        parts.append(sample(seeds, batch_size, keys[:full]))
+    for i in range(full, pieces.count):  # the short last step: at most one piece per local rank
+        size = int(pieces.size[i])
+        start = int(pieces.start[i])
+        parts.append(sample(order[start:start + size], size, keys[i:i + 1]) if size else empty_pass(1, num_hops))
+    return concat_passes(parts) if parts else empty_pass(0, num_hops)

@@ -48,7 +48,7 @@ import numpy as np
 from loader.sampling.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
 __all__ = ["CSCGraph", "SampledBatch", "SampledPass", "batch_keys", "shuffle", "sample_pass", "check_pass_args",
-           "as_int", "as_int_array"]
+           "as_int", "as_int_array", "empty_pass", "concat_passes"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -189,6 +189,39 @@ class SampledPass:
     def max_batch_edges(self) -> int:
         """Most edges in any batch (0 for an empty pass)."""
         return int(np.diff(self.edge_ptr).max()) if self.num_batches else 0
+
+
+def empty_pass(num_batches: int, num_hops: int) -> SampledPass:
+    """``num_batches`` batches without a seed (a rank's empty piece of a short last global batch)."""
+    zeros = np.zeros(num_batches + 1, dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    return SampledPass(num_batches=num_batches, num_hops=num_hops, node_ptr=zeros, nodes=none, edge_ptr=zeros.copy(),
+                       edge_src=none, edge_dst=none.copy(),
+                       num_sampled_nodes=np.zeros((num_batches, num_hops + 1), dtype=np.int64),
+                       num_sampled_edges=np.zeros((num_batches, num_hops), dtype=np.int64))
+
+
+def concat_passes(passes: Sequence[SampledPass]) -> SampledPass:
+    """The batches of ``passes`` (at least one, all with the same hop count) as one pass, in order."""
+    if not passes:
+        raise ValueError("concat_passes: no pass")
+    if len(passes) == 1:
+        return passes[0]
+    hops = passes[0].num_hops
+    if any(p.num_hops != hops for p in passes):
+        raise ValueError(f"concat_passes: hop counts {[p.num_hops for p in passes]} differ")
+
+    def pointers(name: str) -> np.ndarray:
+        arrays = [getattr(p, name) for p in passes]
+        shifts = np.cumsum([0] + [int(a[-1]) for a in arrays[:-1]])
+        return np.concatenate([arrays[0][:1]] + [a[1:] + shift for a, shift in zip(arrays, shifts, strict=True)])
+
+    return SampledPass(num_batches=sum(p.num_batches for p in passes), num_hops=hops, node_ptr=pointers("node_ptr"),
+                       nodes=np.concatenate([p.nodes for p in passes]), edge_ptr=pointers("edge_ptr"),
+                       edge_src=np.concatenate([p.edge_src for p in passes]),
+                       edge_dst=np.concatenate([p.edge_dst for p in passes]),
+                       num_sampled_nodes=np.concatenate([p.num_sampled_nodes for p in passes]),
+                       num_sampled_edges=np.concatenate([p.num_sampled_edges for p in passes]))
 
 
 def _mix64(z: int) -> int:

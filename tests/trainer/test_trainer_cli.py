@@ -87,7 +87,7 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     (["--mode", "inmemory", "--dataset", "x", "--feature-cache", "1M"], 2, "--feature-cache: daemon mode only"),
     (["--socket", "s", "--feature-cache", "lots"], 2, "cannot parse 'lots' as a size"),
     (["--socket", "s", "--metric", "f1"], 2, "--metric: invalid choice: 'f1'"),
-    (["--socket", "s", "--nproc-per-node", "2"], 2, "--nproc-per-node: --mode inmemory only"),
+    (["--socket", "s", "--nproc-per-node", "2", "--feature-cache", "1M"], 2, "--feature-cache: not with several"),
     (["--mode", "inmemory", "--dataset", "x", "--dist-timeout", "0"], 2, "--dist-timeout: must be a positive"),
 ])
 def test_bad_arguments_are_one_line_without_traceback(tmp_path, args, code, fragment):

@@ -203,7 +203,9 @@ def test_a_dead_or_hung_rank_fails_the_other_in_one_line_within_the_timeout(data
 def test_ranks_come_from_torchruns_environment():
     assert ranks_from_env({}) == SINGLE and ranks_from_env({"WORLD_SIZE": "1"}) == SINGLE
     env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
-    assert ranks_from_env(env) == Ranks(rank=3, world_size=4, local_rank=1)
+    assert ranks_from_env(env) == Ranks(rank=3, world_size=4, local_rank=1, local_world_size=4, job="h:29500")
+    assert ranks_from_env({**env, "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "run7"}) == \
+        Ranks(rank=3, world_size=4, local_rank=1, local_world_size=2, job="run7")
     assert Ranks(3, 4, 1).label() == "rank 3/4" and not Ranks(3, 4, 1).main and Ranks(3, 4, 1).distributed
     with pytest.raises(UserError, match="WORLD_SIZE is 4 but MASTER_ADDR, MASTER_PORT are not set"):
         ranks_from_env({"WORLD_SIZE": "4", "RANK": "0"})
@@ -215,9 +217,9 @@ def test_ranks_come_from_torchruns_environment():
 
 
 @pytest.mark.parametrize("env, args, fragment", [
-    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, ["--socket", "s"],
-     "megabatch train: error: rank 0/2: the loader daemon serves one rank per job so far (WORLD_SIZE is 2); use "
-     "--mode inmemory for DDP"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     ["--socket", "s", "--feature-cache", "1M"],
+     "megabatch train: error: rank 0/2: --feature-cache: not with several ranks (the daemon deals one stream"),
     ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
      ["--mode", "inmemory", "--dataset", "x", "--nproc-per-node", "2"],
      "megabatch train: error: rank 1/2: --nproc-per-node 2: this process is already one of 2 ranks"),

@@ -31,8 +31,9 @@ from loader.daemon.mode import TrainingMode
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
-from loader.sampling.inmemory import epoch_batches_inmemory
-from loader.sampling.sampling import SampledPass
+from loader.sampling.inmemory import shuffle_key
+from loader.sampling.ranks import LocalRanks, deal_pieces, gather_pieces, piece_keys, sample_pieces
+from loader.sampling.sampling import SampledPass, shuffle
 
 __all__ = ["FullGraphMode", "RowsFor", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline",
            "SUPERBATCHES_IN_FLIGHT"]
@@ -61,8 +62,8 @@ class FullGraphMode(TrainingMode):
         by its planner stage. State between superbatches lives in what it returns, not in the mode,
         so a stopped stream's late planner cannot corrupt the next stream's."""
 
-    def start_pipeline(self, start_epoch: int) -> TrainPipeline:
-        return start_fullgraph_pipeline(self.serving, self, start_epoch)
+    def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
+        return start_fullgraph_pipeline(self.serving, self, start_epoch, local)
 
     def summary(self) -> str:
         return f"mode {self.name}"
@@ -79,29 +80,44 @@ RowsFor = Callable[[SampledPass], RowSource]
 
 @dataclass(frozen=True)
 class SampledSuperbatch:
-    """Sampler -> planner: batches ``first_batch ..`` of an epoch of ``epoch_batches``."""
+    """Sampler -> planner: steps ``first_batch ..`` of an epoch of ``epoch_batches`` (batches, for one rank)."""
 
     epoch: int
     first_batch: int
     epoch_batches: int
     seeds: np.ndarray
     sampled: SampledPass
+    member: np.ndarray | None
+    global_size: np.ndarray | None
 
 
-async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, tokens: asyncio.Semaphore,
-                   out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
+async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, local: LocalRanks,
+                   tokens: asyncio.Semaphore, out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
     cfg = ctx.config.sampler
     train = ctx.split_ids["train"]
+    several = local.count > 1 or local.world_size > 1
+    # a superbatch holds whole steps (every local rank's piece of each), about `superbatch` batches: the
+    # Belady plan of the exact mode then covers all local ranks' batches in the order they are published
+    steps_per_superbatch = max(1, mode.superbatch // local.count)
+
+    def sample(seeds: np.ndarray, size: int, keys: np.ndarray) -> SampledPass:
+        return mode.sample(seeds, size, cfg.fanouts, keys)
+
     for epoch in itertools.count(start_epoch):
-        plan = epoch_batches_inmemory(train, cfg.batch_size, cfg.seed, epoch)
-        total = len(plan.keys)
-        for first in range(0, total, mode.superbatch):
-            last = min(total, first + mode.superbatch)
-            seeds = plan.seeds[first * cfg.batch_size:last * cfg.batch_size]
+        # the single process's seed order (epoch_batches_inmemory), dealt to the job's ranks
+        order = shuffle(np.ascontiguousarray(train, dtype=np.int64), shuffle_key(cfg.seed, epoch))
+        pieces = deal_pieces(len(order), cfg.batch_size, local)
+        total = pieces.num_steps
+        for first in range(0, total, steps_per_superbatch):
+            last = min(total, first + steps_per_superbatch)
+            part = pieces.steps(first, last)
+            keys = piece_keys(cfg.seed, epoch, local, first, last - first)
+            seeds = gather_pieces(order, part.start, part.size)
             await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
-            sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", mode.sample, seeds, cfg.batch_size,
-                                      cfg.fanouts, plan.keys[first:last])
-            await out.put(SampledSuperbatch(epoch, first, total, seeds, sampled))
+            sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_pieces, sample, order, part,
+                                      cfg.batch_size, keys, len(cfg.fanouts))
+            await out.put(SampledSuperbatch(epoch, first, total, seeds, sampled,
+                                            part.member if several else None, part.global_size if several else None))
         await out.put(EpochDone(epoch, total, 1))
 
 
@@ -117,11 +133,14 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, 
         # a superbatch is one pass; its token goes back once its last batch is published
         await out.put(SampledWork(source=mode.slot_source(rows), release=tokens.release, pass_index=0,
                                   sampled=item.sampled, seeds=item.seeds, first_batch=item.first_batch,
-                                  epoch_batches=item.epoch_batches, last_pass=True))
+                                  epoch_batches=item.epoch_batches, last_pass=True, member=item.member,
+                                  global_size=item.global_size))
 
 
-def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int) -> TrainPipeline:
-    """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch``."""
+def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, local: LocalRanks
+                             ) -> TrainPipeline:
+    """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch`` for
+    ``local``'s ranks."""
     rows_for = mode.start_stream()
     # Superbatches alive at once (sampled, planned, being published), whatever the queues hold:
     # the memory plan charges exactly this many.
@@ -131,7 +150,7 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
     for name, queue in (("sampled", sampled), ("planned", output)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
-    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, tokens, sampled))
+    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, local, tokens, sampled))
     pipeline.add_stage("planner", _planner(ctx, mode, rows_for, tokens, sampled, output))
     return pipeline
 

@@ -22,6 +22,7 @@ from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.resident import ResidentData
 from loader.daemon.stages import TrainPipeline
 from loader.format.read_checks import load_read_checks
+from loader.sampling.ranks import LocalRanks
 
 __all__ = ["HierarchicalMode"]
 
@@ -60,8 +61,8 @@ class HierarchicalMode(TrainingMode):
         per = self.budget_plan.buffer.partitions
         return f"{len(self.context.resident.partitions)} partitions, {per} per mega-batch"
 
-    def start_pipeline(self, start_epoch: int) -> TrainPipeline:
-        return start_train_pipeline(self.context, start_epoch)
+    def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
+        return start_train_pipeline(self.context, start_epoch, local)
 
     def eval_access(self) -> EvalAccess:
         return MemmapEval(self._dataset, self.context.resident.partitions, self._labels)

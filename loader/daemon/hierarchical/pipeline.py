@@ -36,7 +36,7 @@ from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_source import OffsetRows, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
-from loader.sampling.inmemory import STREAM_TRAIN
+from loader.sampling.ranks import LocalRanks, deal_pieces, num_steps, piece_keys, sample_pieces
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 
 __all__ = ["PipelineContext", "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
@@ -63,14 +63,16 @@ class PipelineContext:
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
 
-def epoch_batch_count(resident: ResidentData, schedule: list[ScheduledMegaBatch], batch_size: int, passes: int) -> int:
-    """Batches of an epoch with a fixed number of passes (each mega-batch's seeds in ceil(n/B) batches)."""
+def epoch_batch_count(resident: ResidentData, schedule: list[ScheduledMegaBatch], batch_size: int, passes: int,
+                      world_size: int = 1) -> int:
+    """Steps of an epoch with a fixed number of passes: each pass deals a mega-batch's n seeds to
+    ``world_size`` ranks in ceil(n / (world_size * B)) steps (batches, for a single rank)."""
     parts = resident.partitions
     total = 0
     train_sorted = resident.split_ids["train"]
     for scheduled in schedule:
         per_part = parts.take(scheduled.partitions).count_in(train_sorted)
-        total += -(-int(per_part.sum()) // batch_size)
+        total += num_steps(int(per_part.sum()), batch_size, world_size)
     return total * passes
 
 
@@ -81,7 +83,7 @@ async def _timed(ctx: PipelineContext, stage: str, func: Callable[..., T], *args
     return await run_timed(ctx.cpu_pool, ctx.metrics, stage, func, *args)
 
 
-async def _scheduler(ctx: PipelineContext, start_epoch: int,
+async def _scheduler(ctx: PipelineContext, start_epoch: int, local: LocalRanks,
                      schedule_queue: "asyncio.Queue[ScheduledMegaBatch]") -> None:
     cfg = ctx.config
     for epoch in itertools.count(start_epoch):
@@ -90,7 +92,8 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int,
         schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch,
                                   balanced)
         if cfg.hierarchy.passes is not None:
-            total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes)
+            total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes,
+                                      local.world_size)
             schedule = [dataclasses.replace(scheduled, epoch_batches=total) for scheduled in schedule]
         ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
         for scheduled in schedule:
@@ -132,11 +135,31 @@ def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
                       int(static.shape[1]), static.dtype)
 
 
-def _sample_measured(graph: CSCGraph, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...],
-                     keys: np.ndarray, full_degree: np.ndarray | None) -> tuple[SampledPass, NeighbourSlots | None]:
-    """``sample_pass``, plus the pass's neighbour slots when ``full_degree`` is given (the first pass)."""
-    sampled = sample_pass(graph, seeds, batch_size, fanouts, keys)
-    return sampled, None if full_degree is None else neighbour_slots(sampled, full_degree, fanouts)
+@dataclass(frozen=True)
+class DealtPass:
+    """A pass sampled for a job's local ranks: its batches (step-major), steps, and per batch the rank
+    (position in ``LocalRanks.ranks``) and the global batch's seed count."""
+
+    sampled: SampledPass
+    steps: int
+    member: np.ndarray
+    global_size: np.ndarray
+
+
+def _sample_measured(graph: CSCGraph, seeds: np.ndarray, local: LocalRanks, batch_size: int,
+                     fanouts: tuple[int, ...], seed: int, epoch: int, first_step: int,
+                     full_degree: np.ndarray | None) -> tuple[DealtPass, NeighbourSlots | None]:
+    """The pass's pieces for ``local``'s ranks (``seeds`` dealt from step ``first_step`` of the epoch)
+    sampled, plus the pass's neighbour slots when ``full_degree`` is given (the first pass)."""
+    pieces = deal_pieces(len(seeds), batch_size, local)
+    keys = piece_keys(seed, epoch, local, first_step, pieces.num_steps)
+
+    def sample(piece_seeds: np.ndarray, size: int, piece_keys_: np.ndarray) -> SampledPass:
+        return sample_pass(graph, piece_seeds, size, fanouts, piece_keys_)
+
+    sampled = sample_pieces(sample, seeds, pieces, batch_size, keys, len(fanouts))
+    slots = None if full_degree is None else neighbour_slots(sampled, full_degree, fanouts)
+    return DealtPass(sampled, pieces.num_steps, pieces.member, pieces.global_size), slots
 
 
 def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> None:
@@ -153,7 +176,7 @@ def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> No
             log.warning("epoch %d: %s (logged again every %d epochs while it holds)", epoch, warning, WARN_EVERY)
 
 
-async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue[MegaBatch]",
+async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, ready: "asyncio.Queue[MegaBatch]",
                    output: "asyncio.Queue[SampledWork | EpochDone]",
                    release: Callable[[MegaBatchBuffer], None]) -> None:
     cfg = ctx.config
@@ -173,11 +196,11 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
             key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.scheduled.index,
                                  1)[0])
             seeds = shuffle(mb.train_seeds, key)
-            n_batches = -(-len(seeds) // batch_size)
-            keys = batch_keys(cfg.sampler.seed, STREAM_TRAIN, epoch, 0, batch_in_epoch, n_batches)
             # later passes over the same mega-batch lose what the first did: measure once per mega-batch
-            sampled, slots = await _timed(ctx, "sampler", _sample_measured, mb.graph, seeds, batch_size,
-                                          cfg.sampler.fanouts, keys, mb.full_degree if pass_index == 0 else None)
+            dealt, slots = await _timed(ctx, "sampler", _sample_measured, mb.graph, seeds, local, batch_size,
+                                        cfg.sampler.fanouts, cfg.sampler.seed, epoch, batch_in_epoch,
+                                        mb.full_degree if pass_index == 0 else None)
+            sampled, n_batches = dealt.sampled, dealt.steps
             if slots is not None:
                 skew = label_skew(ctx.label_counts, mb.scheduled.partitions)
                 quality.add(slots, skew, len(seeds))
@@ -192,9 +215,12 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
                 last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.scheduled.is_last
                         or n_batches == 0)
             ctx.metrics.pass_index.set(pass_index)
+            several = local.count > 1 or local.world_size > 1
             await output.put(SampledWork(source=source, release=functools.partial(release, mb.buffer),
                                          pass_index=pass_index, sampled=sampled, seeds=seeds,
-                                         first_batch=batch_in_epoch, epoch_batches=epoch_batches, last_pass=last))
+                                         first_batch=batch_in_epoch, epoch_batches=epoch_batches, last_pass=last,
+                                         member=dealt.member if several else None,
+                                         global_size=dealt.global_size if several else None))
             batch_in_epoch += n_batches
             passes_in_epoch += 1
             if last:
@@ -207,8 +233,8 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, ready: "asyncio.Queue
             quality = EpochQuality()
 
 
-def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipeline:
-    """Create the queues and stage tasks of a training stream starting at ``start_epoch``."""
+def start_train_pipeline(ctx: PipelineContext, start_epoch: int, local: LocalRanks) -> TrainPipeline:
+    """Create the queues and stage tasks of a training stream starting at ``start_epoch`` for ``local``'s ranks."""
     schedule_queue: asyncio.Queue[ScheduledMegaBatch] = asyncio.Queue(maxsize=2)
     loaded: asyncio.Queue[LoadedMegaBatch] = asyncio.Queue(maxsize=1)
     ready: asyncio.Queue[MegaBatch] = asyncio.Queue(maxsize=1)
@@ -220,8 +246,8 @@ def start_train_pipeline(ctx: PipelineContext, start_epoch: int) -> TrainPipelin
                         ("free_buffers", free)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
-    pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, schedule_queue))
+    pipeline.add_stage("scheduler", _scheduler(ctx, start_epoch, local, schedule_queue))
     pipeline.add_stage("reader", _reader(ctx, schedule_queue, free, loaded))
     pipeline.add_stage("assembler", _assembler(ctx, loaded, ready))
-    pipeline.add_stage("sampler", _sampler(ctx, start_epoch, ready, output, free.put_nowait))
+    pipeline.add_stage("sampler", _sampler(ctx, start_epoch, local, ready, output, free.put_nowait))
     return pipeline

@@ -13,8 +13,19 @@ from loader.sampling.inmemory import (
     epoch_batches_inmemory,
     eval_split_batches,
 )
-from loader.sampling.ranks import RankBatches, deal_epoch, deal_eval, num_steps, piece_bounds
-from loader.sampling.sampling import batch_keys
+from loader.sampling.ranks import (
+    SINGLE_RANK,
+    LocalRanks,
+    RankBatches,
+    deal_epoch,
+    deal_eval,
+    deal_pieces,
+    num_steps,
+    piece_bounds,
+    piece_keys,
+    sample_pieces,
+)
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 PROPERTY = settings(max_examples=150, deadline=None)
 
@@ -120,3 +131,81 @@ def test_the_last_ranks_get_an_empty_piece_when_fewer_seeds_than_ranks_are_left(
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@st.composite
+def local_deals(draw):
+    """(seeds, batch size, LocalRanks): a job's ranks on one machine, any subset of the world."""
+    n, b, w = draw(st.integers(0, 300)), draw(st.integers(1, 40)), draw(st.integers(1, 6))
+    ranks = draw(st.lists(st.integers(0, w - 1), min_size=1, max_size=w, unique=True))
+    return n, b, LocalRanks(w, tuple(sorted(ranks)))
+
+
+@PROPERTY
+@given(local_deals(), st.integers(0, 2**63), st.integers(0, 50))
+def test_a_machines_pieces_are_its_ranks_pieces_interleaved_step_by_step(deal, seed, epoch):
+    n, b, local = deal
+    order = list(range(1000, 1000 + n))
+    pieces = deal_pieces(n, b, local)
+    reference = ref_deal(order, b, local.world_size)
+    steps = len(reference[0])
+    assert pieces.num_steps == steps and pieces.count == steps * local.count
+    keys = piece_keys(seed, epoch, local, 0, steps)
+    i = 0
+    for k in range(steps):
+        for position, rank in enumerate(local.ranks):
+            start, size = int(pieces.start[i]), int(pieces.size[i])
+            assert order[start:start + size] == reference[rank][k]
+            assert (pieces.member[i], pieces.step[i]) == (position, k)
+            assert pieces.global_size[i] == sum(len(reference[r][k]) for r in range(local.world_size))
+            assert int(keys[i]) == ref_key(seed, epoch, k, rank)
+            i += 1
+    # a later window of steps has the same keys as the whole epoch's
+    if steps > 1:
+        np.testing.assert_array_equal(piece_keys(seed, epoch, local, 1, steps - 1), keys[local.count:])
+        part = pieces.steps(1, steps)
+        np.testing.assert_array_equal(part.start, pieces.start[local.count:])
+
+
+def test_one_local_rank_of_one_is_the_single_process_batches():
+    pieces = deal_pieces(10, 3, SINGLE_RANK)
+    assert pieces.start.tolist() == [0, 3, 6, 9] and pieces.size.tolist() == [3, 3, 3, 1]
+    np.testing.assert_array_equal(piece_keys(4, 2, SINGLE_RANK, 0, 4), batch_keys(4, STREAM_TRAIN, 2, 0, 0, 4))
+
+
+@PROPERTY
+@given(local_deals(), st.integers(0, 2**32))
+def test_sampled_pieces_are_each_piece_sampled_alone(deal, seed):
+    n, b, local = deal
+    rng = np.random.default_rng(seed)
+    nodes = max(n, 1) + 5
+    degree = rng.integers(0, 6, nodes)
+    indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+    graph = CSCGraph(indptr, rng.integers(0, nodes, int(indptr[-1])).astype(np.int64),
+                     np.arange(nodes, dtype=np.int64))
+    order = rng.permutation(nodes)[:n].astype(np.int64)
+    pieces = deal_pieces(n, b, local)
+    keys = piece_keys(seed, 0, local, 0, pieces.num_steps)
+    fanouts = (3, 2)
+    sampled = sample_pieces(lambda s, size, k: sample_pass(graph, s, size, fanouts, k), order, pieces, b, keys, 2)
+    assert sampled.num_batches == pieces.count
+    for i in range(pieces.count):
+        start, size = int(pieces.start[i]), int(pieces.size[i])
+        got = sampled.batch(i)
+        if size == 0:
+            assert len(got.nodes) == 0 and got.edge_index.shape == (2, 0) and not got.num_sampled_nodes.any()
+            continue
+        alone = sample_pass(graph, order[start:start + size], size, fanouts, keys[i:i + 1]).batch(0)
+        np.testing.assert_array_equal(got.nodes, alone.nodes)
+        np.testing.assert_array_equal(got.edge_index, alone.edge_index)
+        np.testing.assert_array_equal(got.num_sampled_nodes, alone.num_sampled_nodes)
+        np.testing.assert_array_equal(got.num_sampled_edges, alone.num_sampled_edges)
+
+
+@pytest.mark.parametrize(("world", "ranks", "message"), [
+    (2, (), "a job has at least one rank"), (2, (2,), r"rank must be in \[0, 2\)"),
+    (3, (1, 0), "expected distinct and sorted"), (3, (1, 1), "expected distinct and sorted"),
+])
+def test_bad_local_ranks_are_named(world, ranks, message):
+    with pytest.raises(ValueError, match=message):
+        LocalRanks(world, ranks)

@@ -1,0 +1,81 @@
+"""Several ranks training through loader daemons: one daemon serving a job's two ranks trains exactly
+what DDP over the in-memory sampler trains, and two daemons serve a job of two machines (2 x 2 ranks,
+gloo over loopback; each daemon stands in for one machine's)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.distributed import TCPStore
+
+from tests.daemon_harness import daemon_config, running_daemon
+from tests.trainer.test_trainer_ddp import BATCH, CONFIG, SAMPLER, TRAIN_NODES, WORLD, dataset, launched  # noqa: F401
+
+MODEL_ARGS = ["--epochs", CONFIG["epochs"], "--hidden", CONFIG["hidden"], "--dropout", 0, "--lr", CONFIG["lr"],
+              "--seed", CONFIG["seed"], "--metric", "roc_auc", "--no-progress", "--device", "cpu"]
+
+
+def exact_daemon(dataset_path, socket_path):
+    """A daemon in the exact mode with the in-memory run's sampler: it deals the same pieces."""
+    return daemon_config(dataset_path, socket_path, loader={"mode": "exact"},
+                         sampler={"batch_size": BATCH, "fanouts": list(SAMPLER["fanouts"]),
+                                  "eval_batch_size": SAMPLER["eval_batch_size"], "seed": SAMPLER["seed"]})
+
+
+@pytest.fixture(scope="module")
+def through_daemon(dataset, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("ddp-daemon")
+    config = exact_daemon(dataset, out / "s.sock")
+    args = ["--socket", config.server.socket, "--nproc-per-node", WORLD, *MODEL_ARGS,
+            "--json-out", out / "result.json", "--checkpoint", out / "ck.pt"]
+    with running_daemon(config):
+        run = subprocess.run([sys.executable, "-m", "trainer", *map(str, args)], capture_output=True, text=True,
+                             timeout=300, cwd=out)
+    return run, out
+
+
+def test_two_ranks_through_one_daemon_train_what_two_ranks_in_memory_train(through_daemon, launched):  # noqa: F811
+    run, out = through_daemon
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr and "2 ranks (gloo), 25 seeds per rank and step" in run.stderr
+    ours = json.loads((out / "result.json").read_text())["epochs"]
+    theirs = json.loads((launched[1] / "result.json").read_text())["epochs"]
+    assert [(r["samples"], r["batches"]) for r in ours] == [(TRAIN_NODES, 4)] * 2
+    for mine, reference in zip(ours, theirs, strict=True):
+        for key in ("loss", "train_acc", "val_acc", "test_acc", "val_score", "test_score"):
+            assert mine[key] == pytest.approx(reference[key], abs=1e-5), key
+    trained = torch.load(out / "ck.pt", weights_only=True)["model_state"]
+    reference_state = torch.load(launched[1] / "ck.pt", weights_only=True)["model_state"]
+    for name, value in reference_state.items():
+        torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
+
+
+def test_two_daemons_serve_a_job_of_two_machines_of_two_ranks(dataset, tmp_path):  # noqa: F811
+    configs = [exact_daemon(dataset, tmp_path / f"machine{m}.sock") for m in (0, 1)]
+    world = 4
+    rendezvous = TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    with running_daemon(configs[0]), running_daemon(configs[1]):
+        ranks = []
+        for rank in range(world):
+            args = ["--socket", configs[rank // 2].server.socket, *MODEL_ARGS, "--epochs", 1,
+                    "--json-out", tmp_path / "result.json"]
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank % 2)}
+            ranks.append(subprocess.Popen([sys.executable, "-m", "trainer", *map(str, args)], env=env, cwd=tmp_path,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        try:
+            outputs = [proc.communicate(timeout=300) for proc in ranks]
+        finally:
+            for proc in ranks:
+                proc.kill()
+                proc.wait()
+    for proc, (_, stderr) in zip(ranks, outputs, strict=True):
+        assert proc.returncode == 0, stderr
+        assert "Traceback" not in stderr
+    epochs = json.loads((tmp_path / "result.json").read_text())["epochs"]
+    # 151 seeds in global batches of 4 x 25: two steps on every rank, every seed trained once
+    assert [(r["samples"], r["batches"]) for r in epochs] == [(TRAIN_NODES, 2)]
