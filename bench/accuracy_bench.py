@@ -14,6 +14,8 @@ trains for up to ``--max-epochs`` epochs with early stopping on validation accur
     EX    the same plus [loader] mode = "exact" (full-graph sampling, Ginex)
     HB25r, HB25s, HB50 (not run by default; the remedy study): HB25 with schedule = "random" (the
           grouping before the balanced one), HB25 without the static cache, megabatch_fraction = 0.5
+    HB2   (not run by default) HB trained by 2 DDP ranks (--nproc-per-node 2, gloo) through the one
+          daemon, each rank taking half the batch (global batch = --batch-size, as for HB)
     FULL  full-batch GraphSAGE on the whole graph (bench/fullgraph_reference.py; no sampling,
           evaluation with every neighbour)
 
@@ -73,14 +75,16 @@ PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "results"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs", "coauthor-physics")
-MODES = ("NS", "HB", "HB25", "EX", "FULL", "HB25r", "HB25s", "HB50")
+MODES = ("NS", "HB", "HB25", "EX", "FULL", "HB25r", "HB25s", "HB50", "HB2")
 DEFAULT_MODES = ("NS", "HB", "HB25", "EX", "FULL")
 DAEMON_EXTRA = {"HB": "", "HB25": "[hierarchy]\nmegabatch_fraction = 0.25\n", "EX": '[loader]\nmode = "exact"\n',
                 # the remedy study (docs/PERFORMANCE.md): the old default grouping, no static cache, a half
                 "HB25r": '[hierarchy]\nmegabatch_fraction = 0.25\nschedule = "random"\n',
                 "HB25s": "[hierarchy]\nmegabatch_fraction = 0.25\nstatic_cache = false\n",
-                "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n"}
+                "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n", "HB2": ""}
 """What each daemon mode adds to the default config."""
+RANKS = {"HB2": 2}
+"""Daemon modes trained by several DDP ranks (the others: one trainer)."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
 SKEW = re.compile(r"neighbour coverage [0-9.]+, label skew ([0-9.]+)")
 CURVE_EPOCHS = (5, 10, 20)
@@ -236,10 +240,13 @@ def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis") 
 def daemon_config(mode: str, dataset: Path, sock: Path, seed: int, args: argparse.Namespace) -> str:
     """The TOML of a daemon run: defaults, plus what ``mode`` changes (``DAEMON_EXTRA``)."""
     fanouts = ", ".join(args.fanouts.split(","))
+    ranks = RANKS.get(mode, 1)
+    # several ranks: the same global batch, and a session for each rank
+    clients = f"max_clients = {ranks}\n" if ranks > 1 else ""
     return (f'[dataset]\npath = "{dataset}"\n'
-            f"[sampler]\nbatch_size = {args.batch_size}\nfanouts = [{fanouts}]\neval_fanouts = [{fanouts}]\n"
-            f"eval_batch_size = {args.batch_size}\nseed = {seed}\n"
-            f'[server]\nsocket = "{sock}"\n[metrics]\nport = 0\n' + DAEMON_EXTRA[mode])
+            f"[sampler]\nbatch_size = {args.batch_size // ranks}\nfanouts = [{fanouts}]\n"
+            f"eval_fanouts = [{fanouts}]\neval_batch_size = {args.batch_size}\nseed = {seed}\n"
+            f'[server]\nsocket = "{sock}"\n{clients}[metrics]\nport = 0\n' + DAEMON_EXTRA[mode])
 
 
 def train_flags(seed: int, out: Path, args: argparse.Namespace) -> list[str]:
@@ -307,7 +314,8 @@ def one_run(name: str, dataset: Path, mode: str, seed: int, dirs: dict[str, Path
         config.write_text(daemon_config(mode, dataset, sock, seed, args))
         with daemon(config, sock, daemon_log):
             try:
-                run_logged([PY, "-m", "trainer", "--socket", str(sock), "--connect-timeout", "60",
+                ranks = ["--nproc-per-node", str(RANKS[mode])] if mode in RANKS else []
+                run_logged([PY, "-m", "trainer", "--socket", str(sock), "--connect-timeout", "60", *ranks,
                             *train_flags(seed, out, args)], trainer_log)
             except SystemExit:
                 fail(f"{stem}: the trainer failed (its log and the daemon's above)", daemon_log)
