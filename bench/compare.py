@@ -17,12 +17,17 @@ runs without a limit since it holds everything). Per mode:
   4. the daemon's peak RSS, the cgroup's peak (page cache included: it fills up to the limit and is
      reclaimed there, which is not a failure) and its OOM kills (which are).
 
+With ``--ranks 1,2`` each mode also serves a job of 2 ranks (rows ``<mode>-r2``): 2 consumers join one
+job on the daemon and take their pieces at once, and the report gives the job's loader batches/s over
+all ranks and the disk bytes per delivered batch, each over the single trainer's (the training step is
+measured for single trainers only; 2-rank training is in bench/accuracy_bench.py, mode HB2).
+
 Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. With ``--read-checks both``
 (the default) hierarchical, exact and static also run a second time with ``[io] check_reads = false``
 (rows ``<mode>-unchecked``), and the report gives what the read checks cost: the checked run's loader
 batches/s over the unchecked one's. Writes bench/results/compare.{json,md,png}.
 
-    .venv/bin/python bench/compare.py [--nodes 2000000] [--budget 448M] [--modes ...] [--work DIR]
+    .venv/bin/python bench/compare.py [--nodes 2000000] [--budget 448M] [--modes ...] [--ranks 1,2] [--work DIR]
 """
 
 import argparse
@@ -33,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +62,7 @@ from bench.harness import (  # noqa: E402
     wait_for_socket,
     warn,
 )
-from proto.client import ControlClient  # noqa: E402
+from proto.client import ControlClient, JobMember  # noqa: E402
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402
 
@@ -66,13 +72,23 @@ MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
 CHECKED_MODES = ("hierarchical", "exact", "static")
 """The modes that verify what they read (format 1.1 read checks); ``--read-checks both`` runs each unchecked too."""
 UNCHECKED = "-unchecked"
+RANKED = re.compile(r"-r(\d+)$")
+"""A run serving a job of that many ranks (``--ranks``)."""
 METRICS_PORT = 9461
+
+
+def run_parts(run: str) -> tuple[str, bool, int]:
+    """(mode, read checks on, ranks) of a run name ``<mode>[-unchecked][-rW]``."""
+    match = RANKED.search(run)
+    ranks = int(match.group(1)) if match else 1
+    base = run[:match.start()] if match else run
+    return base.removesuffix(UNCHECKED), not base.endswith(UNCHECKED), ranks
 
 
 
 def write_config(path: Path, run: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace,
                  caches: dict[str, int]) -> None:
-    mode = run.removesuffix(UNCHECKED)
+    mode, checked, ranks = run_parts(run)
     cache_lines = "".join(f"{key} = {value}\n" for key, value in caches.items())
     path.write_text(f"""[dataset]
 path = "{dataset}"
@@ -93,12 +109,12 @@ eval_fanouts = [{args.fanouts}]
 [io]
 direct_io = true
 read_threads = 4
-check_reads = {"false" if run.endswith(UNCHECKED) else "true"}
+check_reads = {"true" if checked else "false"}
 [publisher]
 slots = {args.slots}
 [server]
 socket = "{sock}"
-max_clients = 1
+max_clients = {ranks}
 [metrics]
 port = {METRICS_PORT}
 """)
@@ -108,18 +124,17 @@ def delta(after: dict[str, float], before: dict[str, float], name: str) -> float
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
-class LoaderOnly:
-    """A consumer of the first epoch that touches every feature byte of each batch."""
+class RankConsumer:
+    """One client's share of the first epoch: touches every feature byte of each batch."""
 
-    def __init__(self, sock: Path) -> None:
-        self.client = ControlClient.connect(str(sock), client="compare", timeout=None)
+    def __init__(self, sock: Path, job: JobMember | None) -> None:
+        self.client = ControlClient.connect(str(sock), client="compare", timeout=None, job=job)
         self.client.send(Credit(count=self.client.welcome.slots.count))
-        self.client.send(StartEpoch(epoch=0))
         self.epoch_batches = -1
         self.ended = False
 
-    def consume(self, batches: int, seconds: float) -> tuple[int, int, float]:
-        """(batches, feature bytes, seconds) of up to ``batches`` batches or ``seconds`` seconds."""
+    def consume(self, batches: int, seconds: float) -> tuple[int, int]:
+        """(batches, feature bytes) of up to ``batches`` batches or ``seconds`` seconds."""
         count = nbytes = 0
         t0 = time.perf_counter()
         while not self.ended and count < batches and time.perf_counter() - t0 < seconds:
@@ -135,10 +150,35 @@ class LoaderOnly:
             nbytes += x.nbytes
             del x
             self.client.send(Release(slot=msg.slot, seq=msg.seq))
-        return count, nbytes, time.perf_counter() - t0
+        return count, nbytes
+
+
+class LoaderOnly:
+    """The first epoch consumed by one trainer, or by the ``ranks`` ranks of one job at once."""
+
+    def __init__(self, sock: Path, ranks: int = 1) -> None:
+        self.consumers = [RankConsumer(sock, JobMember("compare", rank, ranks, ranks) if ranks > 1 else None)
+                          for rank in range(ranks)]
+        for consumer in self.consumers:
+            consumer.client.send(StartEpoch(epoch=0))
+        self.pool = ThreadPoolExecutor(ranks)
+
+    @property
+    def epoch_batches(self) -> int:
+        """Batches of the whole epoch, over every rank."""
+        return self.consumers[0].epoch_batches * len(self.consumers)
+
+    def consume(self, batches: int, seconds: float) -> tuple[int, int, float]:
+        """(batches, feature bytes, seconds) of up to ``batches`` batches (over all ranks) or ``seconds`` seconds."""
+        t0 = time.perf_counter()
+        share = -(-batches // len(self.consumers))
+        done = list(self.pool.map(lambda c: c.consume(share, seconds), self.consumers))
+        return sum(d[0] for d in done), sum(d[1] for d in done), time.perf_counter() - t0
 
     def close(self) -> None:
-        self.client.close()
+        self.pool.shutdown()
+        for consumer in self.consumers:
+            consumer.client.close()
         # a view of a slot kept alive by a reference cycle would keep the daemon's memfd pages (charged
         # to the daemon's cgroup) mapped into the next mode's measurement
         gc.collect()
@@ -147,7 +187,7 @@ class LoaderOnly:
 def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int,
              caches: dict[str, int]) -> dict[str, object]:
     """One daemon of run ``run`` (a mode, or ``<mode>-unchecked``) measured as the module docstring says."""
-    mode = run.removesuffix(UNCHECKED)
+    mode, _, ranks = run_parts(run)
     sock, config = work / f"{run}.sock", work / f"{run}.toml"
     sock.unlink(missing_ok=True)
     data_budget = budget if mode != "inmemory" else 64 << 30
@@ -163,7 +203,7 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
         try:
             wait_for_socket(sock, daemon)
             out["startup_seconds"] = time.perf_counter() - started
-            consumer = LoaderOnly(sock)
+            consumer = LoaderOnly(sock, ranks)
             try:
                 # the first batches pay numba compilation and the caches' cold start: not timed
                 consumer.consume(args.warmup, args.seconds)
@@ -196,6 +236,8 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "epoch_seconds_implied": epoch_batches / rate if rate > 0 and epoch_batches > 0 else None,
                 "feature_mb_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
                 "disk_bytes": io_after - io_before,
+                "ranks": ranks,
+                "disk_bytes_per_batch": (io_after - io_before) / batches if batches else None,
                 # rows read from disk per row delivered: misses plus the exact mode's read-ahead fills
                 "feature_miss_ratio": (feat_miss + feat_fill) / (feat_hit + feat_miss) if feat_hit + feat_miss
                 else None,
@@ -204,14 +246,15 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "planner_over_sampler": planner / sampler if mode == "exact" and sampler > 0 else None,
                 "hier_read_mb_s": reader_bytes / reader / 1e6 if mode == "hierarchical" and reader > 0 else None,
             })
-            train_json = work / f"{run}-train.json"
-            t0 = time.perf_counter()
-            sh([PY, "-m", "trainer", "--socket", str(sock), "--model", "sage", "--hidden", "128", "--epochs", "1",
-                "--max-steps", str(args.train_steps), "--json-out", str(train_json), "--no-progress", "-q"])
-            train = json.loads(train_json.read_text())["epochs"][-1]
-            out.update({"train_seconds": time.perf_counter() - t0, "train_samples_per_s": train["samples_per_s"],
-                        "train_data_wait": train["data_wait"],
-                        "train_steps_per_s": train["batches"] / train["train_s"] if train["train_s"] else None})
+            if ranks == 1:
+                train_json = work / f"{run}-train.json"
+                t0 = time.perf_counter()
+                sh([PY, "-m", "trainer", "--socket", str(sock), "--model", "sage", "--hidden", "128", "--epochs",
+                    "1", "--max-steps", str(args.train_steps), "--json-out", str(train_json), "--no-progress", "-q"])
+                train = json.loads(train_json.read_text())["epochs"][-1]
+                out.update({"train_seconds": time.perf_counter() - t0, "train_samples_per_s": train["samples_per_s"],
+                            "train_data_wait": train["data_wait"],
+                            "train_steps_per_s": train["batches"] / train["train_s"] if train["train_s"] else None})
             status = Path(f"/proc/{daemon.pid}/status").read_text()
             out["daemon_peak_rss"] = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
         finally:
@@ -280,6 +323,17 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
             lines.append(f"read checks ({mode}): {float(checked['batches_per_s']):.2f} batches/s checked vs "  # type: ignore[arg-type]
                          f"{float(unchecked['batches_per_s']):.2f} unchecked ({100 * cost:+.1f}% of throughput)"  # type: ignore[arg-type]
                          f"{cpu_text}")
+    for r in results:
+        mode, checked, ranks = run_parts(str(r["mode"]))
+        single = by_mode.get(mode if checked else mode + UNCHECKED, {})
+        if ranks > 1 and r.get("batches_per_s") and single.get("batches_per_s"):
+            per_batch, single_per_batch = r.get("disk_bytes_per_batch"), single.get("disk_bytes_per_batch")
+            disk = f"{format_size(float(per_batch))} vs {format_size(float(single_per_batch))} " \
+                f"({float(per_batch) / float(single_per_batch):.2f}x)" if per_batch and single_per_batch else "-"  # type: ignore[arg-type]
+            lines.append(f"{ranks} ranks ({r['mode']}): {float(r['batches_per_s']):.2f} batches/s over all ranks vs "  # type: ignore[arg-type]
+                         f"{float(single['batches_per_s']):.2f} for one trainer "  # type: ignore[arg-type]
+                         f"({float(r['batches_per_s']) / float(single['batches_per_s']):.2f}x); disk read per "  # type: ignore[arg-type]
+                         f"delivered batch {disk}")
     if hier.get("hier_read_mb_s") is not None:
         rate = float(hier["hier_read_mb_s"])  # type: ignore[arg-type]
         lines.append(f"hierarchical mega-batch reads: {rate:.0f} MB/s while reading = {rate / seq_rate:.2f}x the "
@@ -330,6 +384,7 @@ def main() -> int:
     p.add_argument("--work", default="/var/tmp/megabatch-compare", help="data directory (reused when present)")
     p.add_argument("--read-checks", choices=("on", "both"), default="both",
                    help="both (default): run hierarchical, exact and static unchecked too, to measure the checks' cost")
+    p.add_argument("--ranks", default="1", help="comma-separated job sizes each mode serves (default 1; e.g. 1,2)")
     p.add_argument("--unchecked-first", action="store_true",
                    help="run each mode's unchecked twin before it (the second run of a trace may find the virtual "
                         "disk's host cache warm: swap the order to see that bias)")
@@ -341,6 +396,10 @@ def main() -> int:
     if args.read_checks == "both":
         pair = (lambda m: (m + UNCHECKED, m)) if args.unchecked_first else (lambda m: (m, m + UNCHECKED))
         modes = [run for mode in modes for run in (pair(mode) if mode in CHECKED_MODES else (mode,))]
+    ranks = [int(w) for w in args.ranks.split(",") if w]
+    if not ranks or min(ranks) < 1:
+        p.error(f"--ranks: expected job sizes >= 1, got {args.ranks!r}")
+    modes = [run + ("" if w == 1 else f"-r{w}") for run in modes for w in ranks]
     budget = parse_size(args.budget)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -358,7 +417,8 @@ def main() -> int:
         # static gets exactly the caches exact chose, so their miss ratios compare the policies alone; so
         # does exact's unchecked twin when it runs second, so the pair isolates the checks from the
         # smaller caches the page tables leave (the twin that runs first cannot: checked needs more)
-        same_caches = mode.startswith("static") or mode == "exact" + UNCHECKED
+        same_caches = mode.startswith("static") or mode == "exact" + UNCHECKED or \
+            (mode.startswith("exact") and run_parts(mode)[2] > 1)
         results.append(run_mode(mode, dataset, work, args, budget, caches if same_caches else {}))
         if mode == "exact" and results[-1].get("feature_cache_bytes") is not None:
             caches = {"feature_cache": int(results[-1]["feature_cache_bytes"]),  # type: ignore[call-overload]
