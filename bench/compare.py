@@ -18,7 +18,8 @@ runs without a limit since it holds everything). Per mode:
      reclaimed there, which is not a failure) and its OOM kills (which are).
 
 With ``--ranks 1,2`` each mode also serves a job of 2 ranks (rows ``<mode>-r2``): 2 consumers join one
-job on the daemon and take their pieces at once, and the report gives the job's loader batches/s over
+job on the daemon and take their pieces at once (every run of the bench sizes its slots for the largest
+job, so the memory plans, caches included, are the same), and the report gives the job's loader batches/s over
 all ranks and the disk bytes per delivered batch, each over the single trainer's (the training step is
 measured for single trainers only; 2-rank training is in bench/accuracy_bench.py, mode HB2).
 
@@ -88,7 +89,7 @@ def run_parts(run: str) -> tuple[str, bool, int]:
 
 def write_config(path: Path, run: str, dataset: Path, sock: Path, budget: int, args: argparse.Namespace,
                  caches: dict[str, int]) -> None:
-    mode, checked, ranks = run_parts(run)
+    mode, checked, _ = run_parts(run)
     cache_lines = "".join(f"{key} = {value}\n" for key, value in caches.items())
     path.write_text(f"""[dataset]
 path = "{dataset}"
@@ -114,7 +115,7 @@ check_reads = {"true" if checked else "false"}
 slots = {args.slots}
 [server]
 socket = "{sock}"
-max_clients = {ranks}
+max_clients = {max(args.ranks)}
 [metrics]
 port = {METRICS_PORT}
 """)
@@ -298,13 +299,14 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
     ]
     for r in results:
         epoch = r.get("epoch_seconds_implied")
+        wait = r.get("train_data_wait")
         lines.append(
             f"| {r['mode']} | {fmt(r.get('batches_per_s'), '.2f')} | {ratio(r, 'mmap', 'batches_per_s')} | "
             f"{ratio(r, 'inmemory', 'batches_per_s')} | {fmt(epoch, '.0f')} s | "
             f"{format_size(float(r.get('disk_bytes', 0)))} | "  # type: ignore[arg-type]
             f"{fmt(r.get('feature_miss_ratio'), '.3f')} | {fmt(r.get('neighbor_hit_ratio'), '.3f')} | "
             f"{fmt(r.get('sampler_seconds_per_batch'), '.3f')} | {fmt(r.get('train_samples_per_s'), '.0f')} | "
-            f"{ratio(r, 'mmap', 'train_samples_per_s')} | {100 * float(r.get('train_data_wait', 0)):.0f}% | "  # type: ignore[arg-type]
+            f"{ratio(r, 'mmap', 'train_samples_per_s')} | {fmt(wait, '.0%')} | "
             f"{format_size(float(r.get('daemon_peak_rss', 0)))} | "  # type: ignore[arg-type]
             f"{format_size(float(r['cgroup_peak'])) if r.get('cgroup_peak') else '-'} | "  # type: ignore[arg-type]
             f"{r.get('oom_kills', '-')} |")  # type: ignore[arg-type]
@@ -396,10 +398,13 @@ def main() -> int:
     if args.read_checks == "both":
         pair = (lambda m: (m + UNCHECKED, m)) if args.unchecked_first else (lambda m: (m, m + UNCHECKED))
         modes = [run for mode in modes for run in (pair(mode) if mode in CHECKED_MODES else (mode,))]
-    ranks = [int(w) for w in args.ranks.split(",") if w]
-    if not ranks or min(ranks) < 1:
+    try:
+        args.ranks = [int(w) for w in args.ranks.split(",") if w]
+    except ValueError:
+        args.ranks = []
+    if not args.ranks or min(args.ranks) < 1:
         p.error(f"--ranks: expected job sizes >= 1, got {args.ranks!r}")
-    modes = [run + ("" if w == 1 else f"-r{w}") for run in modes for w in ranks]
+    modes = [run + ("" if w == 1 else f"-r{w}") for run in modes for w in args.ranks]
     budget = parse_size(args.budget)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
