@@ -11,7 +11,9 @@ The epoch starts once every local rank has connected (``[server] job_timeout`` a
 StartEpoch at most) and sends each rank's batches only after that rank's own StartEpoch. A rank that
 disconnects or stops taking batches during a training epoch fails the job: every other rank gets an
 ``Error`` naming it and is disconnected, so none waits forever in its next all-reduce. Between epochs
-a rank may leave and come back (a restart with ``--resume``).
+a rank may leave and come back (a restart with ``--resume``). A job that holds the training pipeline
+and starts no epoch for ``[server] idle_timeout`` while none of its ranks streams (an evaluation is
+activity) fails too, so the pipeline goes to the next trainer.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class JobPipelines(Protocol):
 
     def release_pipeline(self, owner: object) -> None: ...
 
+    def owns_pipeline(self, owner: object) -> bool: ...
+
 
 def job_mismatch(name: str, world_size: int, local_world_size: int, rank: int) -> str | None:
     """Why a Hello's job fields are inconsistent in themselves, or None."""
@@ -75,7 +79,7 @@ class Job:
     """The sessions of one training job on this daemon (lives on the event loop)."""
 
     def __init__(self, name: str, world_size: int, local_world_size: int, pipelines: JobPipelines,
-                 job_timeout: float, on_empty: Callable[[Job], None]) -> None:
+                 job_timeout: float, idle_timeout: float, on_empty: Callable[[Job], None]) -> None:
         self.name = name
         self.world_size = world_size
         self.local_world_size = local_world_size
@@ -84,6 +88,8 @@ class Job:
         self.failure: str | None = None
         self._pipelines = pipelines
         self._job_timeout = job_timeout
+        self._idle_timeout = idle_timeout
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._on_empty = on_empty
         self._complete = asyncio.Event()
         self._stream: _EpochStream | None = None
@@ -126,13 +132,35 @@ class Job:
         if stream is not None and stream.task is not None and not stream.task.done():
             self.fail(f"rank {rank} (session {session.id}) disconnected during epoch {stream.epoch}")
         if not self.members:
+            self._cancel_idle_timer()
+            self._pipelines.release_pipeline(self)
             self._on_empty(self)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        self._idle_timer = asyncio.get_running_loop().call_later(self._idle_timeout, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if self.failure is not None or not self._pipelines.owns_pipeline(self):
+            return
+        if any(member.streaming for member in self.members.values()):
+            self._arm_idle_timer()  # a rank evaluates: activity
+            return
+        self.fail(f"no StartEpoch for {self._idle_timeout:g} s after the last epoch ended while the job held the "
+                  f"training pipeline ([server] idle_timeout); it goes to the next trainer")
 
     def fail(self, reason: str) -> None:
         """Fail the job: every rank still connected gets an ``Error`` with ``reason`` and is disconnected."""
         if self.failure is not None:
             return
         self.failure = reason
+        self._cancel_idle_timer()
         log.warning("job %s failed: %s", self.name, reason)
         stream = self._stream
         if stream is not None and stream.task is not None and not stream.task.done():
@@ -154,6 +182,7 @@ class Job:
         epoch is over for every rank (its EpochEnd sent); JobFailed if the job failed."""
         if self.failure is not None:
             raise JobFailed(self.failure)
+        self._cancel_idle_timer()
         stream = self._stream
         if stream is None or stream.task is None or stream.task.done():
             stream = self._stream = _EpochStream(epoch)
@@ -194,6 +223,7 @@ class Job:
                         member.end_epoch(EpochEnd(epoch=epoch, batches=sent[index], passes=item.passes))
                     finished = True
                     stream.done.set_result(None)
+                    self._arm_idle_timer()  # the pipeline runs ahead for this job: bounded by idle_timeout
                     return
                 assert item.member is not None and item.global_size is not None
                 for b in range(item.sampled.num_batches):

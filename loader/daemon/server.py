@@ -513,7 +513,7 @@ class Daemon:
         job = self.state.jobs.get(hello.job)
         if job is None:
             job = Job(hello.job, hello.world_size, hello.local_world_size, self, self.config.server.job_timeout,
-                      self._job_empty)
+                      self.config.server.idle_timeout, self._job_empty)
             self.state.jobs[hello.job] = job
         problem = job.admit(session, hello.rank, hello.world_size, hello.local_world_size)
         if problem is not None:

@@ -160,6 +160,11 @@ class Session:
         """Set once the daemon's drain need not wait for this session: it is closed, or it is shutting down,
         its stream is over and the client holds no slot."""
 
+    @property
+    def streaming(self) -> bool:
+        """Whether a stream (training or evaluation) is running."""
+        return self._stream is not None and not self._stream.done()
+
     def attach(self, send: Callable[[Message], None], close: Callable[[], None]) -> None:
         self._send, self._close = send, close
 

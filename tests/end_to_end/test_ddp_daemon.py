@@ -79,3 +79,55 @@ def test_two_daemons_serve_a_job_of_two_machines_of_two_ranks(dataset, tmp_path)
     epochs = json.loads((tmp_path / "result.json").read_text())["epochs"]
     # 151 seeds in global batches of 4 x 25: two steps on every rank, every seed trained once
     assert [(r["samples"], r["batches"]) for r in epochs] == [(TRAIN_NODES, 2)]
+
+
+KILL_AT_STEP = """
+import os, signal, sys
+from trainer import cli, daemon_source
+
+real = daemon_source.DaemonSource.train_batches
+
+def train_batches(self, epoch):
+    for step, batch in enumerate(real(self, epoch)):
+        if epoch == 2 and step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield batch
+
+daemon_source.DaemonSource.train_batches = train_batches
+cli.exit_program(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_killed_mid_epoch_fails_the_job_in_one_line_and_resume_finishes_it(dataset, tmp_path):  # noqa: F811
+    config = exact_daemon(dataset, tmp_path / "s.sock")
+    common = ["--socket", str(config.server.socket), *map(str, MODEL_ARGS), "--epochs", "3",
+              "--checkpoint", str(tmp_path / "ck.pt"), "--json-out", str(tmp_path / "result.json"),
+              "--dist-timeout", "60"]
+    rendezvous = TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    with running_daemon(config):
+        survivor = subprocess.Popen([sys.executable, "-m", "trainer", *common], cwd=tmp_path, text=True,
+                                    env={**env, "RANK": "0", "LOCAL_RANK": "0"},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killed = subprocess.Popen([sys.executable, "-c", KILL_AT_STEP, *common], cwd=tmp_path,
+                                  env={**env, "RANK": "1", "LOCAL_RANK": "1"},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _, stderr = survivor.communicate(timeout=300)
+        finally:
+            for proc in (killed, survivor):
+                proc.kill()
+                proc.wait()
+        assert killed.returncode == -9 and survivor.returncode == 1, stderr
+        errors = [line for line in stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and "Traceback" not in stderr, stderr
+        # the dead rank shows either in the next all-reduce or as the daemon's job failure: one line either way
+        assert errors[0].startswith("megabatch train: error: rank 0/2: "), errors
+        assert "the checkpoint" in errors[0] and "holds epoch 1; resume with --resume" in errors[0], errors
+        # the job is gone from the daemon with its ranks: the same job restarts from the checkpoint
+        resumed = subprocess.run([sys.executable, "-m", "trainer", *common, "--resume", "--nproc-per-node",
+                                  str(WORLD)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    epochs = json.loads((tmp_path / "result.json").read_text())["epochs"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3]

@@ -14,7 +14,7 @@ from loader.sampling.sampling import sample_pass
 from proto.client import ControlClient, JobMember
 from proto.errors import RemoteError
 from proto.messages import BatchReady, Credit, EpochEnd, ErrorCode, EvalEnd, EvalRequest, Release, StartEpoch
-from tests.daemon_harness import consume, daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
 from tests.loader.daemon.test_daemon import check_batch
 
 BATCH = 64
@@ -185,3 +185,38 @@ def test_a_rank_that_does_not_fit_its_job_is_refused_in_one_line(dataset, tmp_pa
             client.close()
     assert refused.value.code == ErrorCode.BAD_REQUEST
     assert fragment in refused.value.message
+
+
+def test_a_job_idle_between_epochs_loses_the_pipeline_to_the_next_trainer(dataset, tmp_path):
+    config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
+    with running_daemon(config):
+        clients = [join(config, rank, 2, 2) for rank in (0, 1)]
+        consume_all(clients, StartEpoch(epoch=0), EpochEnd)
+        for client in clients:  # no StartEpoch, no evaluation: idle
+            with pytest.raises(RemoteError) as failed:
+                client.recv(timeout=60)
+            assert failed.value.code == ErrorCode.JOB_FAILED
+            assert "no StartEpoch for 0.5 s after the last epoch ended" in failed.value.message
+            client.close()
+        with connect(config) as alone:
+            batches, _ = consume(alone, StartEpoch(epoch=0), EpochEnd)
+    assert batches
+
+
+def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset, tmp_path):
+    config = daemon_config(dataset, tmp_path / "s.sock")
+    with running_daemon(config):
+        clients = [join(config, rank, 2, 2) for rank in (0, 1)]
+        consume_all(clients, StartEpoch(epoch=0), EpochEnd)
+        for client in clients:
+            client.close()
+        with connect(config) as alone:
+            batches, _ = consume(alone, StartEpoch(epoch=1), EpochEnd)
+        # the same job may come back (a restart with --resume) and train
+        clients = [join(config, rank, 2, 2) for rank in (0, 1)]
+        try:
+            streams = consume_all(clients, StartEpoch(epoch=1), EpochEnd)
+        finally:
+            for client in clients:
+                client.close()
+    assert batches and len(streams[0][0]) == len(streams[1][0]) > 0
