@@ -142,6 +142,13 @@ def generated_dataset(work: Path, nodes: int, avg_degree: float, feat_dim: int, 
     if not dataset.exists():
         sh([sys.executable, "-m", "loader.cli", "-q", "prepare", str(raw), str(dataset), "--partitions",
             str(partitions), "--partitioner", "metis", "--memory-budget", prepare_budget])
+    manifest = open_dataset(dataset).manifest
+    held = (manifest.num_nodes, manifest.feat_dim, manifest.num_partitions)
+    if held != (nodes, feat_dim, partitions):
+        # a report must describe the graph it measured, not the arguments of another one
+        raise SystemExit(f"bench: {work} holds a graph of {held[0]:,} nodes, {held[1]} features, {held[2]} partitions, "
+                         f"not the {nodes:,}, {feat_dim}, {partitions} asked for: give those arguments or another "
+                         f"--work")
     return dataset
 
 
