@@ -24,7 +24,8 @@ from proto.errors import ProtocolError
 __all__ = [
     "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "Record", "Message", "DatasetInfo",
     "SlotLayout", "Hello", "Welcome", "Credit", "StartEpoch", "EvalRequest", "BatchId", "BatchReady", "Release",
-    "EpochEnd", "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "MESSAGE_TYPES", "message_from_map",
+    "EpochEnd", "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "Queued", "MESSAGE_TYPES",
+    "message_from_map",
     "message_to_map",
 ]
 
@@ -254,6 +255,10 @@ class Hello(Message):
     """Ranks in the whole job, on every machine."""
     local_world_size: int = field(default=1, metadata=_POSITIVE)
     """Ranks of the job that connect to this daemon (torchrun's LOCAL_WORLD_SIZE)."""
+    queue: bool = False
+    """The client waits in the daemon's training queue (``Queued`` tells it its place) when another trainer
+    holds the training pipeline; False (default, and every older client): such a StartEpoch is refused
+    with ``Error("bad_request")`` at once."""
 
 
 @dataclass(frozen=True)
@@ -453,9 +458,23 @@ class Shutdown(Message):
     reason: str
 
 
+@dataclass(frozen=True)
+class Queued(Message):
+    """Daemon -> client, only to a client whose Hello set ``queue``: its StartEpoch waits for the training
+    pipeline, ``position`` (1 = next) in the queue, while ``holder`` (for humans: "session 3", "job 'x'")
+    trains. Sent when the wait starts, when the position changes, and every few seconds meanwhile (a
+    client's read timeout sees traffic). The stream then goes on as usual: batches, then ``EpochEnd``.
+    A compatible revision of version 1: no older client asks to queue, so none receives the tag."""
+
+    TAG: ClassVar[str] = "queued"
+    SENDER: ClassVar[str] = "daemon"
+    position: int = field(metadata=_POSITIVE)
+    holder: str
+
+
 MESSAGE_TYPES: Mapping[str, type[Message]] = types.MappingProxyType({
     cls.TAG: cls for cls in (Hello, Welcome, Credit, StartEpoch, EvalRequest, BatchReady, Release, EpochEnd,
-                             EvalEnd, StatsRequest, Stats, Error, Bye, Shutdown)
+                             EvalEnd, StatsRequest, Stats, Error, Bye, Shutdown, Queued)
 })
 """Tag -> message class, every message of this protocol version."""
 

@@ -5,6 +5,7 @@ The tensors of a yielded ``Batch`` alias the slot, so the training loop calls ``
 as soon as it no longer reads them; the Release message returns the slot and one credit.
 """
 
+import logging
 import os
 import time
 import warnings
@@ -15,7 +16,18 @@ import torch
 from proto.batch_arrays import BatchArrays
 from proto.client import ControlClient, JobMember
 from proto.errors import ConnectFailed, ConnectionClosed, RemoteError, SlotError
-from proto.messages import BatchReady, Bye, Credit, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
+from proto.messages import (
+    BatchReady,
+    Bye,
+    Credit,
+    EpochEnd,
+    EvalEnd,
+    EvalRequest,
+    Message,
+    Queued,
+    Release,
+    StartEpoch,
+)
 from trainer.batch import Batch, DeviceCachePlan
 from trainer.ranks import SINGLE, Ranks
 from trainer.source import BatchSource, SourceInfo
@@ -23,6 +35,8 @@ from trainer.source import BatchSource, SourceInfo
 __all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS"]
 
 CONNECT_RETRY_SECONDS = 0.2
+
+log = logging.getLogger("megabatch.trainer")
 
 # Slots are mapped read-only on purpose (the trainer must never write into the daemon's memory);
 # torch warns about every non-writable array it wraps, so silence exactly that warning.
@@ -58,7 +72,7 @@ class DaemonSource(BatchSource):
             try:
                 self._client = ControlClient.connect(socket_path, client=f"megabatch-trainer pid {os.getpid()}",
                                                      timeout=timeout, feature_cache_bytes=feature_cache_bytes,
-                                                     job=job)
+                                                     job=job, queue=True)
                 break
             except ConnectFailed as err:
                 if time.monotonic() >= deadline:
@@ -107,6 +121,7 @@ class DaemonSource(BatchSource):
 
     def _stream(self, kind: str, end: type[EpochEnd] | type[EvalEnd]) -> Iterator[Batch]:
         received = 0
+        last_position = 0
         while True:
             msg = self._recv()
             if isinstance(msg, BatchReady):
@@ -121,6 +136,12 @@ class DaemonSource(BatchSource):
                 if msg.batches != received:
                     raise DaemonError(f"{kind} stream ended after {received} batches, daemon says {msg.batches}")
                 return
+            elif isinstance(msg, Queued) and kind == "train" and received == 0:
+                # another trainer holds the daemon's training pipeline: wait for it (the daemon keeps telling)
+                if msg.position != last_position:
+                    log.info("waiting for the loader daemon's training pipeline: place %d in its queue, %s is "
+                             "training", msg.position, msg.holder)
+                    last_position = msg.position
             elif isinstance(msg, Bye):
                 raise DaemonError(f"the loader daemon closed the session ({msg.reason or 'no reason given'})")
             else:

@@ -132,6 +132,9 @@ class DaemonMetrics:
         self.epoch = Gauge("megabatch_epoch", "Epoch being produced", registry=r)
         self.pass_index = Gauge("megabatch_pass", "Pass over the current mega-batch", registry=r)
         self.clients = Gauge("megabatch_clients", "Connected clients", registry=r)
+        self.training_queue_position = Gauge(
+            "megabatch_training_queue_position", "Per trainer (a session or a job of several ranks): 0 while it "
+            "holds the training pipeline, 1, 2, ... while it waits in the training queue", ["trainer"], registry=r)
         self.protocol_errors = Counter("megabatch_protocol_errors", "Clients disconnected for protocol errors",
                                        ["code"], registry=r)
         self.refused_connections = Counter("megabatch_refused_connections",

@@ -48,6 +48,7 @@ from loader.daemon.session import ControlProtocol, JobRank, Session, loggable
 from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
+from loader.daemon.training_queue import TrainingQueue
 from loader.format.dataset import Dataset, check_file_sizes, open_dataset
 from loader.sampling.ranks import SINGLE_RANK, LocalRanks
 from proto.codec import FrameDecoder, encode
@@ -86,7 +87,21 @@ def _in_job(hello: Hello) -> bool:
 
 
 def _owner_label(owner: Session | Job) -> str:
-    return f"session {owner.id}" if isinstance(owner, Session) else owner.describe()
+    return f"session {owner.id}" if isinstance(owner, Session) else f"job {owner.name!r}"
+
+
+def _queues(owner: Session | Job) -> bool:
+    """Whether ``owner`` waits for a busy pipeline (every rank of a job asked to) rather than being refused."""
+    if isinstance(owner, Session):
+        return owner.queues
+    return bool(owner.members) and all(member.queues for member in owner.members.values())
+
+
+def _tell_queued(owner: object, position: int, holder: str) -> None:
+    members = owner.members.values() if isinstance(owner, Job) else [owner]
+    for member in members:
+        assert isinstance(member, Session)
+        member.tell_queued(position, holder)
 
 
 @dataclass
@@ -120,6 +135,8 @@ class Daemon:
         self.config = config
         self.state = DaemonState()
         self.metrics = DaemonMetrics()
+        self.queue = TrainingQueue(self._training_changed)
+        """Trainers waiting for the training pipeline (``Hello.queue``)."""
         self.should_exit = asyncio.Event()
         self.force_exit = False
         self._forced = asyncio.Event()
@@ -550,6 +567,7 @@ class Daemon:
                      format_size(trainer_cache.scratch_bytes))
         session = Session(self.state.next_session, peer, self._serving, self, segment, ring, self._open_eval,
                           trainer_cache)
+        session.queues = hello.queue
         self.state.sessions[session.id] = session
         self.state.next_session += 1
         self.metrics.clients.set(len(self.state.sessions))
@@ -589,8 +607,18 @@ class Daemon:
     async def acquire_pipeline(self, owner: object, epoch: int, local: LocalRanks) -> TrainPipeline | str:
         st = self.state
         assert isinstance(owner, Session | Job)
-        if st.pipeline_owner is not None and st.pipeline_owner is not owner:
-            return f"{_owner_label(st.pipeline_owner)} is training; one training stream at a time"
+
+        def free_for(candidate: object) -> bool:
+            return st.pipeline_owner is None or st.pipeline_owner is candidate
+
+        if not free_for(owner) or len(self.queue):
+            holder = _owner_label(st.pipeline_owner) if st.pipeline_owner is not None else "nobody"
+            if not _queues(owner):
+                waiting = f"; {len(self.queue)} waiting" if len(self.queue) else ""
+                return f"{holder} is training{waiting}; one training stream at a time"
+            await self.queue.wait_turn(owner, free_for,
+                                       lambda: _owner_label(st.pipeline_owner) if st.pipeline_owner else "nobody",
+                                       lambda position, holder: _tell_queued(owner, position, holder))
         assert self.mode is not None
         if st.pipeline is not None and (st.pipeline_next_epoch != epoch or st.pipeline_local != local):
             pipeline = st.pipeline
@@ -598,14 +626,32 @@ class Daemon:
             self._stop_later(pipeline)
         if st.pipeline is None:
             # a stopped pipeline's stages must be gone before a new one takes the buffers and memory
-            st.pipeline_owner = owner
+            self._set_owner(owner)
             while st.stopping:
                 await asyncio.gather(*list(st.stopping), return_exceptions=True)
             st.pipeline = self.mode.start_pipeline(epoch, local)
             st.pipeline_local = local
-        st.pipeline_owner = owner
+        self._set_owner(owner)
         st.pipeline_next_epoch = None
         return st.pipeline
+
+    def _set_owner(self, owner: Session | Job | None) -> None:
+        if self.state.pipeline_owner is owner:
+            return
+        self.state.pipeline_owner = owner
+        if owner is None:
+            self.queue.wake()
+        self._training_changed()
+
+    def _training_changed(self) -> None:
+        """Who trains and who waits, as metrics (one label per trainer: ``megabatch status`` lists them)."""
+        gauge = self.metrics.training_queue_position
+        gauge.clear()
+        if self.state.pipeline_owner is not None:
+            gauge.labels(_owner_label(self.state.pipeline_owner)).set(0)
+        for position, owner in enumerate(self.queue.waiting, start=1):
+            assert isinstance(owner, Session | Job)
+            gauge.labels(_owner_label(owner)).set(position)
 
     def owns_pipeline(self, owner: object) -> bool:
         return self.state.pipeline_owner is owner
@@ -614,7 +660,8 @@ class Daemon:
         st = self.state
         if st.pipeline_owner is not owner:
             return
-        pipeline, st.pipeline, st.pipeline_owner, st.pipeline_next_epoch = st.pipeline, None, None, None
+        pipeline, st.pipeline, st.pipeline_next_epoch = st.pipeline, None, None
+        self._set_owner(None)
         if pipeline is not None:
             self._stop_later(pipeline)
 
@@ -632,14 +679,15 @@ class Daemon:
         assert isinstance(owner, Session | Job)
         if next_epoch is None or owner.closed:
             st.pipeline = None
-            st.pipeline_owner = None
+            self._set_owner(None)
             self._stop_later(pipeline)
         else:
             st.pipeline_next_epoch = next_epoch
 
     async def _stop_pipeline(self) -> None:
         st = self.state
-        pipeline, st.pipeline, st.pipeline_owner = st.pipeline, None, None
+        pipeline, st.pipeline = st.pipeline, None
+        self._set_owner(None)
         if pipeline is not None:
             self._stop_later(pipeline)
         while st.stopping:

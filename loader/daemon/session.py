@@ -45,6 +45,7 @@ from proto.messages import (
     EvalEnd,
     EvalRequest,
     Message,
+    Queued,
     Release,
     Shutdown,
     StartEpoch,
@@ -127,6 +128,8 @@ class Session:
                  trainer_cache: TrainerCache | None = None) -> None:
         self.job: JobRank | None = None
         """Set by the daemon when the client is one rank of a job: its training epochs come from the job."""
+        self.queues = False
+        """The client waits in the training queue when the pipeline is busy (``Hello.queue``)."""
         self.id = session_id
         self.peer = peer
         self._ctx = ctx
@@ -319,6 +322,11 @@ class Session:
             return False
         return await self._publish("train", epoch, item.pass_index, step, item.epoch_batches, item.sampled, b,
                                    item.source, global_seeds=global_seeds)
+
+    def tell_queued(self, position: int, holder: str) -> None:
+        """This session's StartEpoch waits for the training pipeline (only a client that asked to queue)."""
+        if self.queues and not self.closed:
+            self._send(Queued(position=position, holder=holder))
 
     def end_epoch(self, end: EpochEnd) -> None:
         """A job's epoch is over for this rank."""

@@ -60,6 +60,13 @@ def format_status(samples: Samples) -> str:
     train = _get(samples, "megabatch_batches_published_total", kind="train")
     lines.append(f"epoch {int(epoch) if epoch is not None else '-'}, {int(clients or 0)} clients, "
                  f"{int(train or 0):,} training batches published")
+    places = sorted(((value, dict(labels).get("trainer", "?")) for (name, labels), value in samples.items()
+                     if name == "megabatch_training_queue_position"))
+    if places:
+        holder = [who for place, who in places if place == 0]
+        waiting = [f"{who} ({int(place)})" for place, who in places if place > 0]
+        lines.append(f"training: {holder[0] if holder else 'nobody'}"
+                     + (f"; waiting: {', '.join(waiting)}" if waiting else ""))
     if info.get("mode") == "hierarchical":
         epoch_cov = _get(samples, "megabatch_epoch_neighbour_coverage_ratio")
         epoch_skew = _get(samples, "megabatch_epoch_label_skew")

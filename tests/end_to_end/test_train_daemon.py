@@ -1,10 +1,15 @@
 """The trainer against a real daemon: learns, matches the in-memory reference closely, resumes bit-for-bit."""
 
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
 from loader.format.dataset import open_dataset
-from tests.daemon_harness import daemon_config, running_daemon, small_dataset
+from proto.messages import BatchReady, StartEpoch
+from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset
 from trainer.daemon_source import DaemonError, DaemonSource
 from trainer.inmemory_source import InMemorySource
 from trainer.loop import TrainConfig, train
@@ -59,3 +64,44 @@ def test_resume_through_the_daemon_reproduces_the_uninterrupted_run(dataset, tmp
 def test_missing_daemon_is_a_clear_error(tmp_path):
     with pytest.raises(DaemonError, match="is `megabatch serve` running"):
         DaemonSource(str(tmp_path / "nobody.sock"))
+
+
+class _Lines(logging.Handler):
+    """Collects log lines and sets ``seen`` at the first one containing ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.INFO)
+        self.text, self.lines, self.seen = text, [], threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+        if self.text in self.lines[-1]:
+            self.seen.set()
+
+
+def test_a_trainer_waits_for_the_pipeline_of_another_and_then_trains(dataset, tmp_path):
+    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 512})
+    lines = _Lines("waiting for the loader daemon's training pipeline")
+    logger = logging.getLogger("megabatch.trainer")
+    level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        with running_daemon(config), ThreadPoolExecutor(1) as pool:
+            holder = connect(config)
+            holder.send(StartEpoch(epoch=0))
+            assert isinstance(holder.recv(timeout=60), BatchReady)  # session 1 holds the training pipeline
+            source = DaemonSource(str(config.server.socket))
+            try:
+                epoch = pool.submit(lambda: sum(1 for batch in source.train_batches(1) if batch.release() is None))
+                assert lines.seen.wait(60), lines.lines  # the trainer waits in the queue...
+                holder.close()  # ...until the holder leaves
+                trained = epoch.result(timeout=120)
+            finally:
+                source.close()
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    assert trained > 0
+    assert "waiting for the loader daemon's training pipeline: place 1 in its queue, session 1 is training" \
+        in lines.lines

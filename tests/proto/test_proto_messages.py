@@ -24,6 +24,7 @@ from proto.messages import (
     EvalRequest,
     Hello,
     Message,
+    Queued,
     Release,
     Shutdown,
     SlotLayout,
@@ -62,13 +63,14 @@ def slot_layouts(draw: st.DrawFn) -> SlotLayout:
 
 
 STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
-    Hello: st.builds(Hello, I64, TEXT, COUNT, COUNT),
-    Welcome: st.builds(Welcome, I64, TEXT, COUNT, dataset_infos(), slot_layouts(), COUNT),
+    Hello: st.builds(Hello, I64, TEXT, COUNT, COUNT, TEXT, COUNT, st.integers(1, 2**63 - 1), st.integers(1, 2**63 - 1),
+                     st.booleans()),
+    Welcome: st.builds(Welcome, I64, TEXT, COUNT, dataset_infos(), slot_layouts(), COUNT, TEXT),
     Credit: st.builds(Credit, COUNT),
     StartEpoch: st.builds(StartEpoch, U32),
     EvalRequest: st.builds(EvalRequest, st.sampled_from(["val", "test"])),
     BatchReady: st.builds(BatchReady, COUNT, COUNT, st.sampled_from(["train", "val", "test"]), U32, U32, U32,
-                          st.integers(-1, 2**31 - 1)),
+                          st.integers(-1, 2**31 - 1), COUNT),
     Release: st.builds(Release, COUNT, COUNT),
     EpochEnd: st.builds(EpochEnd, U32, COUNT, COUNT),
     EvalEnd: st.builds(EvalEnd, st.sampled_from(["val", "test"]), COUNT),
@@ -77,6 +79,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     Error: st.builds(Error, st.sampled_from([c.value for c in ErrorCode]) | TEXT, TEXT),
     Bye: st.builds(Bye, TEXT),
     Shutdown: st.builds(Shutdown, TEXT),
+    Queued: st.builds(Queued, st.integers(1, 2**63 - 1), TEXT),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -89,6 +92,9 @@ SAMPLES: list[Message] = [
     Error("bad_request", "a stream is active"), Bye("done"), Bye(), Shutdown("SIGTERM"),
     Hello(PROTOCOL_VERSION, "trainer rank 1", 1235, feature_cache_bytes=1 << 30),
     Welcome(PROTOCOL_VERSION, "0.1.0", 8, INFO, LAYOUT, feature_cache_rows=1000),
+    Hello(PROTOCOL_VERSION, "rank 1", 1236, job="host:29500", rank=1, world_size=4, local_world_size=2, queue=True),
+    Welcome(PROTOCOL_VERSION, "0.1.0", 9, INFO, LAYOUT, job="host:29500"), Queued(2, "job 'host:29500'"),
+    BatchReady(0, 0, "train", 1, 0, 3, 9, global_seeds=2048),
 ]
 
 

@@ -1,0 +1,66 @@
+"""Trainers waiting for the training pipeline: independent jobs on one daemon take turns, first come first served.
+
+One daemon runs one training pipeline (its memory plan holds one), so two unrelated trainers cannot both
+train at once without one of them starving or the budget doubling. The policy: the first trainer (a
+session, or a job of several ranks) to start an epoch holds the pipeline until it leaves (or idles past
+``[server] idle_timeout``); one that asks meanwhile and said ``Hello.queue`` waits here, in arrival order,
+told its place by ``Queued`` messages; one that did not (an older client) is refused at once as before.
+Evaluation streams never wait: they do not use the pipeline.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["TrainingQueue", "QUEUE_NOTICE_SECONDS"]
+
+QUEUE_NOTICE_SECONDS = 10.0
+"""A waiting trainer hears its place at least this often (a client's read timeout must see traffic)."""
+
+
+@dataclass(eq=False)
+class _Ticket:
+    owner: object
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class TrainingQueue:
+    """Owners (sessions or jobs) waiting for the training pipeline, in arrival order (lives on the event loop)."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self._tickets: list[_Ticket] = []
+        self._on_change = on_change
+
+    @property
+    def waiting(self) -> list[object]:
+        """The waiting owners, next first."""
+        return [ticket.owner for ticket in self._tickets]
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+    async def wait_turn(self, owner: object, free_for: Callable[[object], bool], holder: Callable[[], str],
+                        notify: Callable[[int, str], None]) -> None:
+        """Return once ``owner`` is first in line and ``free_for(owner)``; meanwhile ``notify(position,
+        holder())`` on arrival, on every change and every ``QUEUE_NOTICE_SECONDS``. Cancelling the wait (the
+        trainer left) gives the place up."""
+        ticket = _Ticket(owner)
+        self._tickets.append(ticket)
+        self._on_change()
+        try:
+            while not (self._tickets[0] is ticket and free_for(owner)):
+                notify(self._tickets.index(ticket) + 1, holder())
+                ticket.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(QUEUE_NOTICE_SECONDS):
+                        await ticket.wake.wait()
+        finally:
+            self._tickets.remove(ticket)
+            self.wake()
+            self._on_change()
+
+    def wake(self) -> None:
+        """The pipeline may be free, or the line moved: every waiter looks again (and hears its place)."""
+        for ticket in self._tickets:
+            ticket.wake.set()

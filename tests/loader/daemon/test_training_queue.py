@@ -1,0 +1,118 @@
+"""Independent trainers on one daemon take turns: a client that asked to queue waits for the training
+pipeline, told its place; an older client is refused at once; ``megabatch status`` shows who is where."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from loader.daemon.status import format_status
+from proto.client import ControlClient, JobMember
+from proto.errors import RemoteError
+from proto.messages import BatchReady, Credit, EpochEnd, ErrorCode, Queued, Release, StartEpoch
+from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return small_dataset(tmp_path_factory.mktemp("queue"))
+
+
+def queued_client(config, job: JobMember | None = None) -> ControlClient:
+    client = ControlClient.connect(str(config.server.socket), client="queued", timeout=30, queue=True, job=job)
+    client.send(Credit(count=client.welcome.slots.count))
+    return client
+
+
+def drain(client: ControlClient) -> list[np.ndarray]:
+    """The seeds of every batch until EpochEnd, skipping the queue's notices; releases each batch."""
+    seeds = []
+    while True:
+        msg = client.recv(timeout=60)
+        if isinstance(msg, EpochEnd):
+            assert msg.batches == len(seeds)
+            return seeds
+        if isinstance(msg, BatchReady):
+            arrays = client.read_batch(msg).arrays
+            seeds.append(np.array(arrays["n_id"][:int(arrays["nodes_per_hop"][0])]))
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+        else:
+            assert isinstance(msg, Queued), msg
+
+
+def notice(client: ControlClient, position: int) -> Queued:
+    """The first ``Queued`` naming ``position``: the same notice may come again meanwhile (every few
+    seconds, or when the line is looked at again), never a batch before the client's turn."""
+    while True:
+        msg = client.recv(timeout=60)
+        assert isinstance(msg, Queued), msg
+        if msg.position == position:
+            return msg
+
+
+def place(daemon, trainer: str) -> float | None:
+    return daemon.metrics.registry.get_sample_value("megabatch_training_queue_position", {"trainer": trainer})
+
+
+def test_a_second_trainer_waits_its_turn_told_its_place_and_then_trains(dataset, tmp_path):
+    config = daemon_config(dataset, tmp_path / "s.sock")
+    with running_daemon(config) as daemon:
+        first = connect(config)
+        first.send(StartEpoch(epoch=0))
+        ready = first.recv(timeout=60)  # session 1 holds the pipeline
+        assert isinstance(ready, BatchReady)
+        second, third = queued_client(config), queued_client(config)
+        second.send(StartEpoch(epoch=0))
+        assert second.recv(timeout=60) == Queued(position=1, holder="session 1")
+        third.send(StartEpoch(epoch=0))
+        assert third.recv(timeout=60) == Queued(position=2, holder="session 1")
+        assert (place(daemon, "session 1"), place(daemon, "session 2"), place(daemon, "session 3")) == (0, 1, 2)
+        # an older client (no queue in its Hello) is refused at once, naming the holder and the line
+        with connect(config) as refused:
+            refused.send(StartEpoch(epoch=0))
+            with pytest.raises(RemoteError) as busy:
+                refused.recv(timeout=60)
+        assert busy.value.code == ErrorCode.BAD_REQUEST
+        assert busy.value.message == "session 1 is training; 2 waiting; one training stream at a time"
+        first.send(Release(slot=ready.slot, seq=ready.seq))
+        first.close()  # its turn is over: the next in line trains, the one behind moves up
+        batches = drain(second)
+        assert batches
+        assert notice(third, 1) == Queued(position=1, holder="session 2")
+        assert (place(daemon, "session 2"), place(daemon, "session 3")) == (0, 1)
+        second.close()
+        rest = drain(third)  # its StartEpoch is already in
+        third.close()
+    assert len(rest) == len(batches)
+
+
+def test_a_job_waits_behind_a_lone_trainer_and_a_waiter_that_leaves_gives_its_place_up(dataset, tmp_path):
+    config = daemon_config(dataset, tmp_path / "s.sock")
+    with running_daemon(config) as daemon:
+        first = connect(config)
+        first.send(StartEpoch(epoch=0))
+        assert isinstance(first.recv(timeout=60), BatchReady)
+        leaver = queued_client(config)
+        leaver.send(StartEpoch(epoch=0))
+        assert isinstance(leaver.recv(timeout=60), Queued)
+        ranks = [queued_client(config, JobMember("j", rank, 2, 2)) for rank in (0, 1)]
+        for client in ranks:
+            client.send(StartEpoch(epoch=0))
+        assert [client.recv(timeout=60) for client in ranks] == [Queued(2, "session 1")] * 2
+        leaver.close()
+        assert [notice(client, 1) for client in ranks] == [Queued(1, "session 1")] * 2
+        assert place(daemon, "job 'j'") == 1
+        first.close()
+        with ThreadPoolExecutor(2) as pool:  # a job's ranks are published in lockstep: read them at once
+            seen = list(pool.map(drain, ranks))
+        for client in ranks:
+            client.close()
+    assert len(seen[0]) == len(seen[1]) > 0
+
+
+def test_status_names_the_trainer_and_the_line():
+    samples = {("megabatch_build_info", (("dataset", "d"), ("mode", "exact"), ("version", "1"))): 1.0,
+               ("megabatch_training_queue_position", (("trainer", "session 4"),)): 0.0,
+               ("megabatch_training_queue_position", (("trainer", "job 'h:1'"),)): 2.0,
+               ("megabatch_training_queue_position", (("trainer", "session 7"),)): 1.0}
+    assert "training: session 4; waiting: session 7 (1), job 'h:1' (2)" in format_status(samples).splitlines()
