@@ -15,7 +15,9 @@ trains for up to ``--max-epochs`` epochs with early stopping on validation accur
     HB25r, HB25s, HB50 (not run by default; the remedy study): HB25 with schedule = "random" (the
           grouping before the balanced one), HB25 without the static cache, megabatch_fraction = 0.5
     HB2   (not run by default) HB trained by 2 DDP ranks (--nproc-per-node 2, gloo) through the one
-          daemon, each rank taking half the batch (global batch = --batch-size, as for HB)
+          daemon, each rank taking half the batch (global batch = --batch-size, as for HB), with
+          [memory] budget = "3G": the second rank's slots come on top of the default 2G, so the
+          mega-batches are HB's (at 2G the slots of 2 clients would shrink them)
     FULL  full-batch GraphSAGE on the whole graph (bench/fullgraph_reference.py; no sampling,
           evaluation with every neighbour)
 
@@ -81,7 +83,7 @@ DAEMON_EXTRA = {"HB": "", "HB25": "[hierarchy]\nmegabatch_fraction = 0.25\n", "E
                 # the remedy study (docs/PERFORMANCE.md): the old default grouping, no static cache, a half
                 "HB25r": '[hierarchy]\nmegabatch_fraction = 0.25\nschedule = "random"\n',
                 "HB25s": "[hierarchy]\nmegabatch_fraction = 0.25\nstatic_cache = false\n",
-                "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n", "HB2": ""}
+                "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n", "HB2": '[memory]\nbudget = "3G"\n'}
 """What each daemon mode adds to the default config."""
 RANKS = {"HB2": 2}
 """Daemon modes trained by several DDP ranks (the others: one trainer)."""
