@@ -224,6 +224,8 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
             sampler = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="sampler"}')
             planner = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="planner"}')
             reader = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="reader"}')
+            busy = {stage: delta(after, before, f'megabatch_stage_busy_seconds_total{{stage="{stage}"}}')
+                    for stage in ("sampler", "planner", "rows", "publisher", "reader", "assembler")}
             reader_bytes = delta(after, before, 'megabatch_disk_read_bytes_total{file="features"}') + \
                 delta(after, before, 'megabatch_disk_read_bytes_total{file="indices"}')
             rate = batches / seconds if seconds > 0 else 0.0
@@ -245,6 +247,10 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "neighbor_hit_ratio": nb_hit / (nb_hit + nb_miss) if nb_hit + nb_miss else None,
                 "sampler_seconds_per_batch": sampler / batches if batches else None,
                 "planner_over_sampler": planner / sampler if mode == "exact" and sampler > 0 else None,
+                # where a batch's time goes, per stage (they overlap: the slowest one bounds the rate);
+                # "rows" (disk reads of feature rows) is a part of "publisher"
+                "stage_ms_per_batch": {stage: 1000 * value / batches for stage, value in busy.items()} if batches
+                else None,
                 "hier_read_mb_s": reader_bytes / reader / 1e6 if mode == "hierarchical" and reader > 0 else None,
             })
             if ranks == 1:
@@ -336,6 +342,14 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
                          f"{float(single['batches_per_s']):.2f} for one trainer "  # type: ignore[arg-type]
                          f"({float(r['batches_per_s']) / float(single['batches_per_s']):.2f}x); disk read per "  # type: ignore[arg-type]
                          f"delivered batch {disk}")
+    lines.append("\nwhere a batch's time goes (stage busy ms per batch; the stages overlap, so the largest bounds "
+                 "the rate; row reads are part of publishing):")
+    for r in results:
+        stages = r.get("stage_ms_per_batch")
+        if isinstance(stages, dict) and r.get("batches_per_s"):
+            wall = 1000 / float(r["batches_per_s"])  # type: ignore[arg-type]
+            parts = ", ".join(f"{stage} {ms:.1f}" for stage, ms in stages.items() if ms > 0.05)
+            lines.append(f"- {r['mode']}: {wall:.1f} ms per batch; {parts}")
     if hier.get("hier_read_mb_s") is not None:
         rate = float(hier["hier_read_mb_s"])  # type: ignore[arg-type]
         lines.append(f"hierarchical mega-batch reads: {rate:.0f} MB/s while reading = {rate / seq_rate:.2f}x the "

@@ -23,7 +23,9 @@ READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
-STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval")
+STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval", "rows")
+"""Stage labels of ``megabatch_stage_busy_seconds``. "rows" is the full-graph modes' feature-row reads from
+disk (checks included), a part of "publisher" (and of "eval") time: the breakdown of a batch's time."""
 
 REFUSAL_REASONS = ("forbidden", "pending", "busy", "job")
 """Why a connection was closed before it became a session: a peer outside ``[server] allow_uids`` /

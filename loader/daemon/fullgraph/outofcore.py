@@ -33,6 +33,7 @@ feature row is a whole row for the same one read.
 """
 
 import logging
+import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,7 @@ class _OutOfCoreMode(FullGraphMode):
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowFetcher``)."""
         offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
+        started = time.perf_counter()
         try:
             stats = self.rows.read_rows(offsets, out, positions)
         except OSError as err:  # RowReader's message names the byte; the stream's error should too, on one line
@@ -219,6 +221,9 @@ class _OutOfCoreMode(FullGraphMode):
         except ValueError as err:
             # the offsets come from the manifest's partitions: one past the end means the file shrank
             raise UserError(f"{err} (the file shrank after the daemon started?); run 'megabatch verify'") from err
+        finally:
+            # part of the publisher's (or an evaluation's) time: what the batch waits on the disk for
+            self._metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
         self._metrics.disk_bytes.labels("features").inc(stats.bytes)
         self._metrics.disk_reads.labels("features").inc(stats.reads)
 
