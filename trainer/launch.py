@@ -17,10 +17,12 @@ kills those still running ``STOP_GRACE_S`` later; its exit status is the first f
 the signal for a rank killed by one). Signals: the ranks run in a process group of their own, so a
 terminal's Ctrl-C or a SIGTERM reaches the launcher alone, which passes each on to every rank once
 (a first SIGTERM stops all ranks at the same step boundary). Under systemd, use ``KillMode=mixed`` so
-that the stop signal goes to the launcher only. A launcher killed with SIGKILL leaves its ranks
-running to the end of their run.
+that the stop signal goes to the launcher only. A launcher that dies without passing anything on
+(SIGKILL, the OOM killer) takes its ranks with it: each asks the kernel for SIGTERM when its parent
+dies (``PR_SET_PDEATHSIG``), and a rank stopped so mid-run fails its peers in one line as usual.
 """
 
+import ctypes
 import os
 import select
 import signal
@@ -38,6 +40,17 @@ STOP_GRACE_S = 30.0
 """After a rank failed: how long the others have to exit after SIGTERM before SIGKILL (torchrun's default)."""
 
 PROG = "megabatch train"
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends this process when its parent dies."""
+
+
+def die_with_parent() -> None:
+    """In a rank, between fork and exec: have the kernel send it SIGTERM when the launcher dies, however it
+    dies (SIGKILL included, which the launcher cannot forward), so no rank outlives its launcher."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def exit_status(returncode: int) -> int:
@@ -73,7 +86,7 @@ def launch(argv: Sequence[str], nproc: int, *, grace_s: float = STOP_GRACE_S) ->
     try:
         for rank in range(nproc):
             children.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                             process_group=0))
+                                             process_group=0, preexec_fn=die_with_parent))
         return _watch(children, grace_s)
     finally:
         for sig, handler in previous.items():

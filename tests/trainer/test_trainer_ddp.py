@@ -4,6 +4,8 @@
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 
@@ -247,3 +249,29 @@ def test_a_checkpoint_keeps_every_ranks_rng_and_refuses_a_mismatch(tmp_path):
     save_checkpoint(path, Checkpoint(**fields, rng=states[0], world_size=3, rank_rng=states))
     with pytest.raises(UserError, match="corrupt checkpoint .world_size 3 and its per-rank RNG states"):
         load_checkpoint(path)
+
+
+ORPHAN_LAUNCHER = """
+import subprocess, sys
+from trainer.launch import die_with_parent
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], preexec_fn=die_with_parent)
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_rank_does_not_outlive_a_launcher_killed_with_sigkill():
+    launcher = subprocess.Popen([sys.executable, "-c", ORPHAN_LAUNCHER], stdout=subprocess.PIPE, text=True)
+    rank = int(launcher.stdout.readline())
+    watch = os.pidfd_open(rank)
+    ready: list[int] = []
+    try:
+        launcher.kill()
+        launcher.wait()
+        ready, _, _ = select.select([watch], [], [], 60)  # the rank's exit, not a sleep
+        assert ready, f"rank {rank} still runs after its launcher was SIGKILLed"
+    finally:
+        if not ready:
+            os.kill(rank, signal.SIGKILL)
+        os.close(watch)
+        launcher.stdout.close()
