@@ -280,6 +280,10 @@ class Welcome(Message):
     job: str = ""
     """``Hello.job`` as the daemon accepted it; a daemon that does not know jobs leaves it out (""), and
     a client of a job must then refuse to train (the daemon would not deal to its ranks)."""
+    dealing: str = ""
+    """A fingerprint of everything that decides which seeds and samples an epoch's batches hold (the
+    dataset's manifest checksum, the mode and its mega-batch grouping, the sampler settings): the daemons
+    of a job spanning machines must agree on it, which their ranks check; "" from an older daemon."""
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,8 @@ class DaemonSource(BatchSource):
                                 batch_size=d.batch_size, train_nodes=d.train_nodes,
                                 description=f"daemon {socket_path} (session {w.session}, dataset {d.name}, "
                                             f"{w.slots.count} slots of {w.slots.slot_bytes >> 20} MiB)",
-                                feature_dtype=d.feature_dtype, feature_cache_rows=w.feature_cache_rows)
+                                feature_dtype=d.feature_dtype, feature_cache_rows=w.feature_cache_rows,
+                                dealing=w.dealing)
         self._next_seq = 0
         self._cache_step = 0  # plans received so far: the device cache checks they are applied in this order
         self._send(Credit(count=credits or w.slots.count))

@@ -447,6 +447,7 @@ class _Run:
         self.peers = Peers(ranks, self.device)
         info = source.info
         self.info = info
+        self._check_same_dealing()
         # the same seed on every rank: the same initial weights (DDP broadcasts rank 0's anyway) and dropout seed
         seed_everything(cfg.seed)
         self.model = build_model(cfg.model, info.num_features, cfg.hidden, info.num_classes, info.num_hops,
@@ -532,6 +533,20 @@ class _Run:
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")
         reason = progress.get("metric_reason") or f"written before checkpoints recorded a metric: {LEGACY_METRIC}"
         self.set_metric(MetricChoice(ckpt.metric, "as in the checkpoint"), reason)
+
+    def _check_same_dealing(self) -> None:
+        """Several ranks: their sources must deal one epoch (the daemons of a job on several machines may
+        be configured apart); a difference would train a different epoch per machine, or hang in DDP."""
+        if not self.ranks.distributed:
+            return
+        dealings = self.peers.gather_objects(self.info.dealing)
+        if len(set(dealings)) > 1:
+            groups: dict[str, list[int]] = {}
+            for rank, dealing in enumerate(dealings):
+                groups.setdefault(dealing or "(not said)", []).append(rank)
+            described = "; ".join(f"ranks {', '.join(map(str, ranks))}: {dealing}" for dealing, ranks in groups.items())
+            raise UserError(f"the ranks' loader daemons deal different epochs ({described}): every machine needs the "
+                            f"same prepared dataset, [loader] mode, [sampler] and [hierarchy] settings and budget")
 
     def train_epoch(self, epoch: int) -> EpochRecord:
         self.model.train()

@@ -15,8 +15,10 @@ still owing their Hello, the Hello itself, then ``max_clients``; only then is a 
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import errno
 import gc
+import json
 import logging
 import os
 import signal
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import uvloop
+import xxhash
 
 from loader import __version__
 from loader.daemon.config import LoaderConfig
@@ -49,7 +52,7 @@ from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.daemon.training_queue import TrainingQueue
-from loader.format.dataset import Dataset, check_file_sizes, open_dataset
+from loader.format.dataset import Dataset, check_file_sizes, manifest_checksum, open_dataset
 from loader.sampling.ranks import SINGLE_RANK, LocalRanks
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
@@ -79,6 +82,15 @@ x86 and arm)."""
 
 NGROUPS_MAX = 65536
 """Linux's limit on a process's supplementary groups."""
+
+
+def dealing_fingerprint(dataset: Dataset, config: LoaderConfig, mode_summary: str) -> str:
+    """What decides an epoch's batches (``Welcome.dealing``): the daemons of one job must agree on it, or
+    their ranks would train different epochs or take different step counts (and hang in DDP)."""
+    deciding = {"dataset": manifest_checksum(dataset.manifest.to_json()), "mode": config.loader.mode,
+                "grouping": mode_summary, "sampler": dataclasses.asdict(config.sampler),
+                "passes": config.hierarchy.passes, "schedule": config.hierarchy.schedule}
+    return xxhash.xxh3_64(json.dumps(deciding, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _in_job(hello: Hello) -> bool:
@@ -149,6 +161,8 @@ class Daemon:
         self.mode: TrainingMode | None = None
         """The ``[loader] mode``, opened at startup: it owns the memory plan, the stages and evaluation access."""
         self._welcome_info: DatasetInfo | None = None
+        self._dealing = ""
+        """``Welcome.dealing``: set at startup (``dealing_fingerprint``)."""
         self.sessions = SessionSizing(0, 0, 0)
         """Clients served at once and their slots, resolved at startup (nobody connects before)."""
         self.ready = asyncio.Event()
@@ -210,6 +224,7 @@ class Daemon:
         self.mode = open_mode(ModeSetup(dataset, resident, sessions, pilot, self._serving))
         log.info("%s", self.mode.budget_plan.describe())
         self._welcome_info = self._dataset_info(dataset, resident)
+        self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
         self.metrics.set_build(dataset.path.name, cfg.loader.mode)
         self.metrics.memory_budget.set(cfg.memory.budget)
         self.metrics.watch_slots(self._slot_usage)
@@ -484,7 +499,7 @@ class Daemon:
                                            header_bytes=session.ring.header_bytes,
                                            segment_bytes=session.segment.nbytes),
                           feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0,
-                          job=session.job.job.name if session.job is not None else "")
+                          job=session.job.job.name if session.job is not None else "", dealing=self._dealing)
         try:
             # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole.
             # The client gets the read-only descriptor: with ours it could resize the memfd under our writes.

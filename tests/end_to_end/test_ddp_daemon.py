@@ -131,3 +131,28 @@ def test_a_rank_killed_mid_epoch_fails_the_job_in_one_line_and_resume_finishes_i
     assert resumed.returncode == 0, resumed.stderr
     epochs = json.loads((tmp_path / "result.json").read_text())["epochs"]
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
+
+
+def test_daemons_that_would_deal_different_epochs_stop_the_job_in_one_line(dataset, tmp_path):  # noqa: F811
+    # two "machines" whose daemons differ in the sampler seed: their ranks would train two different epochs
+    configs = [daemon_config(dataset, tmp_path / f"m{m}.sock", loader={"mode": "exact"}, sampler={"seed": m})
+               for m in (0, 1)]
+    rendezvous = TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    with running_daemon(configs[0]), running_daemon(configs[1]):
+        ranks = [subprocess.Popen([sys.executable, "-m", "trainer", "--socket", str(configs[rank].server.socket),
+                                   *map(str, MODEL_ARGS)], env={**base, "RANK": str(rank), "LOCAL_RANK": "0"},
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(WORLD)]
+        try:
+            outputs = [proc.communicate(timeout=300) for proc in ranks]
+        finally:
+            for proc in ranks:
+                proc.kill()
+                proc.wait()
+    for rank, (proc, (_, stderr)) in enumerate(zip(ranks, outputs, strict=True)):
+        errors = [line for line in stderr.splitlines() if "error" in line]
+        assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in stderr, stderr
+        assert errors[0].startswith(f"megabatch train: error: rank {rank}/2: the ranks' loader daemons deal "
+                                    "different epochs (ranks 0: "), errors
