@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from loader.daemon.server import dealing_fingerprint
 from loader.format.dataset import open_dataset
 from loader.sampling.inmemory import eval_split_batches, load_in_memory, split_stream
 from loader.sampling.ranks import deal_epoch, deal_eval
@@ -220,3 +221,20 @@ def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset
             for client in clients:
                 client.close()
     assert batches and len(streams[0][0]) == len(streams[1][0]) > 0
+
+
+def test_the_dealing_fingerprint_follows_what_decides_the_batches_and_nothing_else(dataset, tmp_path):
+    opened = open_dataset(dataset)
+
+    def fingerprint(summary: str = "16 partitions, 4 per mega-batch", **tables) -> str:
+        return dealing_fingerprint(opened, daemon_config(dataset, tmp_path / "a.sock", **tables), summary)
+
+    base = fingerprint()
+    # where the daemon listens, what it may hold in flight and who may connect deal the same batches
+    assert base == dealing_fingerprint(opened, daemon_config(dataset, tmp_path / "b.sock", server={"max_clients": 2},
+                                                             publisher={"slots": 5}), "16 partitions, 4 per mega-batch")
+    assert fingerprint(sampler={"seed": 1}) != base
+    assert fingerprint(sampler={"batch_size": 32}) != base
+    assert fingerprint(hierarchy={"passes": 2}) != base
+    assert fingerprint(loader={"mode": "exact"}) != base
+    assert fingerprint("16 partitions, 8 per mega-batch") != base
