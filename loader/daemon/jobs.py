@@ -231,7 +231,8 @@ class Job:
                     rank = local.ranks[index]
                     await self._wait_started(stream, rank)
                     step = item.first_batch + b // local.count
-                    if not await members[index].publish_train(epoch, item, b, step, int(item.global_size[b])):
+                    if not await members[index].publish_train(epoch, item, b, step, int(item.global_size[b]),
+                                                              pipeline):
                         self.fail(f"rank {rank} (session {members[index].id}) stopped taking batches in epoch "
                                   f"{epoch}")
                         return

@@ -99,6 +99,14 @@ def loggable(text: str, limit: int = LOGGABLE_CHARS) -> str:
     return "".join(out)
 
 
+class PipelineFailed(Exception):
+    """The training pipeline failed while a publisher waited for a slot; ``cause`` is its stage's error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class TrainCoordinator(Protocol):
     """The daemon side a session needs for training streams (one trainer, or one job, at a time)."""
 
@@ -271,16 +279,17 @@ class Session:
     # -- outgoing streams ------------------------------------------------------------------------
     async def _publish(self, kind: str, epoch: int, pass_index: int, index: int, num_batches: int,
                        sampled: SampledPass, b: int, source: SlotSource, cache_plan: CachePlan | None = None,
-                       global_seeds: int = 0) -> bool:
+                       global_seeds: int = 0, pipeline: TrainPipeline | None = None) -> bool:
         """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
         feature cache) only the rows the client's cache does not hold are shipped. False: the session
-        was evicted or failed meanwhile (it is closed)."""
+        was evicted or failed meanwhile (it is closed). ``pipeline`` (training batches): its failure ends the
+        wait for a slot (``PipelineFailed``)."""
         seq = self._seq
         try:
             # only the client frees slots and grants credit: one that stops doing both would hold this
             # stream, and the training pipeline if it owns it, forever
             async with asyncio.timeout(self.stall_timeout):
-                slot = await self.flow.acquire(seq)
+                slot = await self._acquire(seq, pipeline)
         except TimeoutError:
             self.evict("stall", f"no slot released and no credit granted for {self.stall_timeout:g} s while "
                                 f"{self.flow.in_use} of {self.flow.count} slots were held ([server] stall_timeout)")
@@ -316,12 +325,32 @@ class Session:
         self._send(BatchReady.announce(slot, batch_id, global_seeds))
         return True
 
-    async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int) -> bool:
+    async def _acquire(self, seq: int, pipeline: TrainPipeline | None) -> int:
+        """A slot for batch ``seq``; with ``pipeline``, ``PipelineFailed`` as soon as it fails meanwhile."""
+        if pipeline is None:
+            return await self.flow.acquire(seq)
+        if pipeline.failure is not None:
+            raise PipelineFailed(pipeline.failure)
+        acquire = asyncio.ensure_future(self.flow.acquire(seq))
+        failed = asyncio.ensure_future(pipeline.failed.wait())
+        try:
+            await asyncio.wait({acquire, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not acquire.done():
+                acquire.cancel()  # it takes nothing until it returns: cancelling leaves the flow as it was
+        if acquire.done() and not acquire.cancelled():
+            return acquire.result()
+        assert pipeline.failure is not None
+        raise PipelineFailed(pipeline.failure)
+
+    async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int,
+                            pipeline: TrainPipeline) -> bool:
         """Batch ``b`` of ``item`` as this rank's step ``step`` of a job's epoch (``loader.daemon.jobs``)."""
         if self.closed:
             return False
         return await self._publish("train", epoch, item.pass_index, step, item.epoch_batches, item.sampled, b,
-                                   item.source, global_seeds=global_seeds)
+                                   item.source, global_seeds=global_seeds, pipeline=pipeline)
 
     def tell_queued(self, position: int, holder: str) -> None:
         """This session's StartEpoch waits for the training pipeline (only a client that asked to queue)."""
@@ -366,8 +395,13 @@ class Session:
                     cache_plan = await run_timed(self._ctx.cpu_pool, self._ctx.metrics, "planner",
                                                  self.trainer_cache.plan, item.sampled, item.source)
                 for b in range(item.sampled.num_batches):
-                    if not await self._publish("train", epoch, item.pass_index, item.first_batch + b,
-                                               item.epoch_batches, item.sampled, b, item.source, cache_plan):
+                    try:
+                        published = await self._publish("train", epoch, item.pass_index, item.first_batch + b,
+                                                         item.epoch_batches, item.sampled, b, item.source, cache_plan,
+                                                         pipeline=pipeline)
+                    except PipelineFailed as failed:
+                        raise RuntimeError(f"loader pipeline failed: {failed.cause}") from failed.cause
+                    if not published:
                         return
                 if item.last_pass and item.release is not None:
                     item.release()

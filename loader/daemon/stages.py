@@ -72,6 +72,9 @@ class TrainPipeline:
     output: "asyncio.Queue[SampledWork | EpochDone]"
     tasks: list["asyncio.Task[None]"] = field(default_factory=list)
     failure: BaseException | None = None
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set with ``failure``: wakes a publisher that waits for a slot, not on ``output`` (its client may
+    hold every slot, and would otherwise hear a stall timeout instead of the failure)."""
 
     def add_stage(self, name: str, coro: Awaitable[None]) -> None:
         """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""
@@ -118,6 +121,7 @@ def _record_failure(pipeline: TrainPipeline, name: str, task: "asyncio.Task[None
     err = task.exception()
     if err is not None and pipeline.failure is None:
         pipeline.failure = err
+        pipeline.failed.set()
         log.error("stage %s failed: %s", name, err)
         # wake the publisher: it waits on ``output`` and must see the failure, not hang
         with contextlib.suppress(asyncio.QueueFull):

@@ -280,11 +280,15 @@ def test_serve_refuses_a_truncated_file_at_start(dataset, tmp_path):
 
 def test_a_client_that_sends_after_the_daemon_closed_still_learns_why(dataset, tmp_path):
     """The daemon sends ``data_corrupt`` and closes while the client may be sending a ``Release``: the
-    client's send then fails with EPIPE, and must report the daemon's reason, not "Broken pipe"."""
+    client's send then fails with EPIPE, and must report the daemon's reason, not "Broken pipe".
+
+    The client releases nothing: whether the slots fill before the damaged partition is read depends on
+    timing, and a publisher waiting for a slot must hear the pipeline's failure at once (a stall timeout
+    longer than the test's wait makes "timeout" impossible as the answer)."""
     copy = shutil.copytree(dataset, tmp_path / "ds")
     ds = open_dataset(copy)
     flip(copy / "features.bin", _flip_offset(ds, "features.bin"))
-    config = daemon_config(copy, tmp_path / "s.sock")
+    config = daemon_config(copy, tmp_path / "s.sock", server={"stall_timeout": 600}, publisher={"slots": 1})
     with running_daemon(config), connect(config) as client:
         client.send(StartEpoch(epoch=0))
         poller = select.poll()
