@@ -335,12 +335,18 @@ class Session:
         failed = asyncio.ensure_future(pipeline.failed.wait())
         try:
             await asyncio.wait({acquire, failed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        except BaseException:
+            # cancelled (the session closes) or timed out (a stall): give back a slot taken meanwhile
             failed.cancel()
             if not acquire.done():
                 acquire.cancel()  # it takes nothing until it returns: cancelling leaves the flow as it was
-        if acquire.done() and not acquire.cancelled():
-            return acquire.result()
+            elif not acquire.cancelled() and acquire.exception() is None:
+                self.flow.abandon(acquire.result())
+            raise
+        failed.cancel()
+        if acquire.done():
+            return acquire.result()  # a slot, or the flow's ConnectionError when the client left
+        acquire.cancel()
         assert pipeline.failure is not None
         raise PipelineFailed(pipeline.failure)
 
