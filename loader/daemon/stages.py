@@ -39,8 +39,6 @@ class SampledWork:
     """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
     pass_index: int
     sampled: SampledPass
-    seeds: np.ndarray
-    """Local seed ids in batch order."""
     first_batch: int
     """Index within the epoch of this pass's first step (its first batch, for a single rank)."""
     epoch_batches: int

@@ -252,15 +252,18 @@ def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], SampledPass], 
     """Piece i of ``pieces`` (seeds ``order[start[i]:start[i] + size[i]]``) sampled with ``keys[i]`` as batch i
     of one pass. ``sample(seeds, batch_size, keys)`` samples consecutive batches (``sample_pass`` semantics).
 
-    Every piece but those of the last global batch holds ``batch_size`` seeds: they are sampled in one call;
-    the last step's pieces (at most one per local rank, possibly empty) one by one. A piece is sampled the
-    same way whichever call samples it (its seeds and key decide), so the result does not depend on how the
-    pieces are grouped."""
+    Every piece but those of the last global batch holds ``batch_size`` seeds: they are sampled in one call,
+    with a short non-empty last piece when it is the only short one (``sample`` cuts a short last batch
+    itself: a lone trainer's pass is then one call, as before ranks); otherwise the last step's pieces (at
+    most one per local rank, possibly empty) one by one. A piece is sampled the same way whichever call
+    samples it (its seeds and key decide), so the result does not depend on how the pieces are grouped."""
     if len(keys) != pieces.count:
         raise ValueError(f"keys: {len(keys)}, expected one per piece ({pieces.count})")
     full = pieces.count
     while full > 0 and pieces.size[full - 1] != batch_size:
         full -= 1
+    if full == pieces.count - 1 and pieces.size[full] > 0:
+        full = pieces.count
     parts: list[SampledPass] = []
     if full:
         seeds = gather_pieces(order, pieces.start[:full], pieces.size[:full])

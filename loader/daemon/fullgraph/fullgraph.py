@@ -32,7 +32,7 @@ from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import shuffle_key
-from loader.sampling.ranks import LocalRanks, deal_pieces, gather_pieces, piece_keys, sample_pieces
+from loader.sampling.ranks import LocalRanks, deal_pieces, piece_keys, sample_pieces
 from loader.sampling.sampling import SampledPass, shuffle
 
 __all__ = ["FullGraphMode", "RowsFor", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline",
@@ -85,7 +85,6 @@ class SampledSuperbatch:
     epoch: int
     first_batch: int
     epoch_batches: int
-    seeds: np.ndarray
     sampled: SampledPass
     member: np.ndarray | None
     global_size: np.ndarray | None
@@ -112,11 +111,10 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
             last = min(total, first + steps_per_superbatch)
             part = pieces.steps(first, last)
             keys = piece_keys(cfg.seed, epoch, local, first, last - first)
-            seeds = gather_pieces(order, part.start, part.size)
             await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
             sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_pieces, sample, order, part,
                                       cfg.batch_size, keys, len(cfg.fanouts))
-            await out.put(SampledSuperbatch(epoch, first, total, seeds, sampled,
+            await out.put(SampledSuperbatch(epoch, first, total, sampled,
                                             part.member if several else None, part.global_size if several else None))
         await out.put(EpochDone(epoch, total, 1))
 
@@ -132,7 +130,7 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, 
         rows = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", rows_for, item.sampled)
         # a superbatch is one pass; its token goes back once its last batch is published
         await out.put(SampledWork(source=mode.slot_source(rows), release=tokens.release, pass_index=0,
-                                  sampled=item.sampled, seeds=item.seeds, first_batch=item.first_batch,
+                                  sampled=item.sampled, first_batch=item.first_batch,
                                   epoch_batches=item.epoch_batches, last_pass=True, member=item.member,
                                   global_size=item.global_size))
 

@@ -217,7 +217,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
             ctx.metrics.pass_index.set(pass_index)
             several = local.count > 1 or local.world_size > 1
             await output.put(SampledWork(source=source, release=functools.partial(release, mb.buffer),
-                                         pass_index=pass_index, sampled=sampled, seeds=seeds,
+                                         pass_index=pass_index, sampled=sampled,
                                          first_batch=batch_in_epoch, epoch_batches=epoch_batches, last_pass=last,
                                          member=dealt.member if several else None,
                                          global_size=dealt.global_size if several else None))
