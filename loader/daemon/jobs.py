@@ -215,9 +215,7 @@ class Job:
         finished = False
         try:
             while True:
-                item = await pipeline.output.get()
-                if pipeline.failure is not None:
-                    raise RuntimeError(f"loader pipeline failed: {pipeline.failure}") from pipeline.failure
+                item = await pipeline.next_work()
                 if isinstance(item, EpochDone):
                     for index, member in enumerate(members):
                         member.end_epoch(EpochEnd(epoch=epoch, batches=sent[index], passes=item.passes))

@@ -99,14 +99,6 @@ def loggable(text: str, limit: int = LOGGABLE_CHARS) -> str:
     return "".join(out)
 
 
-class PipelineFailed(Exception):
-    """The training pipeline failed while a publisher waited for a slot; ``cause`` is its stage's error."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 class TrainCoordinator(Protocol):
     """The daemon side a session needs for training streams (one trainer, or one job, at a time)."""
 
@@ -283,7 +275,7 @@ class Session:
         """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
         feature cache) only the rows the client's cache does not hold are shipped. False: the session
         was evicted or failed meanwhile (it is closed). ``pipeline`` (training batches): its failure ends the
-        wait for a slot (``PipelineFailed``)."""
+        wait for a slot (``TrainPipeline.raise_failure``)."""
         seq = self._seq
         try:
             # only the client frees slots and grants credit: one that stops doing both would hold this
@@ -326,11 +318,10 @@ class Session:
         return True
 
     async def _acquire(self, seq: int, pipeline: TrainPipeline | None) -> int:
-        """A slot for batch ``seq``; with ``pipeline``, ``PipelineFailed`` as soon as it fails meanwhile."""
+        """A slot for batch ``seq``; with ``pipeline``, its failure (raised) as soon as it fails meanwhile."""
         if pipeline is None:
             return await self.flow.acquire(seq)
-        if pipeline.failure is not None:
-            raise PipelineFailed(pipeline.failure)
+        pipeline.raise_failure()
         acquire = asyncio.ensure_future(self.flow.acquire(seq))
         failed = asyncio.ensure_future(pipeline.failed.wait())
         try:
@@ -347,8 +338,8 @@ class Session:
         if acquire.done():
             return acquire.result()  # a slot, or the flow's ConnectionError when the client left
         acquire.cancel()
-        assert pipeline.failure is not None
-        raise PipelineFailed(pipeline.failure)
+        pipeline.raise_failure()
+        raise AssertionError("woken by the pipeline's failure event without a failure")
 
     async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int,
                             pipeline: TrainPipeline) -> bool:
@@ -387,9 +378,7 @@ class Session:
         finished = False
         try:
             while True:
-                item = await pipeline.output.get()
-                if pipeline.failure is not None:
-                    raise RuntimeError(f"loader pipeline failed: {pipeline.failure}") from pipeline.failure
+                item = await pipeline.next_work()
                 if isinstance(item, EpochDone):
                     self._send(EpochEnd(epoch=epoch, batches=item.batches, passes=item.passes))
                     finished = True
@@ -401,13 +390,9 @@ class Session:
                     cache_plan = await run_timed(self._ctx.cpu_pool, self._ctx.metrics, "planner",
                                                  self.trainer_cache.plan, item.sampled, item.source)
                 for b in range(item.sampled.num_batches):
-                    try:
-                        published = await self._publish("train", epoch, item.pass_index, item.first_batch + b,
-                                                         item.epoch_batches, item.sampled, b, item.source, cache_plan,
-                                                         pipeline=pipeline)
-                    except PipelineFailed as failed:
-                        raise RuntimeError(f"loader pipeline failed: {failed.cause}") from failed.cause
-                    if not published:
+                    if not await self._publish("train", epoch, item.pass_index, item.first_batch + b,
+                                               item.epoch_batches, item.sampled, b, item.source, cache_plan,
+                                               pipeline=pipeline):
                         return
                 if item.last_pass and item.release is not None:
                     item.release()

@@ -81,6 +81,17 @@ class TrainPipeline:
         task.add_done_callback(lambda t: _record_failure(self, name, t))
         self.tasks.append(task)
 
+    def raise_failure(self) -> None:
+        """Raise (a RuntimeError from the stage's error) once a stage has failed."""
+        if self.failure is not None:
+            raise RuntimeError(f"loader pipeline failed: {self.failure}") from self.failure
+
+    async def next_work(self) -> "SampledWork | EpochDone":
+        """The next item of ``output``, or the failure of a stage (raised)."""
+        item = await self.output.get()
+        self.raise_failure()
+        return item
+
     async def stop(self) -> None:
         """Cancel every stage and wait for them (reads in flight land first)."""
         for task in self.tasks:
