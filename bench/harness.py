@@ -21,11 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.format.dataset import FORMAT_VERSION, open_dataset
+import numpy as np
+
+from loader.format.dataset import FORMAT_VERSION, Dataset, open_dataset
+from loader.sampling.inmemory import epoch_batches_inmemory
+from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 
 __all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
-           "machine_description", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape",
-           "wait_for_socket", "process_read_bytes", "process_cpu_seconds", "DAEMON_OVERHEAD", "stop_process"]
+           "first_training_batches", "machine_description", "sh", "generated_dataset", "sequential_rate",
+           "sequential_rates", "scrape", "wait_for_socket", "process_read_bytes", "process_cpu_seconds",
+           "DAEMON_OVERHEAD", "stop_process"]
 
 DAEMON_OVERHEAD = 320 << 20
 """What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
@@ -150,6 +155,22 @@ def generated_dataset(work: Path, nodes: int, avg_degree: float, feat_dim: int, 
                          f"not the {nodes:,}, {feat_dim}, {partitions} asked for: give those arguments or another "
                          f"--work")
     return dataset
+
+
+def first_training_batches(dataset: Dataset, batches: int, batch_size: int, fanouts: list[int], seed: int
+                           ) -> tuple[SampledPass, int]:
+    """(the first ``batches`` training batches of epoch 0, how many there are): the exact mode's seeds, keys
+    and sampler, over an in-RAM copy of the graph (planning simulations, not a timed read path)."""
+    m = dataset.manifest
+    graph = CSCGraph(dataset.read("indptr", np.int64, 1), np.load(dataset.file("indices")),
+                     np.arange(m.num_nodes, dtype=np.int64))
+    plan = epoch_batches_inmemory(np.load(dataset.file("train")), batch_size, seed, 0)
+    count = min(batches, len(plan.keys))
+    t0 = time.perf_counter()
+    sampled = sample_pass(graph, plan.seeds[:count * batch_size], batch_size, fanouts, plan.keys[:count])
+    print(f"sampled {count} batches ({len(sampled.nodes) / count:,.0f} rows each) in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    return sampled, count
 
 
 def sequential_rates(path: Path, limit: int = 512 << 20, repeats: int = 3) -> list[float]:

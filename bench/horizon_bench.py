@@ -21,7 +21,6 @@ with the RAM for it), so no cgroup applies.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +28,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import machine_description  # noqa: E402
+from bench.harness import first_training_batches, machine_description  # noqa: E402
 from loader.caches.changeset import CachePlanner, CacheState  # noqa: E402
 from loader.daemon.fullgraph.outofcore import BYTES_PER_SAMPLED_EDGE, BYTES_PER_SAMPLED_NODE, out_degree_ranking  # noqa: E402
 from loader.format.dataset import open_dataset  # noqa: E402
-from loader.sampling.inmemory import epoch_batches_inmemory  # noqa: E402
-from loader.sampling.sampling import CSCGraph, sample_pass  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size  # noqa: E402
 
@@ -74,14 +71,7 @@ def main() -> int:
         print(f"horizon_bench: {err} (bench/compare.py prepares the default dataset)", file=sys.stderr)
         return 2
     m = dataset.manifest
-    graph = CSCGraph(dataset.read("indptr", np.int64, 1), np.load(dataset.file("indices")),
-                     np.arange(m.num_nodes, dtype=np.int64))
-    plan = epoch_batches_inmemory(np.load(dataset.file("train")), args.batch_size, args.seed, 0)
-    count = min(args.batches, len(plan.keys))
-    t0 = time.perf_counter()
-    sampled = sample_pass(graph, plan.seeds[:count * args.batch_size], args.batch_size, fanouts, plan.keys[:count])
-    print(f"sampled {count} batches ({len(sampled.nodes) / count:,.0f} rows each) in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    sampled, count = first_training_batches(dataset, args.batches, args.batch_size, fanouts, args.seed)
     rows_used = len(sampled.nodes)
     static = np.zeros(m.num_nodes, dtype=bool)
     static[out_degree_ranking(dataset)[:args.cache_rows]] = True

@@ -30,7 +30,6 @@ window, what a window costs.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,12 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import machine_description  # noqa: E402
+from bench.harness import first_training_batches, machine_description  # noqa: E402
 from loader.daemon.fullgraph.outofcore import out_degree_ranking  # noqa: E402
 from loader.daemon.gather_kernels import row_offsets_for  # noqa: E402
 from loader.format.dataset import open_dataset  # noqa: E402
-from loader.sampling.inmemory import epoch_batches_inmemory  # noqa: E402
-from loader.sampling.sampling import CSCGraph, sample_pass  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402
 
@@ -55,11 +52,9 @@ def read_plans(offsets: np.ndarray, row_bytes: int, block: int, seq_bytes_s: flo
                ) -> dict[str, tuple[float, float]]:
     """(bytes read, seconds) of each plan for the rows at byte ``offsets`` (distinct)."""
     first_page = offsets // PAGE
-    last_page = (offsets + row_bytes - 1) // PAGE
-    pages = np.unique(np.concatenate([first_page, last_page]))  # a row spans at most two pages when <= 4 KiB
-    if row_bytes > PAGE:
-        spans = [np.arange(a, b + 1) for a, b in zip(first_page.tolist(), last_page.tolist(), strict=True)]
-        pages = np.unique(np.concatenate(spans))
+    count = (offsets + row_bytes - 1) // PAGE - first_page + 1  # pages each row spans
+    within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    pages = np.unique(np.repeat(first_page, count) + within)
     per_block = PAGE * np.bincount(pages * PAGE // block)
     touched = np.flatnonzero(per_block)
     page_bytes = per_block[touched].astype(np.float64)  # bytes of needed pages per touched block
@@ -100,14 +95,8 @@ def main() -> int:
         return 2
     m = dataset.manifest
     parts = dataset.partitions()
-    graph = CSCGraph(dataset.read("indptr", np.int64, 1), np.load(dataset.file("indices")),
-                     np.arange(m.num_nodes, dtype=np.int64))
-    plan = epoch_batches_inmemory(np.load(dataset.file("train")), args.batch_size, args.seed, 0)
-    count = min(args.batches, len(plan.keys))
-    t0 = time.perf_counter()
-    sampled = sample_pass(graph, plan.seeds[:count * args.batch_size], args.batch_size, fanouts, plan.keys[:count])
+    sampled, count = first_training_batches(dataset, args.batches, args.batch_size, fanouts, args.seed)
     rows_per_batch = len(sampled.nodes) / count
-    print(f"sampled {count} batches ({rows_per_batch:,.0f} rows each) in {time.perf_counter() - t0:.1f} s", flush=True)
     cached = np.zeros(m.num_nodes, dtype=bool)
     if args.cache_rows:
         cached[out_degree_ranking(dataset)[:args.cache_rows]] = True
