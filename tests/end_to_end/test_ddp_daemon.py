@@ -12,10 +12,37 @@ import torch
 from torch.distributed import TCPStore
 
 from tests.daemon_harness import daemon_config, running_daemon
-from tests.trainer.test_trainer_ddp import BATCH, CONFIG, SAMPLER, TRAIN_NODES, WORLD, dataset, launched  # noqa: F401
+from tests.trainer.test_trainer_ddp import (  # noqa: F401 - dataset, launched: fixtures
+    BATCH,
+    CONFIG,
+    SAMPLER,
+    TRAIN_NODES,
+    WORLD,
+    dataset,
+    launched,
+    rank_env,
+)
 
 MODEL_ARGS = ["--epochs", CONFIG["epochs"], "--hidden", CONFIG["hidden"], "--dropout", 0, "--lr", CONFIG["lr"],
               "--seed", CONFIG["seed"], "--metric", "roc_auc", "--no-progress", "--device", "cpu"]
+
+
+def run_ranks(argvs: list[list[str]], world: int, local_world: int, cwd) -> list[tuple[int, str]]:
+    """``python -m trainer *argvs[r]`` as rank r of ``world`` (``local_world`` per machine), all at once, over a
+    rendezvous store of the test's: (exit status, stderr) of each, none left running."""
+    rendezvous = TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    base = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-m", "trainer", *map(str, argv)], cwd=cwd, text=True,
+                              env={**base, **rank_env(rank, rendezvous.port, world, local_world)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for rank, argv in enumerate(argvs)]
+    try:
+        outputs = [proc.communicate(timeout=300) for proc in ranks]
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.wait()
+    return [(proc.returncode, stderr) for proc, (_, stderr) in zip(ranks, outputs, strict=True)]
 
 
 def exact_daemon(dataset_path, socket_path):
@@ -56,25 +83,12 @@ def test_two_ranks_through_one_daemon_train_what_two_ranks_in_memory_train(throu
 def test_two_daemons_serve_a_job_of_two_machines_of_two_ranks(dataset, tmp_path):  # noqa: F811
     configs = [exact_daemon(dataset, tmp_path / f"machine{m}.sock") for m in (0, 1)]
     world = 4
-    rendezvous = TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    argvs = [["--socket", configs[rank // 2].server.socket, *MODEL_ARGS, "--epochs", 1,
+              "--json-out", tmp_path / "result.json"] for rank in range(world)]
     with running_daemon(configs[0]), running_daemon(configs[1]):
-        ranks = []
-        for rank in range(world):
-            args = ["--socket", configs[rank // 2].server.socket, *MODEL_ARGS, "--epochs", 1,
-                    "--json-out", tmp_path / "result.json"]
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank % 2)}
-            ranks.append(subprocess.Popen([sys.executable, "-m", "trainer", *map(str, args)], env=env, cwd=tmp_path,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        try:
-            outputs = [proc.communicate(timeout=300) for proc in ranks]
-        finally:
-            for proc in ranks:
-                proc.kill()
-                proc.wait()
-    for proc, (_, stderr) in zip(ranks, outputs, strict=True):
-        assert proc.returncode == 0, stderr
+        results = run_ranks(argvs, world, 2, tmp_path)
+    for returncode, stderr in results:
+        assert returncode == 0, stderr
         assert "Traceback" not in stderr
     epochs = json.loads((tmp_path / "result.json").read_text())["epochs"]
     # 151 seeds in global batches of 4 x 25: two steps on every rank, every seed trained once
@@ -104,14 +118,13 @@ def test_a_rank_killed_mid_epoch_fails_the_job_in_one_line_and_resume_finishes_i
               "--checkpoint", str(tmp_path / "ck.pt"), "--json-out", str(tmp_path / "result.json"),
               "--dist-timeout", "60"]
     rendezvous = TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with running_daemon(config):
         survivor = subprocess.Popen([sys.executable, "-m", "trainer", *common], cwd=tmp_path, text=True,
-                                    env={**env, "RANK": "0", "LOCAL_RANK": "0"},
+                                    env={**env, **rank_env(0, rendezvous.port, WORLD, WORLD)},
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         killed = subprocess.Popen([sys.executable, "-c", KILL_AT_STEP, *common], cwd=tmp_path,
-                                  env={**env, "RANK": "1", "LOCAL_RANK": "1"},
+                                  env={**env, **rank_env(1, rendezvous.port, WORLD, WORLD)},
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             _, stderr = survivor.communicate(timeout=300)
@@ -137,22 +150,11 @@ def test_daemons_that_would_deal_different_epochs_stop_the_job_in_one_line(datas
     # two "machines" whose daemons differ in the sampler seed: their ranks would train two different epochs
     configs = [daemon_config(dataset, tmp_path / f"m{m}.sock", loader={"mode": "exact"}, sampler={"seed": m})
                for m in (0, 1)]
-    rendezvous = TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    argvs = [["--socket", configs[rank].server.socket, *MODEL_ARGS] for rank in range(WORLD)]
     with running_daemon(configs[0]), running_daemon(configs[1]):
-        ranks = [subprocess.Popen([sys.executable, "-m", "trainer", "--socket", str(configs[rank].server.socket),
-                                   *map(str, MODEL_ARGS)], env={**base, "RANK": str(rank), "LOCAL_RANK": "0"},
-                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(WORLD)]
-        try:
-            outputs = [proc.communicate(timeout=300) for proc in ranks]
-        finally:
-            for proc in ranks:
-                proc.kill()
-                proc.wait()
-    for rank, (proc, (_, stderr)) in enumerate(zip(ranks, outputs, strict=True)):
+        results = run_ranks(argvs, WORLD, 1, tmp_path)
+    for rank, (returncode, stderr) in enumerate(results):
         errors = [line for line in stderr.splitlines() if "error" in line]
-        assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in stderr, stderr
+        assert returncode == 1 and len(errors) == 1 and "Traceback" not in stderr, stderr
         assert errors[0].startswith(f"megabatch train: error: rank {rank}/2: the ranks' loader daemons deal "
                                     "different epochs (ranks 0: "), errors

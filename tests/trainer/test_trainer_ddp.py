@@ -49,10 +49,12 @@ def dataset(tmp_path_factory):
     return root / "ds"
 
 
-def rank_env(rank: int, port: int) -> dict[str, str]:
-    """What torchrun (and trainer.launch) give a rank whose launcher hosts the store on ``port``."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+def rank_env(rank: int, port: int, world: int = WORLD, local_world: int | None = None) -> dict[str, str]:
+    """What torchrun (and trainer.launch) give rank ``rank`` of ``world`` whose launcher hosts the store on
+    ``port``; with ``local_world``, ranks per machine (LOCAL_WORLD_SIZE; LOCAL_RANK counts within one)."""
+    local = {} if local_world is None else {"LOCAL_WORLD_SIZE": str(local_world)}
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank % (local_world or world)), "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True", **local}
 
 
 def store() -> TCPStore:

@@ -46,6 +46,17 @@ def consume_all(clients, request, end_type):
         return list(pool.map(lambda c: consume(c, request, end_type), clients))
 
 
+def job_epoch(configs, epoch: int, world: int = 2, local: int = 2):
+    """Every rank of a ``world``-rank job joins (``local`` per machine: rank r on ``configs[r // local]``),
+    takes epoch ``epoch`` and leaves: each rank's (batches, EpochEnd)."""
+    clients = [join(configs[rank // local], rank, world, local) for rank in range(world)]
+    try:
+        return consume_all(clients, StartEpoch(epoch=epoch), EpochEnd)
+    finally:
+        for client in clients:
+            client.close()
+
+
 def seeds_of(arrays) -> np.ndarray:
     return arrays["n_id"][:int(arrays["nodes_per_hop"][0])]
 
@@ -79,12 +90,7 @@ def test_the_exact_mode_deals_each_rank_the_in_memory_ranks_batches(dataset, ref
 def test_the_hierarchical_mode_deals_every_seed_once_in_equal_steps(dataset, reference, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock")  # hierarchical, 1 pass
     with running_daemon(config):
-        clients = [join(config, rank, 2, 2) for rank in (0, 1)]
-        try:
-            streams = consume_all(clients, StartEpoch(epoch=0), EpochEnd)
-        finally:
-            for client in clients:
-                client.close()
+        streams = job_epoch([config], 0)
     (first, end0), (second, end1) = streams
     assert len(first) == len(second) == end0.batches == end1.batches
     seen = Counter()
@@ -120,12 +126,7 @@ def test_two_daemons_deal_a_four_rank_job_as_one_machine_would(dataset, referenc
     configs = [daemon_config(dataset, tmp_path / f"m{m}.sock", loader={"mode": "exact"}) for m in (0, 1)]
     train = reference.splits["train"]
     with running_daemon(configs[0]), running_daemon(configs[1]):
-        clients = [join(configs[rank // 2], rank, 4, 2) for rank in range(4)]
-        try:
-            streams = consume_all(clients, StartEpoch(epoch=0), EpochEnd)
-        finally:
-            for client in clients:
-                client.close()
+        streams = job_epoch(configs, 0, world=4)
     everything = []
     for rank, (batches, _) in enumerate(streams):
         dealt = deal_epoch(train, BATCH, 0, 0, rank, 4)
@@ -207,19 +208,11 @@ def test_a_job_idle_between_epochs_loses_the_pipeline_to_the_next_trainer(datase
 def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock")
     with running_daemon(config):
-        clients = [join(config, rank, 2, 2) for rank in (0, 1)]
-        consume_all(clients, StartEpoch(epoch=0), EpochEnd)
-        for client in clients:
-            client.close()
+        job_epoch([config], 0)  # and every rank leaves
         with connect(config) as alone:
             batches, _ = consume(alone, StartEpoch(epoch=1), EpochEnd)
         # the same job may come back (a restart with --resume) and train
-        clients = [join(config, rank, 2, 2) for rank in (0, 1)]
-        try:
-            streams = consume_all(clients, StartEpoch(epoch=1), EpochEnd)
-        finally:
-            for client in clients:
-                client.close()
+        streams = job_epoch([config], 1)
     assert batches and len(streams[0][0]) == len(streams[1][0]) > 0
 
 
