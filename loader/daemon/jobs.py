@@ -117,8 +117,15 @@ class Job:
         """The ranks connected to this daemon, of ``world_size``."""
         return LocalRanks(self.world_size, tuple(sorted(self.members)))
 
-    def describe(self) -> str:
-        return f"job {self.name!r} ({self.local.describe() if self.members else 'no rank connected'})"
+    @property
+    def queues(self) -> bool:
+        """Whether the job waits for a busy pipeline (every rank's Hello asked to) rather than failing."""
+        return bool(self.members) and all(member.queues for member in self.members.values())
+
+    def tell_queued(self, position: int, holder: str) -> None:
+        """The job's StartEpoch waits for the training pipeline: every rank hears its place."""
+        for member in self.members.values():
+            member.tell_queued(position, holder)
 
     def member_left(self, session: Session) -> None:
         """``session`` closed. During a training epoch that fails the job; between epochs its rank may

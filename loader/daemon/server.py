@@ -102,20 +102,6 @@ def _owner_label(owner: Session | Job) -> str:
     return f"session {owner.id}" if isinstance(owner, Session) else f"job {owner.name!r}"
 
 
-def _queues(owner: Session | Job) -> bool:
-    """Whether ``owner`` waits for a busy pipeline (every rank of a job asked to) rather than being refused."""
-    if isinstance(owner, Session):
-        return owner.queues
-    return bool(owner.members) and all(member.queues for member in owner.members.values())
-
-
-def _tell_queued(owner: object, position: int, holder: str) -> None:
-    members = owner.members.values() if isinstance(owner, Job) else [owner]
-    for member in members:
-        assert isinstance(member, Session)
-        member.tell_queued(position, holder)
-
-
 @dataclass
 class DaemonState:
     """Mutable runtime state: who is connected and who owns the training pipeline."""
@@ -628,12 +614,12 @@ class Daemon:
 
         if not free_for(owner) or len(self.queue):
             holder = _owner_label(st.pipeline_owner) if st.pipeline_owner is not None else "nobody"
-            if not _queues(owner):
+            if not owner.queues:
                 waiting = f"; {len(self.queue)} waiting" if len(self.queue) else ""
                 return f"{holder} is training{waiting}; one training stream at a time"
             await self.queue.wait_turn(owner, free_for,
                                        lambda: _owner_label(st.pipeline_owner) if st.pipeline_owner else "nobody",
-                                       lambda position, holder: _tell_queued(owner, position, holder))
+                                       owner.tell_queued)
         assert self.mode is not None
         if st.pipeline is not None and (st.pipeline_next_epoch != epoch or st.pipeline_local != local):
             pipeline = st.pipeline
