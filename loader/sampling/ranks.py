@@ -179,6 +179,11 @@ class LocalRanks:
     def count(self) -> int:
         return len(self.ranks)
 
+    @property
+    def several(self) -> bool:
+        """A job of several ranks (not ``SINGLE_RANK``): its batches carry their rank and loss scale."""
+        return self.world_size > 1
+
     def describe(self) -> str:
         """"ranks 0, 1 of 2" (for logs and errors)."""
         return f"rank{'s' if self.count > 1 else ''} {', '.join(map(str, self.ranks))} of {self.world_size}"

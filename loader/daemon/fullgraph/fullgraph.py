@@ -94,7 +94,6 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
                    tokens: asyncio.Semaphore, out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
     cfg = ctx.config.sampler
     train = ctx.split_ids["train"]
-    several = local.count > 1 or local.world_size > 1
     # a superbatch holds whole steps (every local rank's piece of each), about `superbatch` batches: the
     # Belady plan of the exact mode then covers all local ranks' batches in the order they are published
     steps_per_superbatch = max(1, mode.superbatch // local.count)
@@ -115,7 +114,8 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
             sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_pieces, sample, order, part,
                                       cfg.batch_size, keys, len(cfg.fanouts))
             await out.put(SampledSuperbatch(epoch, first, total, sampled,
-                                            part.member if several else None, part.global_size if several else None))
+                                            part.member if local.several else None,
+                                            part.global_size if local.several else None))
         await out.put(EpochDone(epoch, total, 1))
 
 

@@ -215,12 +215,11 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
                 last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.scheduled.is_last
                         or n_batches == 0)
             ctx.metrics.pass_index.set(pass_index)
-            several = local.count > 1 or local.world_size > 1
             await output.put(SampledWork(source=source, release=functools.partial(release, mb.buffer),
                                          pass_index=pass_index, sampled=sampled,
                                          first_batch=batch_in_epoch, epoch_batches=epoch_batches, last_pass=last,
-                                         member=dealt.member if several else None,
-                                         global_size=dealt.global_size if several else None))
+                                         member=dealt.member if local.several else None,
+                                         global_size=dealt.global_size if local.several else None))
             batch_in_epoch += n_batches
             passes_in_epoch += 1
             if last:
