@@ -26,7 +26,10 @@ measured for single trainers only; 2-rank training is in bench/accuracy_bench.py
 Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. With ``--read-checks both``
 (the default) hierarchical, exact and static also run a second time with ``[io] check_reads = false``
 (rows ``<mode>-unchecked``), and the report gives what the read checks cost: the checked run's loader
-batches/s over the unchecked one's. Writes bench/results/compare.{json,md,png}.
+batches/s over the unchecked one's. Two daemon runs a minute apart on a shared virtual disk differ by
+more than the few percent measured, so for the row-granular modes (exact, static) the report also
+gives bench/read_check_bench.py's replay of their reads, checked and unchecked interleaved batch by
+batch (``--replay-batches``, default 200; 0 skips it). Writes bench/results/compare.{json,md,png}.
 
     .venv/bin/python bench/compare.py [--nodes 2000000] [--budget 448M] [--modes ...] [--ranks 1,2] [--work DIR]
 """
@@ -63,6 +66,8 @@ from bench.harness import (  # noqa: E402
     wait_for_socket,
     warn,
 )
+from bench.read_check_bench import replay_read_checks, report_lines  # noqa: E402
+from loader.format.dataset import open_dataset  # noqa: E402
 from proto.client import ControlClient, JobMember  # noqa: E402
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402
@@ -281,7 +286,7 @@ def fmt(value: object, spec: str, none: str = "-") -> str:
 
 
 def report(results: list[dict[str, object]], args: argparse.Namespace, budget: int, features: int,
-           seq_rates: list[float]) -> str:
+           seq_rates: list[float], replay: dict[str, object] | None = None) -> str:
     seq_rate = float(statistics.median(seq_rates))
     by_mode = {str(r["mode"]): r for r in results}
 
@@ -331,6 +336,8 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
             lines.append(f"read checks ({mode}): {float(checked['batches_per_s']):.2f} batches/s checked vs "  # type: ignore[arg-type]
                          f"{float(unchecked['batches_per_s']):.2f} unchecked ({100 * cost:+.1f}% of throughput)"  # type: ignore[arg-type]
                          f"{cpu_text}")
+    if replay is not None:
+        lines += [""] + report_lines(replay) + [""]
     for r in results:
         mode, checked, ranks = run_parts(str(r["mode"]))
         single = by_mode.get(mode if checked else mode + UNCHECKED, {})
@@ -400,6 +407,9 @@ def main() -> int:
     p.add_argument("--work", default="/var/tmp/megabatch-compare", help="data directory (reused when present)")
     p.add_argument("--read-checks", choices=("on", "both"), default="both",
                    help="both (default): run hierarchical, exact and static unchecked too, to measure the checks' cost")
+    p.add_argument("--replay-batches", type=int, default=200,
+                   help="with --read-checks both and exact or static: batches of the interleaved read-check replay "
+                        "(default 200; 0: none)")
     p.add_argument("--ranks", default="1", help="comma-separated job sizes each mode serves (default 1; e.g. 1,2)")
     p.add_argument("--unchecked-first", action="store_true",
                    help="run each mode's unchecked twin before it (the second run of a trace may find the virtual "
@@ -443,11 +453,18 @@ def main() -> int:
             caches = {"feature_cache": int(results[-1]["feature_cache_bytes"]),  # type: ignore[call-overload]
                       "neighbor_cache": int(results[-1]["neighbor_cache_bytes"])}  # type: ignore[call-overload]
         print(json.dumps(results[-1]), flush=True)
-    text = report(results, args, budget, features, seq_rates)
+    replay = None
+    if args.read_checks == "both" and args.replay_batches > 0 and any(
+            run_parts(run)[0] in ("exact", "static") for run in modes):
+        print(f"== read-check replay ({args.replay_batches} batches)", flush=True)
+        replay = replay_read_checks(open_dataset(dataset), args.replay_batches, args.batch_size,
+                                    [int(f) for f in args.fanouts.split(",")])
+    text = report(results, args, budget, features, seq_rates, replay)
     print(text)
     (RESULTS / "compare.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
                                                       "sequential_mb_s": seq_rate,
-                                                      "sequential_mb_s_runs": seq_rates, "results": results}, indent=2))
+                                                      "sequential_mb_s_runs": seq_rates, "results": results,
+                                                      "read_check_replay": replay}, indent=2))
     (RESULTS / "compare.md").write_text(text + "\n")
     chart(results, RESULTS / "compare.png")
     return 0
