@@ -1,0 +1,274 @@
+"""Stage a window of batches' feature rows with one sequential pass over ``features.bin``.
+
+The exact mode reads every missed row on its own: ~10k random 4 KiB reads per batch, which caps it
+at a few batches/s on this disk however good the cache plan. A window of H batches (H in the
+hundreds) needs most of the file's blocks anyway (docs/PERFORMANCE.md, "How dense a window's reads
+get"), so this stager reads the file once per window, in large sequential O_DIRECT chunks, and
+writes each batch's rows (``loader.staging.window_plan``: file order, one region per batch) into a
+staging file: on SSD under ``staging_dir`` (an unnamed O_TMPFILE, gone when closed or when the
+process dies; written through the page cache and flushed every ``FLUSH_BYTES``), or in RAM (a memfd)
+without one. At publish, ``read_batch`` reads a batch's region
+back in one sequential read and gathers its rows into the sampled order. The batches are the
+exact mode's, so their features equal the in-memory sampler's bitwise; only where they come from
+changes. This is DiskGNN's packed per-batch layout (arXiv 2405.05231) built online per window, with
+AGNES's block reads (arXiv 2601.01473) as the way in.
+
+Every byte is checked where it is read: the file's chunks against the dataset's block checksums
+(format 1.2, as the row reader does), each batch's region against the XXH3-64 of what was written
+into it (a staging file is ours, but the disk under it is not).
+
+Memory held: one chunk buffer (``chunk_bytes`` plus one row, O_DIRECT aligned), one scatter buffer
+(at most ``scatter_bytes``), the read-back buffer of the largest batch, and at most ``FLUSH_BYTES`` of
+staging writes in the page cache.
+"""
+
+import errno
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from loader.format.read_checks import CorruptData, verify_blocks
+from loader.staging.staging_kernels import copy_rows_from
+from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
+
+__all__ = ["WindowStager", "StagedWindow", "StagingStats", "DEFAULT_CHUNK_BYTES", "DEFAULT_SCATTER_BYTES"]
+
+DEFAULT_CHUNK_BYTES = 8 << 20
+"""Bytes of ``features.bin`` per sequential read: large enough for the disk's sequential rate."""
+DEFAULT_SCATTER_BYTES = 32 << 20
+"""Most bytes of rows gathered before they are written out (a chunk's rows times the batches that want them)."""
+FLUSH_BYTES = 64 << 20
+"""Staging bytes written to a file on disk between two flushes, which write them back and drop them from
+the page cache: the dirty pages a window leaves stay bounded (they count against a cgroup's memory), and
+the write-back is paid by the stager, not by the O_DIRECT read-back, which would have to wait for it."""
+
+
+def _aligned(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, max(STAGING_ALIGN, -(-size // STAGING_ALIGN) * STAGING_ALIGN))
+
+
+@dataclass
+class StagingStats:
+    """What staging one window cost."""
+
+    chunks: int = 0
+    file_bytes_read: int = 0
+    staged_bytes: int = 0
+    writes: int = 0
+
+
+@dataclass
+class StagedWindow:
+    """One window's staging file, ready to read back; ``close`` frees it (its disk space or RAM)."""
+
+    plan: WindowPlan
+    fd: int
+    read_fd: int
+    digests: np.ndarray
+    """uint64 [B]: XXH3-64 of each batch's region as written."""
+    stats: StagingStats = field(default_factory=StagingStats)
+
+    def close(self) -> None:
+        for fd in {self.fd, self.read_fd}:
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.read_fd = -1
+
+
+class WindowStager:
+    """Stages windows of one ``features.bin``; see the module docstring.
+
+    block_sums / check_block: the file's read checks (``ReadChecks.feature_blocks`` and
+    ``feature_block``), or None (unchecked); staging_dir: where staging files go (None: RAM);
+    direct: O_DIRECT for the file's chunks and the read-backs from disk (falls back to buffered where
+    refused).
+    """
+
+    def __init__(self, features_path: str | os.PathLike[str], *, row_bytes: int, staging_dir: Path | None,
+                 block_sums: np.ndarray | None = None, check_block: int = 4096, direct: bool = True,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, scatter_bytes: int = DEFAULT_SCATTER_BYTES) -> None:
+        if row_bytes <= 0:
+            raise ValueError(f"row_bytes: {row_bytes} is not positive")
+        if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
+            raise ValueError(f"chunk_bytes: {chunk_bytes} is not a positive multiple of {STAGING_ALIGN}")
+        self.path = Path(features_path)
+        self.row_bytes = row_bytes
+        self.staging_dir = staging_dir
+        self.block_sums = block_sums
+        self.check_block = check_block
+        self.chunk_bytes = chunk_bytes
+        # a chunk's read runs past its end by the pages of a row that starts inside it
+        self._tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
+        self.scatter_bytes = max(scatter_bytes, chunk_bytes + self._tail)
+        self.direct = direct
+        self._fd = self._open(self.path, os.O_RDONLY)
+        self.file_size = os.fstat(self._fd).st_size
+        self._chunk = _aligned(chunk_bytes + self._tail)
+        self._scatter = np.empty(self.scatter_bytes, dtype=np.uint8)
+        self._back: mmap.mmap | None = None
+        self._unflushed = 0
+
+    def _open(self, path: Path, flags: int) -> int:
+        if self.direct:
+            try:
+                return os.open(path, flags | os.O_DIRECT | os.O_CLOEXEC)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                self.direct = False
+        return os.open(path, flags | os.O_CLOEXEC)
+
+    def _staging_file(self, size: int) -> tuple[int, int]:
+        """(write fd, read fd) of a new, unnamed staging file of ``size`` bytes."""
+        if self.staging_dir is None:
+            fd = os.memfd_create("megabatch-staging", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            return fd, fd
+        fd = os.open(self.staging_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            # a second open file description of the same inode, for O_DIRECT read-backs
+            return fd, self._open(Path(f"/proc/self/fd/{fd}"), os.O_RDONLY) if self.direct else fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def stage(self, plan: WindowPlan) -> StagedWindow:
+        """Read every chunk of the file holding a row of ``plan`` once, in order, and write the rows out."""
+        if plan.row_bytes != self.row_bytes:
+            raise ValueError(f"plan: rows of {plan.row_bytes} bytes, the file has {self.row_bytes}")
+        if plan.staged_rows and int(plan.staged_offsets.max()) + self.row_bytes > self.file_size:
+            raise ValueError(f"plan: a row lies past the end of {self.path} ({self.file_size} bytes)")
+        fd, read_fd = self._staging_file(plan.staging_bytes)
+        staged = StagedWindow(plan, fd, read_fd, np.zeros(plan.num_batches, dtype=np.uint64))
+        try:
+            self._fill(staged)
+        except BaseException:
+            staged.close()
+            raise
+        return staged
+
+    def _fill(self, staged: StagedWindow) -> None:
+        plan, stats = staged.plan, staged.stats
+        batches = np.arange(plan.num_batches, dtype=np.int64)
+        span = self.file_size + 1
+        owner = np.repeat(batches, np.diff(plan.staged_ptr))
+        key = owner * span + plan.staged_offsets  # ascending: batch-major, then file order
+        hashers = [xxhash.xxh3_64() for _ in range(plan.num_batches)]
+        # only the chunks holding a staged row are read
+        chunks = np.unique(plan.staged_offsets // self.chunk_bytes) * self.chunk_bytes
+        chunk = np.frombuffer(self._chunk, dtype=np.uint8)
+        for c0 in chunks.tolist():
+            c1 = min(c0 + self.chunk_bytes, self.file_size)
+            lo = np.searchsorted(key, batches * span + c0)
+            hi = np.searchsorted(key, batches * span + c1)
+            last = int(plan.staged_offsets[hi - 1].max(where=hi > lo, initial=c0))  # the last row starting inside
+            got = self._read_chunk(c0, last + self.row_bytes - c0)
+            stats.chunks += 1
+            stats.file_bytes_read += got
+            if self.block_sums is not None:
+                verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
+                              np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
+                              self.path)
+            self._scatter_chunk(staged, hashers, chunk, c0, lo, hi)
+        for b, hasher in enumerate(hashers):
+            staged.digests[b] = hasher.intdigest()
+        if self.staging_dir is not None:
+            self._flush(staged.fd)
+
+    def _read_chunk(self, at: int, need: int) -> int:
+        """Read at least ``need`` bytes of the file from ``at`` (page aligned) into the chunk buffer."""
+        length = min(-(-need // STAGING_ALIGN) * STAGING_ALIGN, len(self._chunk))
+        view = memoryview(self._chunk)
+        done = 0
+        while done < need:
+            got = os.preadv(self._fd, [view[done:length]], at + done)
+            if got == 0:
+                raise OSError(errno.EIO, f"file ends at byte {at + done}, before the rows staged from it (truncated?)",
+                              str(self.path))
+            done += got
+        return done
+
+    def _scatter_chunk(self, staged: StagedWindow, hashers: list["xxhash.xxh3_64"], chunk: np.ndarray, c0: int,
+                       lo: np.ndarray, hi: np.ndarray) -> None:
+        """Copy the chunk's rows into the scatter buffer batch by batch and write each batch's run out."""
+        plan, stats = staged.plan, staged.stats
+        runs = hi - lo
+        present = np.flatnonzero(runs)
+        cap = self.scatter_bytes // self.row_bytes
+        start = 0
+        while start < len(present):
+            # as many batches as the scatter buffer holds, at least one (a run never exceeds a chunk's rows)
+            cum = np.cumsum(runs[present[start:]])
+            stop = start + max(1, int(np.searchsorted(cum, cap, side="right")))
+            group = present[start:stop]
+            total = int(runs[group].sum())
+            entry = np.repeat(lo[group] - np.cumsum(runs[group]) + runs[group], runs[group]) + np.arange(total)
+            copy_rows_from(chunk, plan.staged_offsets[entry] - c0, self._scatter, self.row_bytes)
+            at = 0
+            for b, n in zip(group.tolist(), runs[group].tolist()):
+                nbytes = n * self.row_bytes
+                piece = memoryview(self._scatter[at:at + nbytes])
+                where = int(plan.batch_base[b]) + (int(lo[b]) - int(plan.staged_ptr[b])) * self.row_bytes
+                written = 0
+                while written < nbytes:
+                    written += os.pwrite(staged.fd, piece[written:], where + written)
+                hashers[b].update(piece)
+                stats.writes += 1
+                at += nbytes
+            stats.staged_bytes += at
+            self._unflushed += at
+            if self.staging_dir is not None and self._unflushed >= FLUSH_BYTES:
+                self._flush(staged.fd)
+            start = stop
+
+    def _flush(self, fd: int) -> None:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self._unflushed = 0
+
+    def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray) -> None:
+        """Batch ``b``'s feature rows, in its sampled node order, into ``out`` (2-D, C-contiguous, rows of
+        ``row_bytes``, at least as many rows as the batch has nodes). Raises ``CorruptData`` when the
+        region read back differs from what was written."""
+        plan = staged.plan
+        if not 0 <= b < plan.num_batches:
+            raise ValueError(f"b: {b} is outside the window's {plan.num_batches} batches")
+        count = int(plan.node_ptr[b + 1] - plan.node_ptr[b])
+        if out.ndim != 2 or out.shape[1] * out.itemsize != self.row_bytes or not out.flags.c_contiguous \
+                or out.shape[0] < count:
+            raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes, "
+                             f"at least {count}")
+        base, nbytes = plan.region(b)
+        aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
+        if self._back is None or len(self._back) < aligned:
+            self._back = _aligned(max(aligned, 2 * len(self._back or b"")))
+        view = memoryview(self._back)
+        done = 0
+        while done < nbytes:
+            got = os.preadv(staged.read_fd, [view[done:aligned]], base + done)
+            if got == 0:
+                raise OSError(errno.EIO, f"staging file ends at byte {base + done}", "staging")
+            done += got
+        region = np.frombuffer(self._back, dtype=np.uint8, count=nbytes)
+        if xxhash.xxh3_64_intdigest(region) != int(staged.digests[b]):
+            raise CorruptData(self.staging_dir or "staging memory", base,
+                              f"batch {b}'s staged rows ({nbytes} bytes)")
+        rows = region.reshape(-1, self.row_bytes)
+        np.take(rows, plan.gather[plan.node_ptr[b]:plan.node_ptr[b + 1]], axis=0,
+                out=out[:count].view(np.uint8).reshape(count, self.row_bytes))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "WindowStager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,87 @@
+"""Where each feature row a window of sampled batches needs is put, from the window's sampled structure alone.
+
+A window is H consecutive batches of the exact schedule (a ``SampledPass``). Staging them (see
+``loader.staging.stager``) reads ``features.bin`` once, in order, and writes every batch's rows into
+that batch's own region of a staging file. This module computes the layout, as plain arrays:
+
+* each batch's *staged rows*: its distinct nodes' rows in file order, so that a pass over the file
+  appends to every batch's region in order, and a batch's region is one sequential read at publish;
+* each batch region's byte offset, 4 KiB aligned (O_DIRECT reads it back);
+* per delivered node (the sampled order PyG wants: seeds first), the index of its row among its
+  batch's staged rows, the gather that turns a read-back region into the batch's feature matrix.
+
+Vectorized over the whole window: one lexsort, no loop over batches or nodes.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.daemon.gather_kernels import row_offsets_for
+from loader.sampling.sampling import SampledPass
+
+__all__ = ["WindowPlan", "plan_window", "STAGING_ALIGN"]
+
+STAGING_ALIGN = 4096
+"""Alignment of every batch's region in the staging file (O_DIRECT's page)."""
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """The staging layout of one window of ``num_batches`` batches (arrays int64 unless said)."""
+
+    row_bytes: int
+    num_batches: int
+    staged_ptr: np.ndarray
+    """[B + 1]: batch b's staged rows are ``staged_offsets[staged_ptr[b]:staged_ptr[b + 1]]``."""
+    staged_offsets: np.ndarray
+    """File offset of each staged row; ascending within a batch."""
+    batch_base: np.ndarray
+    """[B]: byte offset of batch b's region in the staging file (a multiple of ``STAGING_ALIGN``)."""
+    node_ptr: np.ndarray
+    """[B + 1]: the window's ``SampledPass.node_ptr``."""
+    gather: np.ndarray
+    """Per delivered node, in sampled order: its row's index among its batch's staged rows."""
+    staging_bytes: int
+    """Size of the staging file: the last region's end, aligned."""
+
+    def region(self, b: int) -> tuple[int, int]:
+        """(byte offset, length) of batch ``b``'s rows in the staging file."""
+        return int(self.batch_base[b]), int(self.staged_ptr[b + 1] - self.staged_ptr[b]) * self.row_bytes
+
+    @property
+    def staged_rows(self) -> int:
+        return int(self.staged_ptr[-1])
+
+    @property
+    def delivered_rows(self) -> int:
+        return int(self.node_ptr[-1])
+
+
+def plan_window(sampled: SampledPass, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
+                row_bytes: int) -> WindowPlan:
+    """The staging layout of ``sampled``'s batches over a ``features.bin`` of ``row_bytes`` rows."""
+    if row_bytes <= 0:
+        raise ValueError(f"row_bytes: {row_bytes} is not positive")
+    count = sampled.num_batches
+    sizes = np.diff(sampled.node_ptr)
+    batch_of = np.repeat(np.arange(count, dtype=np.int64), sizes)
+    offsets = row_offsets_for(sampled.nodes, part_node_begin, part_feat_offset, row_bytes)
+    order = np.lexsort((offsets, batch_of))  # batch-major, file order inside a batch
+    sorted_batch, sorted_off = batch_of[order], offsets[order]
+    # a node sampled twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (sorted_batch[1:] != sorted_batch[:-1]) | (sorted_off[1:] != sorted_off[:-1])
+    staged_index = np.cumsum(first) - 1  # global staged row of each sorted entry
+    staged_offsets = sorted_off[first]
+    staged_counts = np.bincount(sorted_batch[first], minlength=count).astype(np.int64)
+    staged_ptr = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(staged_counts, out=staged_ptr[1:])
+    gather = np.empty(len(order), dtype=np.int64)
+    gather[order] = staged_index - staged_ptr[sorted_batch]
+    region = -(-staged_counts * row_bytes // STAGING_ALIGN) * STAGING_ALIGN
+    batch_base = np.zeros(count, dtype=np.int64)
+    np.cumsum(region[:-1], out=batch_base[1:])
+    return WindowPlan(row_bytes=row_bytes, num_batches=count, staged_ptr=staged_ptr, staged_offsets=staged_offsets,
+                      batch_base=batch_base, node_ptr=sampled.node_ptr.copy(), gather=gather,
+                      staging_bytes=int(region.sum()))

@@ -1,0 +1,174 @@
+"""Staged windows: the layout against a plain per-batch reference, and staged batches bitwise equal to the
+dataset's rows of the sampled nodes, from RAM and from disk, checked on both reads."""
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.daemon.gather_kernels import row_offsets_for
+from loader.format.dataset import Dataset, open_dataset
+from loader.format.read_checks import CorruptData, load_read_checks
+from loader.sampling.inmemory import epoch_batches_inmemory
+from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
+from loader.staging.stager import WindowStager
+from loader.staging.staging_kernels import copy_rows_from
+from loader.staging.window_plan import STAGING_ALIGN, plan_window
+from tests.graphs import generated_dataset
+
+# 25 float32 features: 100-byte rows, which straddle pages and chunks
+FEAT_DIM = 25
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Dataset:
+    return open_dataset(generated_dataset(tmp_path_factory.mktemp("staging"), nodes=2500, feat_dim=FEAT_DIM,
+                                          partitions=5))
+
+
+def window(dataset: Dataset, batches: int, batch_size: int = 32, fanouts: tuple[int, ...] = (4, 3)) -> SampledPass:
+    """The first ``batches`` batches of epoch 0, as the exact mode samples them."""
+    m = dataset.manifest
+    graph = CSCGraph(dataset.read("indptr", np.int64, 1), np.load(dataset.file("indices")),
+                     np.arange(m.num_nodes, dtype=np.int64))
+    plan = epoch_batches_inmemory(np.load(dataset.file("train")), batch_size, 0, 0)
+    return sample_pass(graph, plan.seeds[:batches * batch_size], batch_size, list(fanouts), plan.keys[:batches])
+
+
+def expected_rows(dataset: Dataset, nodes: np.ndarray) -> np.ndarray:
+    m = dataset.manifest
+    parts = dataset.partitions()
+    data = np.fromfile(dataset.file("features"), dtype=np.uint8)
+    offsets = row_offsets_for(nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
+    return data[offsets[:, None] + np.arange(m.row_bytes)]
+
+
+def stager_for(dataset: Dataset, staging_dir: Path | None, checked: bool = True, **kwargs) -> WindowStager:
+    m = dataset.manifest
+    checks = load_read_checks(dataset, blocks=True) if checked else None
+    return WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=staging_dir,
+                        block_sums=None if checks is None else checks.feature_blocks,
+                        check_block=m.feature_check_bytes, **kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_plan_matches_a_per_batch_reference(data):
+    row_bytes = data.draw(st.integers(1, 300))
+    parts = data.draw(st.integers(1, 4))
+    sizes = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=6))
+    num_nodes = 40
+    node_begin = np.sort(np.random.default_rng(len(sizes)).choice(np.arange(1, num_nodes), parts - 1,
+                                                                   replace=False)).astype(np.int64)
+    node_begin = np.concatenate(([0], node_begin)).astype(np.int64)
+    feat_offset = np.cumsum(np.concatenate(([0], np.full(parts - 1, 10_000)))).astype(np.int64)
+    nodes = np.concatenate([np.asarray(data.draw(st.lists(st.integers(0, num_nodes - 1), min_size=n, max_size=n)),
+                                       dtype=np.int64) for n in sizes]) if sum(sizes) else np.empty(0, np.int64)
+    node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    sampled = SampledPass(len(sizes), 1, node_ptr, nodes, np.zeros(len(sizes) + 1, np.int64), np.empty(0, np.int64),
+                          np.empty(0, np.int64), np.zeros((len(sizes), 2), np.int64), np.zeros((len(sizes), 1), np.int64))
+    plan = plan_window(sampled, node_begin, feat_offset, row_bytes)
+    offsets = row_offsets_for(nodes, node_begin, feat_offset, row_bytes)
+    end = 0
+    for b in range(len(sizes)):
+        mine = offsets[node_ptr[b]:node_ptr[b + 1]]
+        staged = plan.staged_offsets[plan.staged_ptr[b]:plan.staged_ptr[b + 1]]
+        assert staged.tolist() == sorted(set(mine.tolist()))  # distinct, in file order
+        assert np.array_equal(staged[plan.gather[node_ptr[b]:node_ptr[b + 1]]], mine)
+        base, nbytes = plan.region(b)
+        assert base % STAGING_ALIGN == 0 and base >= end and nbytes == len(staged) * row_bytes
+        end = base + nbytes
+    assert plan.staging_bytes >= end and plan.staging_bytes % STAGING_ALIGN == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_copy_rows_from_matches_numpy(data):
+    row_bytes = data.draw(st.integers(1, 64))
+    src = np.frombuffer(data.draw(st.binary(min_size=row_bytes, max_size=600)), dtype=np.uint8)
+    offsets = np.asarray(data.draw(st.lists(st.integers(0, len(src) - row_bytes), max_size=20)), dtype=np.int64)
+    out = np.zeros(len(offsets) * row_bytes, dtype=np.uint8)
+    copy_rows_from(src, offsets, out, row_bytes)
+    expected = src[offsets[:, None] + np.arange(row_bytes)].reshape(-1) if len(offsets) else out
+    assert np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
+@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
+def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, on_disk, chunk_bytes):
+    sampled = window(dataset, 12)
+    m = dataset.manifest
+    parts = dataset.partitions()
+    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, m.row_bytes)
+    # a small scatter buffer: several write groups per chunk
+    with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192) as stager:
+        staged = stager.stage(plan)
+        try:
+            assert staged.stats.staged_bytes == plan.staged_rows * m.row_bytes
+            assert staged.stats.file_bytes_read >= len(np.unique(plan.staged_offsets // 4096)) * 4096 // 2
+            out = np.full((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), np.nan, dtype=np.float32)
+            for b in reversed(range(plan.num_batches)):  # any order
+                nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
+                stager.read_batch(staged, b, out)
+                assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(dataset, nodes))
+        finally:
+            staged.close()
+    assert not list(tmp_path.iterdir())  # the staging file has no name to leave behind
+
+
+def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset.path, copy)
+    corrupt = open_dataset(copy)
+    sampled = window(corrupt, 40)
+    parts = corrupt.partitions()
+    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, corrupt.manifest.row_bytes)
+    victim = int(plan.staged_offsets[len(plan.staged_offsets) // 2])
+    with open(corrupt.file("features"), "r+b") as f:
+        f.seek(victim)
+        byte = f.read(1)
+        f.seek(victim)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with stager_for(corrupt, None) as stager, pytest.raises(CorruptData, match="features.bin"):
+        stager.stage(plan)
+    with stager_for(corrupt, None, checked=False) as stager:  # unchecked: served (what the checks prevent)
+        stager.stage(plan).close()
+
+
+def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
+    sampled = window(dataset, 6)
+    m = dataset.manifest
+    parts = dataset.partitions()
+    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, m.row_bytes)
+    with stager_for(dataset, tmp_path) as stager:
+        staged = stager.stage(plan)
+        try:
+            base, nbytes = plan.region(3)
+            os.pwrite(staged.fd, b"\xff", base + nbytes // 2)
+            out = np.empty((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), dtype=np.float32)
+            with pytest.raises(CorruptData, match="batch 3"):
+                stager.read_batch(staged, 3, out)
+            stager.read_batch(staged, 2, out)  # the others are still served
+        finally:
+            staged.close()
+
+
+def test_bad_arguments_are_refused(dataset):
+    sampled = window(dataset, 2)
+    parts = dataset.partitions()
+    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, dataset.manifest.row_bytes)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        stager_for(dataset, None, chunk_bytes=1000)
+    with stager_for(dataset, None) as stager:
+        staged = stager.stage(plan)
+        try:
+            with pytest.raises(ValueError, match="outside"):
+                stager.read_batch(staged, 2, np.empty((1000, FEAT_DIM), np.float32))
+            with pytest.raises(ValueError, match="out"):
+                stager.read_batch(staged, 0, np.empty((1, FEAT_DIM), np.float32))
+        finally:
+            staged.close()
