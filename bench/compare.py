@@ -74,7 +74,7 @@ from proto.sizes import format_size, parse_size  # noqa: E402
 
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"
-MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
+MODES = ("hierarchical", "exact", "static", "staged", "mmap", "inmemory")
 CHECKED_MODES = ("hierarchical", "exact", "static")
 """The modes that verify what they read (format 1.1 read checks); ``--read-checks both`` runs each unchecked too."""
 UNCHECKED = "-unchecked"
@@ -96,13 +96,17 @@ def write_config(path: Path, run: str, dataset: Path, sock: Path, budget: int, a
                  caches: dict[str, int]) -> None:
     mode, checked, _ = run_parts(run)
     cache_lines = "".join(f"{key} = {value}\n" for key, value in caches.items())
+    superbatch = args.staged_superbatch if mode == "staged" else args.superbatch
+    staging = path.parent / "staging"
+    staging.mkdir(exist_ok=True)
     path.write_text(f"""[dataset]
 path = "{dataset}"
 [loader]
 mode = "{mode}"
 [exact]
-superbatch = {args.superbatch}
+superbatch = {superbatch}
 sample_group = {args.sample_group}
+staging_dir = "{staging}"
 {cache_lines}[memory]
 budget = {budget}
 [hierarchy]
@@ -400,6 +404,9 @@ def main() -> int:
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--superbatch", type=int, default=8)
     p.add_argument("--sample-group", type=int, default=8)
+    p.add_argument("--staged-superbatch", type=int, default=32,
+                   help="superbatch of mode staged, whose pass over the file the superbatch's batches share "
+                        "(default 32)")
     p.add_argument("--batches", type=int, default=1200, help="loader-only batches per mode at most (default 1200)")
     p.add_argument("--seconds", type=float, default=120, help="loader-only seconds per mode at most (default 120)")
     p.add_argument("--warmup", type=int, default=8, help="loader-only batches not timed first (default 8)")

@@ -28,7 +28,7 @@ class DatasetConfig:
     """Directory written by ``megabatch prepare`` (required)."""
 
 
-MODES = ("hierarchical", "exact", "static", "mmap", "inmemory")
+MODES = ("hierarchical", "exact", "static", "staged", "mmap", "inmemory")
 
 SCHEDULES = ("balanced", "random")
 """How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
@@ -40,6 +40,8 @@ class ModeConfig:
     """How training batches are made (default "hierarchical"): "hierarchical" (HierBatching mega-batches),
     "exact" (Ginex: full-graph sampling, neighbour cache, Belady feature cache from changesets),
     "static" (Ali+PG: full-graph sampling, static neighbour and degree-ranked feature caches),
+    "staged" (the exact mode's batches, each superbatch's rows staged by one sequential pass over the
+    feature file into per-batch regions of a staging file under ``[exact] staging_dir``),
     "mmap" (PyG+: full-graph sampling over memory maps, readahead off), "inmemory" (all in RAM)."""
 
 
@@ -53,6 +55,9 @@ class ExactConfig:
     """Bytes of the neighbour cache, or None ("auto": derived from the budget; default auto)."""
     feature_cache: int | None = None
     """Bytes of the feature cache, or None ("auto": the rest of the budget; default auto)."""
+    staging_dir: Path = Path("/var/tmp")
+    """Mode "staged": the directory its staging files go to (unnamed files, gone when closed; default /var/tmp,
+    on disk where /tmp may be RAM). Each superbatch in flight takes its batches' feature bytes there."""
 
 
 @dataclass(frozen=True)
@@ -289,7 +294,7 @@ def _mode(t: Mapping[str, Any]) -> ModeConfig:
     return ModeConfig(mode=mode)
 
 
-def _exact(t: Mapping[str, Any]) -> ExactConfig:
+def _exact(t: Mapping[str, Any], base: Path) -> ExactConfig:
     _check_keys("exact", t, ExactConfig)
     d = ExactConfig()
 
@@ -304,7 +309,8 @@ def _exact(t: Mapping[str, Any]) -> ExactConfig:
                                        maximum=1 << 20),
                        sample_group=_int("exact", "sample_group", t.get("sample_group", d.sample_group), minimum=1,
                                          maximum=1 << 16),
-                       neighbor_cache=cache("neighbor_cache"), feature_cache=cache("feature_cache"))
+                       neighbor_cache=cache("neighbor_cache"), feature_cache=cache("feature_cache"),
+                       staging_dir=_path(base, _str("exact", "staging_dir", t.get("staging_dir", str(d.staging_dir)))))
 
 
 def _sampler(t: Mapping[str, Any]) -> SamplerConfig:
@@ -402,8 +408,9 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     if level not in ("debug", "info", "warning", "error"):
         raise _fail("log", "level", f"expected debug, info, warning or error, got {level!r}")
 
-    return LoaderConfig(dataset=dataset, loader=_mode(_table(data, "loader")), exact=_exact(_table(data, "exact")),
-                        memory=memory, hierarchy=_hierarchy(_table(data, "hierarchy")),
+    return LoaderConfig(dataset=dataset, loader=_mode(_table(data, "loader")),
+                        exact=_exact(_table(data, "exact"), base), memory=memory,
+                        hierarchy=_hierarchy(_table(data, "hierarchy")),
                         sampler=_sampler(_table(data, "sampler")), io=io, publisher=publisher,
                         server=_server(_table(data, "server"), base), metrics=metrics, log=LogConfig(level))
 

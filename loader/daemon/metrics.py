@@ -23,9 +23,11 @@ READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
-STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval", "rows")
+STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval", "rows", "staging")
 """Stage labels of ``megabatch_stage_busy_seconds``. "rows" is the full-graph modes' feature-row reads from
-disk (checks included), a part of "publisher" (and of "eval") time: the breakdown of a batch's time."""
+disk (checks included; in mode staged, the read-back of a batch's staged region), a part of "publisher"
+(and of "eval") time: the breakdown of a batch's time. "staging" is mode staged's pass over the feature file
+and its staging writes, a part of "planner" time."""
 
 REFUSAL_REASONS = ("forbidden", "pending", "busy", "job")
 """Why a connection was closed before it became a session: a peer outside ``[server] allow_uids`` /
@@ -87,6 +89,8 @@ class DaemonMetrics:
             "each failed the batch that needed them", ["file"], registry=r)
         self.disk_seconds = Histogram("megabatch_disk_read_seconds", "Latency of one preadv", ["file"],
                                       buckets=READ_LATENCY_BUCKETS, registry=r)
+        self.staging_written_bytes = Counter("megabatch_staging_written_bytes", "Bytes mode staged wrote to its "
+                                             "staging files", registry=r)
         self.stage_busy = Counter("megabatch_stage_busy_seconds", "Seconds a stage spent working (not waiting)",
                                   ["stage"], registry=r)
         self.static_nodes = Gauge("megabatch_static_cache_nodes", "Nodes in the static cache", registry=r)

@@ -25,6 +25,8 @@ staging writes in the page cache.
 import errno
 import mmap
 import os
+import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,11 +74,19 @@ class StagedWindow:
     """uint64 [B]: XXH3-64 of each batch's region as written."""
     stats: StagingStats = field(default_factory=StagingStats)
 
+    def __post_init__(self) -> None:
+        # a window a stopped stream drops unread still frees its disk space when it is collected
+        self._closer = weakref.finalize(self, _close_fds, {self.fd, self.read_fd})
+
     def close(self) -> None:
-        for fd in {self.fd, self.read_fd}:
-            if fd >= 0:
-                os.close(fd)
+        self._closer()
         self.fd = self.read_fd = -1
+
+
+def _close_fds(fds: set[int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
 
 
 class WindowStager:
@@ -85,12 +95,14 @@ class WindowStager:
     block_sums / check_block: the file's read checks (``ReadChecks.feature_blocks`` and
     ``feature_block``), or None (unchecked); staging_dir: where staging files go (None: RAM);
     direct: O_DIRECT for the file's chunks and the read-backs from disk (falls back to buffered where
-    refused).
+    refused); chunk_bytes, scatter_bytes, flush_bytes: the buffers (``buffer_bytes`` sums what they
+    hold). ``stage`` calls are serialized, as are ``read_batch`` calls; one of each may run at once.
     """
 
     def __init__(self, features_path: str | os.PathLike[str], *, row_bytes: int, staging_dir: Path | None,
                  block_sums: np.ndarray | None = None, check_block: int = 4096, direct: bool = True,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, scatter_bytes: int = DEFAULT_SCATTER_BYTES) -> None:
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, scatter_bytes: int = DEFAULT_SCATTER_BYTES,
+                 flush_bytes: int = FLUSH_BYTES) -> None:
         if row_bytes <= 0:
             raise ValueError(f"row_bytes: {row_bytes} is not positive")
         if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
@@ -105,6 +117,9 @@ class WindowStager:
         self._tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
         self.scatter_bytes = max(scatter_bytes, chunk_bytes + self._tail)
         self.direct = direct
+        self.flush_bytes = flush_bytes
+        self._stage_lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._fd = self._open(self.path, os.O_RDONLY)
         self.file_size = os.fstat(self._fd).st_size
         self._chunk = _aligned(chunk_bytes + self._tail)
@@ -143,14 +158,17 @@ class WindowStager:
             raise ValueError(f"plan: rows of {plan.row_bytes} bytes, the file has {self.row_bytes}")
         if plan.staged_rows and int(plan.staged_offsets.max()) + self.row_bytes > self.file_size:
             raise ValueError(f"plan: a row lies past the end of {self.path} ({self.file_size} bytes)")
-        fd, read_fd = self._staging_file(plan.staging_bytes)
-        staged = StagedWindow(plan, fd, read_fd, np.zeros(plan.num_batches, dtype=np.uint64))
-        try:
-            self._fill(staged)
-        except BaseException:
-            staged.close()
-            raise
-        return staged
+        with self._stage_lock:
+            if self._fd < 0:
+                raise ValueError(f"{self.path}: the stager is closed")
+            fd, read_fd = self._staging_file(plan.staging_bytes)
+            staged = StagedWindow(plan, fd, read_fd, np.zeros(plan.num_batches, dtype=np.uint64))
+            try:
+                self._fill(staged)
+            except BaseException:
+                staged.close()
+                raise
+            return staged
 
     def _fill(self, staged: StagedWindow) -> None:
         plan, stats = staged.plan, staged.stats
@@ -186,10 +204,13 @@ class WindowStager:
         view = memoryview(self._chunk)
         done = 0
         while done < need:
-            got = os.preadv(self._fd, [view[done:length]], at + done)
+            try:
+                got = os.preadv(self._fd, [view[done:length]], at + done)
+            except OSError as err:
+                raise OSError(err.errno, f"{err.strerror} (read at byte {at + done})", str(self.path)) from err
             if got == 0:
-                raise OSError(errno.EIO, f"file ends at byte {at + done}, before the rows staged from it (truncated?)",
-                              str(self.path))
+                raise OSError(errno.EIO, f"the file ends at byte {at + done}, before the rows staged from it (it "
+                                         f"shrank after the daemon started?)", str(self.path))
             done += got
         return done
 
@@ -212,7 +233,7 @@ class WindowStager:
             at = 0
             for b, n in zip(group.tolist(), runs[group].tolist()):
                 nbytes = n * self.row_bytes
-                piece = memoryview(self._scatter[at:at + nbytes])
+                piece = self._scatter[at:at + nbytes].data
                 where = int(plan.batch_base[b]) + (int(lo[b]) - int(plan.staged_ptr[b])) * self.row_bytes
                 written = 0
                 while written < nbytes:
@@ -222,7 +243,7 @@ class WindowStager:
                 at += nbytes
             stats.staged_bytes += at
             self._unflushed += at
-            if self.staging_dir is not None and self._unflushed >= FLUSH_BYTES:
+            if self.staging_dir is not None and self._unflushed >= self.flush_bytes:
                 self._flush(staged.fd)
             start = stop
 
@@ -243,6 +264,11 @@ class WindowStager:
                 or out.shape[0] < count:
             raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes, "
                              f"at least {count}")
+        with self._read_lock:
+            self._read_region(staged, b, count, out)
+
+    def _read_region(self, staged: StagedWindow, b: int, count: int, out: np.ndarray) -> None:
+        plan = staged.plan
         base, nbytes = plan.region(b)
         aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
         if self._back is None or len(self._back) < aligned:
@@ -255,17 +281,24 @@ class WindowStager:
                 raise OSError(errno.EIO, f"staging file ends at byte {base + done}", "staging")
             done += got
         region = np.frombuffer(self._back, dtype=np.uint8, count=nbytes)
-        if xxhash.xxh3_64_intdigest(region) != int(staged.digests[b]):
+        if xxhash.xxh3_64_intdigest(region.data) != int(staged.digests[b]):
             raise CorruptData(self.staging_dir or "staging memory", base,
                               f"batch {b}'s staged rows ({nbytes} bytes)")
         rows = region.reshape(-1, self.row_bytes)
         np.take(rows, plan.gather[plan.node_ptr[b]:plan.node_ptr[b + 1]], axis=0,
                 out=out[:count].view(np.uint8).reshape(count, self.row_bytes))
 
+    def buffer_bytes(self, largest_batch_rows: int) -> int:
+        """RAM the stager holds at most: its buffers, the read-back of a batch of ``largest_batch_rows``
+        distinct rows, and the unflushed staging writes in the page cache."""
+        return (len(self._chunk) + self.scatter_bytes + -(-largest_batch_rows * self.row_bytes // STAGING_ALIGN)
+                * STAGING_ALIGN + (self.flush_bytes if self.staging_dir is not None else 0))
+
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._stage_lock, self._read_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def __enter__(self) -> "WindowStager":
         return self

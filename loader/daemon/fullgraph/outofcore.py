@@ -1,4 +1,4 @@
-"""The out-of-core full-graph modes: "exact" (Ginex) and "static" (Ali+PG), and their memory split.
+"""The out-of-core full-graph modes: "exact" (Ginex), "static" (Ali+PG) and "staged", and their memory split.
 
 Both hold only ``indptr`` of the graph in RAM, sample with ``ExactSampler`` (a neighbour cache
 filled by the prepared out/in-degree ranking, missed lists read from disk, each list once per hop
@@ -15,6 +15,12 @@ They differ in the feature cache:
   measured on bench/compare, 0.769 rows read per row used with fills against 0.699 without (static:
   0.727).
 * ``static``: the C rows of highest out-degree (PaGraph's choice), loaded once, never changed.
+* ``staged``: no feature cache; the planner stage stages each superbatch (``loader.staging``): one
+  sequential O_DIRECT pass over the chunks of ``features.bin`` its batches use, each batch's rows
+  written to its region of a staging file under ``[exact] staging_dir``, which the publisher reads
+  back in one read per batch. Sequential bytes instead of random reads: the disk moves the file's
+  share (1/superbatch of the file per batch, at most) plus each batch's rows twice (written, read
+  back), at its sequential rates. Long superbatches pay: the pass is shared by more batches.
 
 Memory (``plan_outofcore``), Ginex §3.5 adapted to a pipeline where sampling and gathering run at
 the same time, so both caches share the budget instead of taking turns::
@@ -33,6 +39,7 @@ feature row is a whole row for the same one read.
 """
 
 import logging
+import os
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -57,11 +64,13 @@ from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.sampling import SampledPass
+from loader.staging.stager import StagedWindow, WindowStager
+from loader.staging.window_plan import plan_window
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["OutOfCoreBudget", "plan_outofcore", "ExactMode", "StaticMode", "out_degree_ranking",
-           "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE"]
+__all__ = ["OutOfCoreBudget", "plan_outofcore", "ExactMode", "StaticMode", "StagedMode", "out_degree_ranking",
+           "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "STAGING_CHUNK", "STAGING_SCATTER", "STAGING_FLUSH"]
 
 log = logging.getLogger("megabatch.outofcore")
 
@@ -73,6 +82,19 @@ ROW_READ_THREADS = 32
 """Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
 gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
 32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
+STAGING_CHUNK = 4 << 20
+"""Mode staged: bytes of features.bin per sequential read (690 MB/s needs a few MiB per read, not more)."""
+STAGING_SCATTER = 16 << 20
+"""Mode staged: rows gathered from a chunk before they are written (a chunk's rows times the batches that want them)."""
+STAGING_FLUSH = 32 << 20
+"""Mode staged: staging writes the page cache holds before they are flushed and dropped."""
+
+
+def staging_buffer_bytes(batch_nodes: int, row_bytes: int) -> int:
+    """RAM the staged mode's stager holds (``WindowStager.buffer_bytes`` for these sizes)."""
+    tail = -(-row_bytes // 4096) * 4096
+    return STAGING_CHUNK + tail + max(STAGING_SCATTER, STAGING_CHUNK + tail) + \
+        -(-batch_nodes * row_bytes // 4096) * 4096 + STAGING_FLUSH
 
 
 @dataclass(frozen=True)
@@ -122,6 +144,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
                        * index_itemsize)
     working = SUPERBATCHES_IN_FLIGHT * superbatch + list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
+    if mode == "staged":
+        working += staging_buffer_bytes(batch_nodes, m.row_bytes)
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
         raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
@@ -130,8 +154,12 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                         f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
                         f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
     all_lists = 8 * n + index_itemsize * m.num_edges
-    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else min(all_lists, left // 2)
-    feature = ex.feature_cache if ex.feature_cache is not None else left - neighbor
+    # the staged mode reads every row by the staging pass: no feature cache, the lists take what is left
+    if mode == "staged" and ex.feature_cache:
+        raise UserError("[exact] feature_cache: mode staged has no feature cache; leave it \"auto\" or 0")
+    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else \
+        min(all_lists, left if mode == "staged" else left // 2)
+    feature = 0 if mode == "staged" else ex.feature_cache if ex.feature_cache is not None else left - neighbor
     if neighbor + feature > left:
         raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
@@ -356,3 +384,80 @@ class _StaticRows(RowSource):
             lookups = self._mode.serving.metrics.feature_cache_lookups
             lookups.labels("hit").inc(hits)
             lookups.labels("miss").inc(misses)
+
+
+class StagedMode(_OutOfCoreMode):
+    """The exact mode's batches, each superbatch's rows staged by one sequential pass (``loader.staging``)."""
+
+    name = "staged"
+
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
+        super().__init__(serving, dataset, plan)
+        config = serving.config
+        m = dataset.manifest
+        where = config.exact.staging_dir
+        if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+            self.close()
+            raise UserError(f"[exact] staging_dir: {where} is not a writable directory")
+        checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
+        self.stager = WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=where,
+                                   block_sums=None if checks is None else checks.feature_blocks,
+                                   check_block=m.feature_check_bytes, direct=config.io.direct_io,
+                                   chunk_bytes=STAGING_CHUNK, scatter_bytes=STAGING_SCATTER,
+                                   flush_bytes=STAGING_FLUSH)
+        self._metrics.feature_cache_bytes.set(0)
+        log.info("staged superbatches of %d batches in %s", self.superbatch, where)
+
+    def stage(self, sampled: SampledPass) -> RowSource:
+        """Stage one superbatch (the planner stage's work); its batches are then read back in order."""
+        started = time.perf_counter()
+        plan = plan_window(sampled, self._node_begin, self._feat_offset, self._row_bytes)
+        try:
+            staged = self.stager.stage(plan)
+        except OSError as err:
+            if err.filename == str(self.stager.path):  # the stager names the byte; one line, as read_rows says it
+                raise UserError(f"{err.filename}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
+                                ) from err
+            raise UserError(f"staging in {self.stager.staging_dir}: {err.strerror or err} (is the disk full? "
+                            f"a superbatch stages {format_size(plan.staging_bytes)})") from err
+        finally:
+            self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
+        self._metrics.disk_bytes.labels("features").inc(staged.stats.file_bytes_read)
+        self._metrics.disk_reads.labels("features").inc(staged.stats.chunks)
+        self._metrics.staging_written_bytes.inc(staged.stats.staged_bytes)
+        return _StagedRows(self, staged)
+
+    def start_stream(self) -> RowsFor:
+        return self.stage
+
+    def eval_rows(self) -> RowSource:
+        return _DiskRows(self)
+
+    def close(self) -> None:
+        super().close()
+        stager = getattr(self, "stager", None)
+        if stager is not None:
+            stager.close()
+
+
+class _StagedRows(RowSource):
+    """A staged superbatch's rows: batch b's region read back whole; the staging file closes after the last."""
+
+    fills_any_subset = False
+
+    def __init__(self, mode: StagedMode, staged: StagedWindow) -> None:
+        self._mode, self._staged = mode, staged
+
+    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        mode, staged = self._mode, self._staged
+        started = time.perf_counter()
+        try:
+            mode.stager.read_batch(staged, b, x)
+        except OSError as err:
+            raise UserError(f"reading back batch {b} staged in {mode.stager.staging_dir}: {err.strerror or err}; "
+                            f"check the disk (dmesg)") from err
+        finally:
+            mode.serving.metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
+        mode.serving.metrics.disk_bytes.labels("staging").inc(staged.plan.region(b)[1])
+        if b == staged.plan.num_batches - 1:
+            staged.close()

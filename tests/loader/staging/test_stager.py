@@ -69,8 +69,9 @@ def test_plan_matches_a_per_batch_reference(data):
     nodes = np.concatenate([np.asarray(data.draw(st.lists(st.integers(0, num_nodes - 1), min_size=n, max_size=n)),
                                        dtype=np.int64) for n in sizes]) if sum(sizes) else np.empty(0, np.int64)
     node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    sampled = SampledPass(len(sizes), 1, node_ptr, nodes, np.zeros(len(sizes) + 1, np.int64), np.empty(0, np.int64),
-                          np.empty(0, np.int64), np.zeros((len(sizes), 2), np.int64), np.zeros((len(sizes), 1), np.int64))
+    no_edges = np.empty(0, np.int64)
+    sampled = SampledPass(len(sizes), 1, node_ptr, nodes, np.zeros(len(sizes) + 1, np.int64), no_edges, no_edges,
+                          np.zeros((len(sizes), 2), np.int64), np.zeros((len(sizes), 1), np.int64))
     plan = plan_window(sampled, node_begin, feat_offset, row_bytes)
     offsets = row_offsets_for(nodes, node_begin, feat_offset, row_bytes)
     end = 0

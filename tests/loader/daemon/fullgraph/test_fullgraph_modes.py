@@ -63,8 +63,13 @@ def assert_same_as_reference(batches, ref, epoch):
     ("exact", {"superbatch": 64, "feature_cache": "64M", "neighbor_cache": "8M"}),  # all of it cached
     ("static", {"superbatch": 3, "neighbor_cache": 0, "feature_cache": "40K"}),
     ("static", {"superbatch": 7, "feature_cache": 0}),
+    ("staged", {"superbatch": 6, "neighbor_cache": 0}),  # every list from disk, several superbatches an epoch
+    ("staged", {"superbatch": 64}),  # an epoch in one superbatch
 ])
 def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path, mode, exact):
+    if mode == "staged":
+        (tmp_path / "staging").mkdir()
+        exact = {**exact, "staging_dir": str(tmp_path / "staging")}
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact,
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config):
