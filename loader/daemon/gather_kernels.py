@@ -9,7 +9,7 @@ import numpy as np
 
 from loader.jit import kernel
 
-__all__ = ["gather_rows", "row_offsets_for"]
+__all__ = ["gather_rows"]
 
 
 @kernel
@@ -52,25 +52,3 @@ def gather_rows(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes:
         raise ValueError(f"out: {out.shape[0]} bytes, {len(node_array)} rows of {row_bytes} need "
                          f"{len(node_array) * row_bytes}")
     _gather(src, row_offsets, row_bytes, np.ascontiguousarray(node_array, dtype=np.int64), out)
-
-
-def row_offsets_for(global_ids: np.ndarray, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
-                    row_bytes: int) -> np.ndarray:
-    """Byte offset in ``features.bin`` of each node's row (int64, one per global id).
-
-    part_node_begin: int64 [P], each partition's first global id, ascending; part_feat_offset:
-    int64 [P], each partition's first byte. A node belongs to the last partition whose first
-    id is <= its id. Raises ValueError for an id below the first partition or mismatched tables.
-    """
-    ids = np.asarray(global_ids, dtype=np.int64)
-    begin = np.asarray(part_node_begin, dtype=np.int64)
-    feat_offset = np.asarray(part_feat_offset, dtype=np.int64)
-    if begin.ndim != 1 or begin.shape != feat_offset.shape or len(begin) == 0:
-        raise ValueError(f"part_node_begin/part_feat_offset: shapes {begin.shape} and {feat_offset.shape}, "
-                         f"expected equal non-empty 1-D")
-    if row_bytes < 0:
-        raise ValueError(f"row_bytes: {row_bytes} is negative")
-    part = np.searchsorted(begin, ids, side="right") - 1
-    if ids.size and part.min() < 0:
-        raise ValueError(f"global_ids: id {ids[part < 0][0]} precedes the first partition ({begin[0]})")
-    return feat_offset[part] + (ids - begin[part]) * row_bytes

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.gather_kernels import gather_rows, row_offsets_for
+from loader.daemon.gather_kernels import gather_rows
+from loader.format.partition_table import row_offsets_for
 
 __all__ = ["RowSource", "GatheredRows", "DenseRows", "FileRows", "OffsetRows", "SlotSource"]
 

@@ -12,7 +12,7 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "PartitionRow", "PartitionTable"]
+__all__ = ["FEATURE_ALIGNMENT", "PARTITION_COLUMNS", "PartitionRow", "PartitionTable", "row_offsets_for"]
 
 PARTITION_COLUMNS = ("node_begin", "node_end", "edge_begin", "edge_end", "feat_offset", "feat_nbytes")
 """Columns of ``partitions.npy`` (int64, shape (P, 6))."""
@@ -114,3 +114,25 @@ class PartitionTable:
         """Each partition in order, by name."""
         for values in self.array.tolist():
             yield PartitionRow(*values)
+
+
+def row_offsets_for(global_ids: np.ndarray, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
+                    row_bytes: int) -> np.ndarray:
+    """Byte offset in ``features.bin`` of each node's row (int64, one per global id).
+
+    part_node_begin: int64 [P], each partition's first global id, ascending; part_feat_offset:
+    int64 [P], each partition's first byte. A node belongs to the last partition whose first
+    id is <= its id. Raises ValueError for an id below the first partition or mismatched tables.
+    """
+    ids = np.asarray(global_ids, dtype=np.int64)
+    begin = np.asarray(part_node_begin, dtype=np.int64)
+    feat_offset = np.asarray(part_feat_offset, dtype=np.int64)
+    if begin.ndim != 1 or begin.shape != feat_offset.shape or len(begin) == 0:
+        raise ValueError(f"part_node_begin/part_feat_offset: shapes {begin.shape} and {feat_offset.shape}, "
+                         f"expected equal non-empty 1-D")
+    if row_bytes < 0:
+        raise ValueError(f"row_bytes: {row_bytes} is negative")
+    part = np.searchsorted(begin, ids, side="right") - 1
+    if ids.size and part.min() < 0:
+        raise ValueError(f"global_ids: id {ids[part < 0][0]} precedes the first partition ({begin[0]})")
+    return feat_offset[part] + (ids - begin[part]) * row_bytes

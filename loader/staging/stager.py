@@ -22,6 +22,7 @@ Memory held: one chunk buffer (``chunk_bytes`` plus one row, O_DIRECT aligned), 
 staging writes in the page cache.
 """
 
+import ctypes
 import errno
 import mmap
 import os
@@ -44,9 +45,18 @@ DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_SCATTER_BYTES = 32 << 20
 """Most bytes of rows gathered before they are written out (a chunk's rows times the batches that want them)."""
 FLUSH_BYTES = 64 << 20
-"""Staging bytes written to a file on disk between two flushes, which write them back and drop them from
-the page cache: the dirty pages a window leaves stay bounded (they count against a cgroup's memory), and
-the write-back is paid by the stager, not by the O_DIRECT read-back, which would have to wait for it."""
+"""Staging bytes written to a file on disk between two flushes. A flush starts the write-back of what is
+dirty (``sync_file_range``, not waiting) and drops from the page cache what the previous flush wrote
+back, so the page cache holds at most about twice this (it counts against a cgroup's memory) while the
+disk writes behind the stager's pass instead of stopping it; the window's last flush waits
+(``fdatasync``), so the write-back is paid by the stager, not by the O_DIRECT read-back."""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_sync_file_range = getattr(_libc, "sync_file_range", None)
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    _sync_file_range.restype = ctypes.c_int
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 def _aligned(size: int) -> mmap.mmap:
@@ -196,7 +206,7 @@ class WindowStager:
         for b, hasher in enumerate(hashers):
             staged.digests[b] = hasher.intdigest()
         if self.staging_dir is not None:
-            self._flush(staged.fd)
+            self._flush(staged.fd, wait=True)
 
     def _read_chunk(self, at: int, need: int) -> int:
         """Read at least ``need`` bytes of the file from ``at`` (page aligned) into the chunk buffer."""
@@ -247,9 +257,12 @@ class WindowStager:
                 self._flush(staged.fd)
             start = stop
 
-    def _flush(self, fd: int) -> None:
-        os.fdatasync(fd)
+    def _flush(self, fd: int, wait: bool = False) -> None:
+        # DONTNEED drops only clean pages: those the previous flush sent to the disk
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if wait or _sync_file_range is None or _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self._unflushed = 0
 
     def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray) -> None:

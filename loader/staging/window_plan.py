@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.gather_kernels import row_offsets_for
+from loader.format.partition_table import row_offsets_for
 from loader.sampling.sampling import SampledPass
 
 __all__ = ["WindowPlan", "plan_window", "STAGING_ALIGN"]

@@ -55,10 +55,10 @@ from loader.daemon.budget_plan import BudgetPlan
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, FullGraphMode, ModeEval, RowsFor
-from loader.daemon.gather_kernels import row_offsets_for
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
+from loader.format.partition_table import row_offsets_for
 from loader.format.read_checks import block_table_bytes, load_read_checks
 from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache

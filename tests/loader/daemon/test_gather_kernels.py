@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.daemon.gather_kernels import gather_rows, row_offsets_for
+from loader.daemon.gather_kernels import gather_rows
+from loader.format.partition_table import row_offsets_for
 
 
 def reference_gather(src, row_offsets, row_bytes, nodes):

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.daemon.gather_kernels import row_offsets_for
 from loader.format.dataset import Dataset, open_dataset
+from loader.format.partition_table import row_offsets_for
 from loader.format.read_checks import CorruptData, load_read_checks
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
@@ -105,8 +105,9 @@ def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, on_disk, chunk
     m = dataset.manifest
     parts = dataset.partitions()
     plan = plan_window(sampled, parts.node_begin, parts.feat_offset, m.row_bytes)
-    # a small scatter buffer: several write groups per chunk
-    with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192) as stager:
+    # a small scatter buffer: several write groups per chunk; on disk, several flushes per window
+    with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192,
+                    flush_bytes=16384) as stager:
         staged = stager.stage(plan)
         try:
             assert staged.stats.staged_bytes == plan.staged_rows * m.row_bytes
