@@ -28,6 +28,7 @@ import mmap
 import os
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +49,9 @@ FLUSH_BYTES = 64 << 20
 """Staging bytes written to a file on disk between two flushes. A flush starts the write-back of what is
 dirty (``sync_file_range``, not waiting) and drops from the page cache what the previous flush wrote
 back, so the page cache holds at most about twice this (it counts against a cgroup's memory) while the
-disk writes behind the stager's pass instead of stopping it; the window's last flush waits
-(``fdatasync``), so the write-back is paid by the stager, not by the O_DIRECT read-back."""
+disk writes behind the stager's pass instead of stopping it. The window's last flush does not wait
+either: its batches are read back after the previous window's, by when the disk has written them
+(an O_DIRECT read of a range still dirty writes it first); ``read_batch`` drops each region it read."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _sync_file_range = getattr(_libc, "sync_file_range", None)
@@ -132,8 +134,9 @@ class WindowStager:
         self._read_lock = threading.Lock()
         self._fd = self._open(self.path, os.O_RDONLY)
         self.file_size = os.fstat(self._fd).st_size
-        self._chunk = _aligned(chunk_bytes + self._tail)
-        self._scatter = np.empty(self.scatter_bytes, dtype=np.uint8)
+        self._chunks = (_aligned(chunk_bytes + self._tail), _aligned(chunk_bytes + self._tail))
+        self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")
+        self._scatter = np.empty(-(-self.scatter_bytes // 8) * 8, dtype=np.uint8)
         self._back: mmap.mmap | None = None
         self._unflushed = 0
 
@@ -187,31 +190,50 @@ class WindowStager:
         owner = np.repeat(batches, np.diff(plan.staged_ptr))
         key = owner * span + plan.staged_offsets  # ascending: batch-major, then file order
         hashers = [xxhash.xxh3_64() for _ in range(plan.num_batches)]
-        # only the chunks holding a staged row are read
-        chunks = np.unique(plan.staged_offsets // self.chunk_bytes) * self.chunk_bytes
-        chunk = np.frombuffer(self._chunk, dtype=np.uint8)
-        for c0 in chunks.tolist():
+        # bytes of each batch's region written, sent to the disk by a flush, and dropped from the page cache
+        self._written_to = np.zeros(plan.num_batches, dtype=np.int64)
+        self._flushed_to = np.zeros(plan.num_batches, dtype=np.int64)
+        self._dropped_to = np.zeros(plan.num_batches, dtype=np.int64)
+        self._unflushed = 0
+        # only the chunks holding a staged row are read; per chunk, each batch's run of its staged rows
+        starts = np.unique(plan.staged_offsets // self.chunk_bytes) * self.chunk_bytes
+        runs = []
+        for c0 in starts.tolist():
             c1 = min(c0 + self.chunk_bytes, self.file_size)
             lo = np.searchsorted(key, batches * span + c0)
             hi = np.searchsorted(key, batches * span + c1)
             last = int(plan.staged_offsets[hi - 1].max(where=hi > lo, initial=c0))  # the last row starting inside
-            got = self._read_chunk(c0, last + self.row_bytes - c0)
-            stats.chunks += 1
-            stats.file_bytes_read += got
-            if self.block_sums is not None:
-                verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
-                              np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
-                              self.path)
-            self._scatter_chunk(staged, hashers, chunk, c0, lo, hi)
+            runs.append((c0, lo, hi, last + self.row_bytes - c0))
+        # the next chunk is read while this one is scattered and written: the disk and the copies overlap
+        pending: Future[int] | None = None
+        try:
+            for i, (c0, lo, hi, need) in enumerate(runs):
+                buffer = self._chunks[i % 2]
+                got = pending.result() if pending is not None else self._read_chunk(buffer, c0, need)
+                pending = None
+                if i + 1 < len(runs):
+                    after = runs[i + 1]
+                    pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], after[0], after[3])
+                stats.chunks += 1
+                stats.file_bytes_read += got
+                chunk = np.frombuffer(buffer, dtype=np.uint8)
+                if self.block_sums is not None:
+                    verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
+                                  np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
+                                  self.path)
+                self._scatter_chunk(staged, hashers, chunk, c0, lo, hi)
+        finally:
+            if pending is not None:  # a read in flight writes into a chunk buffer: let it land first
+                wait([pending])
         for b, hasher in enumerate(hashers):
             staged.digests[b] = hasher.intdigest()
         if self.staging_dir is not None:
-            self._flush(staged.fd, wait=True)
+            self._flush(staged)
 
-    def _read_chunk(self, at: int, need: int) -> int:
-        """Read at least ``need`` bytes of the file from ``at`` (page aligned) into the chunk buffer."""
-        length = min(-(-need // STAGING_ALIGN) * STAGING_ALIGN, len(self._chunk))
-        view = memoryview(self._chunk)
+    def _read_chunk(self, buffer: mmap.mmap, at: int, need: int) -> int:
+        """Read at least ``need`` bytes of the file from ``at`` (page aligned) into ``buffer``."""
+        length = min(-(-need // STAGING_ALIGN) * STAGING_ALIGN, len(buffer))
+        view = memoryview(buffer)
         done = 0
         while done < need:
             try:
@@ -239,7 +261,12 @@ class WindowStager:
             group = present[start:stop]
             total = int(runs[group].sum())
             entry = np.repeat(lo[group] - np.cumsum(runs[group]) + runs[group], runs[group]) + np.arange(total)
-            copy_rows_from(chunk, plan.staged_offsets[entry] - c0, self._scatter, self.row_bytes)
+            source = plan.staged_offsets[entry] - c0
+            if self.row_bytes % 8 == 0:  # rows start 8-aligned in the chunk (pages, whole rows): copy words
+                copy_rows_from(chunk.view(np.uint64), source // 8, self._scatter.view(np.uint64), self.row_bytes // 8)
+            else:
+                copy_rows_from(chunk, source, self._scatter, self.row_bytes)
+            self._written_to[group] = (lo[group] + runs[group] - plan.staged_ptr[group]) * self.row_bytes
             at = 0
             for b, n in zip(group.tolist(), runs[group].tolist()):
                 nbytes = n * self.row_bytes
@@ -254,15 +281,22 @@ class WindowStager:
             stats.staged_bytes += at
             self._unflushed += at
             if self.staging_dir is not None and self._unflushed >= self.flush_bytes:
-                self._flush(staged.fd)
+                self._flush(staged)
             start = stop
 
-    def _flush(self, fd: int, wait: bool = False) -> None:
-        # DONTNEED drops only clean pages: those the previous flush sent to the disk
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        if wait or _sync_file_range is None or _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
+    def _flush(self, staged: StagedWindow) -> None:
+        """Drop from the page cache what the previous flush sent to the disk (only those ranges: a whole-file
+        DONTNEED walks every cached page of the file), then start writing back what is dirty now."""
+        fd, base = staged.fd, staged.plan.batch_base
+        drop = np.flatnonzero(self._flushed_to > self._dropped_to)
+        for b, begin, end in zip(drop.tolist(), self._dropped_to[drop].tolist(), self._flushed_to[drop].tolist()):
+            os.posix_fadvise(fd, int(base[b]) + begin, end - begin, os.POSIX_FADV_DONTNEED)
+        self._dropped_to[drop] = self._flushed_to[drop]
+        if _sync_file_range is None or _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
             os.fdatasync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            self._dropped_to[:] = self._written_to
+        self._flushed_to[:] = self._written_to
         self._unflushed = 0
 
     def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray) -> None:
@@ -297,6 +331,9 @@ class WindowStager:
         if xxhash.xxh3_64_intdigest(region.data) != int(staged.digests[b]):
             raise CorruptData(self.staging_dir or "staging memory", base,
                               f"batch {b}'s staged rows ({nbytes} bytes)")
+        if self.staging_dir is not None:
+            # the region's pages in the page cache (written back by now) are never read again
+            os.posix_fadvise(staged.fd, base, aligned, os.POSIX_FADV_DONTNEED)
         rows = region.reshape(-1, self.row_bytes)
         np.take(rows, plan.gather[plan.node_ptr[b]:plan.node_ptr[b + 1]], axis=0,
                 out=out[:count].view(np.uint8).reshape(count, self.row_bytes))
@@ -304,11 +341,12 @@ class WindowStager:
     def buffer_bytes(self, largest_batch_rows: int) -> int:
         """RAM the stager holds at most: its buffers, the read-back of a batch of ``largest_batch_rows``
         distinct rows, and the unflushed staging writes in the page cache."""
-        return (len(self._chunk) + self.scatter_bytes + -(-largest_batch_rows * self.row_bytes // STAGING_ALIGN)
+        return (2 * len(self._chunks[0]) + self.scatter_bytes + -(-largest_batch_rows * self.row_bytes // STAGING_ALIGN)
                 * STAGING_ALIGN + (self.flush_bytes if self.staging_dir is not None else 0))
 
     def close(self) -> None:
         with self._stage_lock, self._read_lock:
+            self._read_ahead.shutdown()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

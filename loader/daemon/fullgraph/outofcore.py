@@ -93,7 +93,7 @@ STAGING_FLUSH = 32 << 20
 def staging_buffer_bytes(batch_nodes: int, row_bytes: int) -> int:
     """RAM the staged mode's stager holds (``WindowStager.buffer_bytes`` for these sizes)."""
     tail = -(-row_bytes // 4096) * 4096
-    return STAGING_CHUNK + tail + max(STAGING_SCATTER, STAGING_CHUNK + tail) + \
+    return 2 * (STAGING_CHUNK + tail) + max(STAGING_SCATTER, STAGING_CHUNK + tail) + \
         -(-batch_nodes * row_bytes // 4096) * 4096 + STAGING_FLUSH
 
 
