@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import first_training_batches, machine_description  # noqa: E402
 from loader.caches.row_reader import RowReader  # noqa: E402
 from loader.daemon.fullgraph.outofcore import ROW_READ_THREADS  # noqa: E402
-from loader.daemon.gather_kernels import row_offsets_for  # noqa: E402
 from loader.format.dataset import Dataset, open_dataset  # noqa: E402
+from loader.format.partition_table import row_offsets_for  # noqa: E402
 from loader.format.read_checks import load_read_checks  # noqa: E402
 from loader.sampling.neighbor_reader import NeighborReader  # noqa: E402
 from loader.sampling.sampling import SampledPass  # noqa: E402

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import first_training_batches, machine_description  # noqa: E402
 from loader.daemon.fullgraph.outofcore import out_degree_ranking  # noqa: E402
-from loader.daemon.gather_kernels import row_offsets_for  # noqa: E402
 from loader.format.dataset import open_dataset  # noqa: E402
+from loader.format.partition_table import row_offsets_for  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402
 

@@ -6,9 +6,10 @@ hundreds) needs most of the file's blocks anyway (docs/PERFORMANCE.md, "How dens
 get"), so this stager reads the file once per window, in large sequential O_DIRECT chunks, and
 writes each batch's rows (``loader.staging.window_plan``: file order, one region per batch) into a
 staging file: on SSD under ``staging_dir`` (an unnamed O_TMPFILE, gone when closed or when the
-process dies; written through the page cache and flushed every ``FLUSH_BYTES``), or in RAM (a memfd)
-without one. At publish, ``read_batch`` reads a batch's region
-back in one sequential read and gathers its rows into the sampled order. The batches are the
+process dies; written through the page cache and flushed every ``flush_bytes``), or in RAM (a memfd)
+without one. A read-ahead thread reads the next chunk while the stager copies the current one's
+rows out and writes them, so the disk and the copies overlap. At publish, ``read_batch`` reads a
+batch's region back in one sequential read and gathers its rows into the sampled order. The batches are the
 exact mode's, so their features equal the in-memory sampler's bitwise; only where they come from
 changes. This is DiskGNN's packed per-batch layout (arXiv 2405.05231) built online per window, with
 AGNES's block reads (arXiv 2601.01473) as the way in.
@@ -17,9 +18,9 @@ Every byte is checked where it is read: the file's chunks against the dataset's 
 (format 1.2, as the row reader does), each batch's region against the XXH3-64 of what was written
 into it (a staging file is ours, but the disk under it is not).
 
-Memory held: one chunk buffer (``chunk_bytes`` plus one row, O_DIRECT aligned), one scatter buffer
-(at most ``scatter_bytes``), the read-back buffer of the largest batch, and at most ``FLUSH_BYTES`` of
-staging writes in the page cache.
+Memory held (``buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
+aligned), one scatter buffer (``scatter_bytes``), the read-back buffer of the largest batch, and about
+``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
 """
 
 import ctypes
@@ -39,7 +40,8 @@ from loader.format.read_checks import CorruptData, verify_blocks
 from loader.staging.staging_kernels import copy_rows_from
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
-__all__ = ["WindowStager", "StagedWindow", "StagingStats", "DEFAULT_CHUNK_BYTES", "DEFAULT_SCATTER_BYTES"]
+__all__ = ["WindowStager", "StagedWindow", "StagingStats", "stager_buffer_bytes", "DEFAULT_CHUNK_BYTES",
+           "DEFAULT_SCATTER_BYTES", "FLUSH_BYTES"]
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 """Bytes of ``features.bin`` per sequential read: large enough for the disk's sequential rate."""
@@ -95,6 +97,24 @@ class StagedWindow:
         self.fd = self.read_fd = -1
 
 
+def _start_writeback(fd: int) -> None:
+    """Start writing back ``fd``'s dirty pages without waiting for them (``fdatasync`` where the libc lacks
+    ``sync_file_range``)."""
+    if _sync_file_range is None or _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
+        os.fdatasync(fd)
+
+
+def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
+                        on_disk: bool) -> int:
+    """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, the read-back of a
+    batch of ``batch_rows`` distinct rows and, staging on disk, twice ``flush_bytes`` of the page cache (the
+    writes since the last flush, and those it sent to the disk, dropped at the next)."""
+    tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
+    chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
+    return (2 * chunk + max(scatter_bytes, chunk_bytes + tail) + -(-batch_rows * row_bytes // STAGING_ALIGN)
+            * STAGING_ALIGN + (2 * flush_bytes if on_disk else 0))
+
+
 def _close_fds(fds: set[int]) -> None:
     for fd in fds:
         if fd >= 0:
@@ -136,6 +156,8 @@ class WindowStager:
         self.file_size = os.fstat(self._fd).st_size
         self._chunks = (_aligned(chunk_bytes + self._tail), _aligned(chunk_bytes + self._tail))
         self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="megabatch-flush")
+        self._flushing: Future[None] | None = None
         self._scatter = np.empty(-(-self.scatter_bytes // 8) * 8, dtype=np.uint8)
         self._back: mmap.mmap | None = None
         self._unflushed = 0
@@ -229,6 +251,10 @@ class WindowStager:
             staged.digests[b] = hasher.intdigest()
         if self.staging_dir is not None:
             self._flush(staged)
+            # the staging fd must outlive the flusher's call on it (a closed number may be reused)
+            assert self._flushing is not None
+            self._flushing.result()
+            self._flushing = None
 
     def _read_chunk(self, buffer: mmap.mmap, at: int, need: int) -> int:
         """Read at least ``need`` bytes of the file from ``at`` (page aligned) into ``buffer``."""
@@ -286,17 +312,17 @@ class WindowStager:
 
     def _flush(self, staged: StagedWindow) -> None:
         """Drop from the page cache what the previous flush sent to the disk (only those ranges: a whole-file
-        DONTNEED walks every cached page of the file), then start writing back what is dirty now."""
+        DONTNEED walks every cached page of the file), then have the flusher thread start writing back what
+        is dirty now (``sync_file_range`` blocks while the disk's queue is full: not the stager's time)."""
         fd, base = staged.fd, staged.plan.batch_base
+        if self._flushing is not None:
+            self._flushing.result()
         drop = np.flatnonzero(self._flushed_to > self._dropped_to)
         for b, begin, end in zip(drop.tolist(), self._dropped_to[drop].tolist(), self._flushed_to[drop].tolist()):
             os.posix_fadvise(fd, int(base[b]) + begin, end - begin, os.POSIX_FADV_DONTNEED)
         self._dropped_to[drop] = self._flushed_to[drop]
-        if _sync_file_range is None or _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            self._dropped_to[:] = self._written_to
         self._flushed_to[:] = self._written_to
+        self._flushing = self._flusher.submit(_start_writeback, fd)
         self._unflushed = 0
 
     def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray) -> None:
@@ -339,14 +365,15 @@ class WindowStager:
                 out=out[:count].view(np.uint8).reshape(count, self.row_bytes))
 
     def buffer_bytes(self, largest_batch_rows: int) -> int:
-        """RAM the stager holds at most: its buffers, the read-back of a batch of ``largest_batch_rows``
-        distinct rows, and the unflushed staging writes in the page cache."""
-        return (2 * len(self._chunks[0]) + self.scatter_bytes + -(-largest_batch_rows * self.row_bytes // STAGING_ALIGN)
-                * STAGING_ALIGN + (self.flush_bytes if self.staging_dir is not None else 0))
+        """RAM this stager holds (``stager_buffer_bytes``)."""
+        return stager_buffer_bytes(row_bytes=self.row_bytes, batch_rows=largest_batch_rows,
+                                   chunk_bytes=self.chunk_bytes, scatter_bytes=self.scatter_bytes,
+                                   flush_bytes=self.flush_bytes, on_disk=self.staging_dir is not None)
 
     def close(self) -> None:
         with self._stage_lock, self._read_lock:
             self._read_ahead.shutdown()
+            self._flusher.shutdown()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

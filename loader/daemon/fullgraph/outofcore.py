@@ -64,7 +64,7 @@ from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.sampling import SampledPass
-from loader.staging.stager import StagedWindow, WindowStager
+from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
 from loader.staging.window_plan import plan_window
 from proto.errors import UserError
 from proto.sizes import format_size
@@ -86,15 +86,8 @@ STAGING_CHUNK = 4 << 20
 """Mode staged: bytes of features.bin per sequential read (690 MB/s needs a few MiB per read, not more)."""
 STAGING_SCATTER = 16 << 20
 """Mode staged: rows gathered from a chunk before they are written (a chunk's rows times the batches that want them)."""
-STAGING_FLUSH = 32 << 20
-"""Mode staged: staging writes the page cache holds before they are flushed and dropped."""
-
-
-def staging_buffer_bytes(batch_nodes: int, row_bytes: int) -> int:
-    """RAM the staged mode's stager holds (``WindowStager.buffer_bytes`` for these sizes)."""
-    tail = -(-row_bytes // 4096) * 4096
-    return 2 * (STAGING_CHUNK + tail) + max(STAGING_SCATTER, STAGING_CHUNK + tail) + \
-        -(-batch_nodes * row_bytes // 4096) * 4096 + STAGING_FLUSH
+STAGING_FLUSH = 16 << 20
+"""Mode staged: staging writes between two flushes (the page cache holds about twice this)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +138,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                        * index_itemsize)
     working = SUPERBATCHES_IN_FLIGHT * superbatch + list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
     if mode == "staged":
-        working += staging_buffer_bytes(batch_nodes, m.row_bytes)
+        working += stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=STAGING_CHUNK,
+                                       scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True)
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
         raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
