@@ -73,8 +73,8 @@ def run_staged(dataset: Dataset, sampled: SampledPass, window: int, windows: int
         try:
             for w in range(windows):
                 t0 = time.perf_counter()
-                plan = plan_window(sub_pass(sampled, w * window, window), parts.node_begin, parts.feat_offset,
-                                   m.row_bytes)
+                part = sub_pass(sampled, w * window, window)
+                plan = plan_window(part.node_ptr, part.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
                 staged = stager.stage(plan)
                 stage_seconds.append(time.perf_counter() - t0)
                 ready.put(staged)

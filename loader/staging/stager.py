@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from loader.caches.changeset_kernels import copy_rows
 from loader.format.read_checks import CorruptData, verify_blocks
 from loader.staging.staging_kernels import copy_rows_from
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
@@ -325,22 +326,30 @@ class WindowStager:
         self._flushing = self._flusher.submit(_start_writeback, fd)
         self._unflushed = 0
 
-    def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray) -> None:
-        """Batch ``b``'s feature rows, in its sampled node order, into ``out`` (2-D, C-contiguous, rows of
-        ``row_bytes``, at least as many rows as the batch has nodes). Raises ``CorruptData`` when the
-        region read back differs from what was written."""
+    def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Batch ``b``'s staged rows into ``out`` (2-D, C-contiguous, rows of ``row_bytes``): the row of its
+        k-th node given to ``plan_window`` to ``out[rows[k]]`` (default: ``out[k]``; ``rows`` distinct).
+        Raises ``CorruptData`` when the region read back differs from what was written."""
         plan = staged.plan
         if not 0 <= b < plan.num_batches:
             raise ValueError(f"b: {b} is outside the window's {plan.num_batches} batches")
         count = int(plan.node_ptr[b + 1] - plan.node_ptr[b])
-        if out.ndim != 2 or out.shape[1] * out.itemsize != self.row_bytes or not out.flags.c_contiguous \
-                or out.shape[0] < count:
-            raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes, "
-                             f"at least {count}")
+        if out.ndim != 2 or out.shape[1] * out.itemsize != self.row_bytes or not out.flags.c_contiguous:
+            raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes")
+        if rows is None:
+            if out.shape[0] < count:
+                raise ValueError(f"out: {out.shape[0]} rows, batch {b} has {count}")
+        else:
+            rows = np.asarray(rows)
+            if rows.shape != (count,) or (count and (rows.dtype.kind not in "iu" or rows.min() < 0
+                                                      or rows.max() >= out.shape[0])):
+                raise ValueError(f"rows: expected {count} row numbers of out's {out.shape[0]}")
+            rows = rows.astype(np.int64, copy=False)
         with self._read_lock:
-            self._read_region(staged, b, count, out)
+            self._read_region(staged, b, count, out, rows)
 
-    def _read_region(self, staged: StagedWindow, b: int, count: int, out: np.ndarray) -> None:
+    def _read_region(self, staged: StagedWindow, b: int, count: int, out: np.ndarray, rows: np.ndarray | None
+                     ) -> None:
         plan = staged.plan
         base, nbytes = plan.region(b)
         aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
@@ -361,12 +370,11 @@ class WindowStager:
             # the region's pages in the page cache (written back by now) are never read again
             os.posix_fadvise(staged.fd, base, aligned, os.POSIX_FADV_DONTNEED)
         gather = plan.gather[plan.node_ptr[b]:plan.node_ptr[b + 1]]
-        dest = out[:count].view(np.uint8).reshape(-1)
-        if self.row_bytes % 8 == 0 and dest.ctypes.data % 8 == 0:  # words: 4x numpy's byte gather
-            words = self.row_bytes // 8
-            copy_rows_from(region.view(np.uint64), gather * words, dest.view(np.uint64), words)
-        else:
-            np.take(region.reshape(-1, self.row_bytes), gather, axis=0, out=dest.reshape(count, self.row_bytes))
+        dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
+        source = region.reshape(-1, self.row_bytes)
+        if self.row_bytes % 8 == 0 and dest.ctypes.data % 8 == 0:  # words: 4x a byte-wise copy
+            dest, source = dest.view(np.uint64), source.view(np.uint64)
+        copy_rows(source, gather, dest, np.arange(count, dtype=np.int64) if rows is None else rows)
 
     def buffer_bytes(self, largest_batch_rows: int) -> int:
         """RAM this stager holds (``stager_buffer_bytes``)."""

@@ -1,13 +1,14 @@
 """Where each feature row a window of sampled batches needs is put, from the window's sampled structure alone.
 
-A window is H consecutive batches of the exact schedule (a ``SampledPass``). Staging them (see
+A window is H consecutive batches of the exact schedule (the nodes of each batch whose rows are to be
+staged: all of them, or those a RAM cache does not hold). Staging them (see
 ``loader.staging.stager``) reads ``features.bin`` once, in order, and writes every batch's rows into
 that batch's own region of a staging file. This module computes the layout, as plain arrays:
 
 * each batch's *staged rows*: its distinct nodes' rows in file order, so that a pass over the file
   appends to every batch's region in order, and a batch's region is one sequential read at publish;
 * each batch region's byte offset, 4 KiB aligned (O_DIRECT reads it back);
-* per delivered node (the sampled order PyG wants: seeds first), the index of its row among its
+* per node given (in the sampled order PyG wants: seeds first), the index of its row among its
   batch's staged rows, the gather that turns a read-back region into the batch's feature matrix.
 
 Vectorized over the whole window: one lexsort, no loop over batches or nodes.
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.format.partition_table import row_offsets_for
-from loader.sampling.sampling import SampledPass
 
 __all__ = ["WindowPlan", "plan_window", "STAGING_ALIGN"]
 
@@ -39,9 +39,9 @@ class WindowPlan:
     batch_base: np.ndarray
     """[B]: byte offset of batch b's region in the staging file (a multiple of ``STAGING_ALIGN``)."""
     node_ptr: np.ndarray
-    """[B + 1]: the window's ``SampledPass.node_ptr``."""
+    """[B + 1]: batch b's nodes given are ``node_ptr[b]:node_ptr[b + 1]`` (``gather``'s ranges)."""
     gather: np.ndarray
-    """Per delivered node, in sampled order: its row's index among its batch's staged rows."""
+    """Per node given, in its batch's order: its row's index among its batch's staged rows."""
     staging_bytes: int
     """Size of the staging file: the last region's end, aligned."""
 
@@ -58,15 +58,20 @@ class WindowPlan:
         return int(self.node_ptr[-1])
 
 
-def plan_window(sampled: SampledPass, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
+def plan_window(node_ptr: np.ndarray, nodes: np.ndarray, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
                 row_bytes: int) -> WindowPlan:
-    """The staging layout of ``sampled``'s batches over a ``features.bin`` of ``row_bytes`` rows."""
+    """The staging layout of the batches ``nodes[node_ptr[b]:node_ptr[b + 1]]`` (dataset ids; int64) over a
+    ``features.bin`` of ``row_bytes`` rows."""
     if row_bytes <= 0:
         raise ValueError(f"row_bytes: {row_bytes} is not positive")
-    count = sampled.num_batches
-    sizes = np.diff(sampled.node_ptr)
+    node_ptr = np.asarray(node_ptr, dtype=np.int64)
+    if node_ptr.ndim != 1 or len(node_ptr) < 1 or node_ptr[0] != 0 or node_ptr[-1] != len(nodes) \
+            or np.any(np.diff(node_ptr) < 0):
+        raise ValueError(f"node_ptr: not the offsets of {len(nodes)} nodes")
+    count = len(node_ptr) - 1
+    sizes = np.diff(node_ptr)
     batch_of = np.repeat(np.arange(count, dtype=np.int64), sizes)
-    offsets = row_offsets_for(sampled.nodes, part_node_begin, part_feat_offset, row_bytes)
+    offsets = row_offsets_for(nodes, part_node_begin, part_feat_offset, row_bytes)
     order = np.lexsort((offsets, batch_of))  # batch-major, file order inside a batch
     sorted_batch, sorted_off = batch_of[order], offsets[order]
     # a node sampled twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)
@@ -83,5 +88,5 @@ def plan_window(sampled: SampledPass, part_node_begin: np.ndarray, part_feat_off
     batch_base = np.zeros(count, dtype=np.int64)
     np.cumsum(region[:-1], out=batch_base[1:])
     return WindowPlan(row_bytes=row_bytes, num_batches=count, staged_ptr=staged_ptr, staged_offsets=staged_offsets,
-                      batch_base=batch_base, node_ptr=sampled.node_ptr.copy(), gather=gather,
+                      batch_base=batch_base, node_ptr=node_ptr.copy(), gather=gather,
                       staging_bytes=int(region.sum()))

@@ -15,7 +15,8 @@ They differ in the feature cache:
   measured on bench/compare, 0.769 rows read per row used with fills against 0.699 without (static:
   0.727).
 * ``static``: the C rows of highest out-degree (PaGraph's choice), loaded once, never changed.
-* ``staged``: no feature cache; the planner stage stages each superbatch (``loader.staging``): one
+* ``staged``: static's degree-ranked feature cache; the planner stage stages each superbatch's other
+  rows (``loader.staging``): one
   sequential O_DIRECT pass over the chunks of ``features.bin`` its batches use, each batch's rows
   written to its region of a staging file under ``[exact] staging_dir``, which the publisher reads
   back in one read per batch. Sequential bytes instead of random reads: the disk moves the file's
@@ -49,7 +50,7 @@ import numpy as np
 
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
-from loader.caches.feature_cache import FeatureCache
+from loader.caches.feature_cache import FeatureCache, row_words
 from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.daemon.budget_plan import BudgetPlan
 from loader.daemon.config import LoaderConfig
@@ -148,12 +149,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                         f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
                         f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
     all_lists = 8 * n + index_itemsize * m.num_edges
-    # the staged mode reads every row by the staging pass: no feature cache, the lists take what is left
-    if mode == "staged" and ex.feature_cache:
-        raise UserError("[exact] feature_cache: mode staged has no feature cache; leave it \"auto\" or 0")
-    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else \
-        min(all_lists, left if mode == "staged" else left // 2)
-    feature = 0 if mode == "staged" else ex.feature_cache if ex.feature_cache is not None else left - neighbor
+    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else min(all_lists, left // 2)
+    feature = ex.feature_cache if ex.feature_cache is not None else left - neighbor
     if neighbor + feature > left:
         raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
@@ -327,6 +324,30 @@ class _BeladyRows(RowSource):
         lookups.labels("miss").inc(len(nodes) - hits)
 
 
+class _DegreeCache:
+    """The ``capacity`` rows of highest out-degree (PaGraph's choice), read once at startup, never changed."""
+
+    def __init__(self, mode: _OutOfCoreMode, dataset: Dataset, capacity: int) -> None:
+        m = dataset.manifest
+        cached = np.sort(out_degree_ranking(dataset)[:capacity])
+        # int32 like exact's planner scratch, so the modes get the same caches from the same budget
+        self.slot_of = np.full(m.num_nodes, -1, dtype=np.int32 if capacity < 2**31 else np.int64)
+        self.slot_of[cached] = np.arange(capacity, dtype=self.slot_of.dtype)
+        self.rows = np.empty((capacity, m.feat_dim), dtype=mode.serving.feat_dtype)
+        if capacity:
+            mode.read_rows(cached, np.arange(capacity, dtype=np.int64), self.rows)
+        self._words = row_words(self.rows)
+        mode.serving.metrics.feature_cache_bytes.set(self.rows.nbytes)
+        log.info("%s feature cache: %s rows of highest out-degree", mode.name, f"{capacity:,}")
+
+    def copy_hits(self, nodes: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Copy the cached rows of ``nodes`` into their places in ``x``; the positions of the others."""
+        slots = self.slot_of[nodes]
+        hit = np.flatnonzero(slots >= 0)
+        copy_rows(self._words, slots[hit], row_words(x), hit)
+        return np.flatnonzero(slots < 0)
+
+
 class StaticMode(_OutOfCoreMode):
     """Ali+PG: the highest out-degree rows cached once (PaGraph), the Aligraph-style neighbour cache."""
 
@@ -334,28 +355,14 @@ class StaticMode(_OutOfCoreMode):
 
     def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving, dataset, plan)
-        m = dataset.manifest
-        capacity = plan.feature_cache_rows
-        cached = np.sort(out_degree_ranking(dataset)[:capacity])
-        # int32 like exact's planner scratch, so both modes get the same caches from the same budget
-        self.slot_of = np.full(m.num_nodes, -1, dtype=np.int32 if capacity < 2**31 else np.int64)
-        self.slot_of[cached] = np.arange(capacity, dtype=self.slot_of.dtype)
-        self.cache_rows = np.empty((capacity, m.feat_dim), dtype=serving.feat_dtype)
-        if capacity:
-            self.read_rows(cached, np.arange(capacity, dtype=np.int64), self.cache_rows)
-        self._words = self.cache_rows.view(np.uint8)
-        self._metrics.feature_cache_bytes.set(self.cache_rows.nbytes)
-        log.info("static feature cache: %s rows of highest out-degree", f"{capacity:,}")
+        self.cache = _DegreeCache(self, dataset, plan.feature_cache_rows)
 
     def fill(self, nodes: np.ndarray, x: np.ndarray) -> tuple[int, int]:
         """Rows of ``nodes`` into ``x``: hits copied from the cache, misses read; (hits, misses)."""
-        slots = self.slot_of[nodes]
-        hit = np.flatnonzero(slots >= 0)
-        copy_rows(self._words, slots[hit], x.view(np.uint8), hit)
-        miss = np.flatnonzero(slots < 0)
+        miss = self.cache.copy_hits(nodes, x)
         if miss.size:
             self.read_rows(nodes[miss], miss, x)
-        return len(hit), len(miss)
+        return len(nodes) - len(miss), len(miss)
 
     def start_stream(self) -> RowsFor:
         rows = _StaticRows(self, counted=True)
@@ -399,13 +406,18 @@ class StagedMode(_OutOfCoreMode):
                                    check_block=m.feature_check_bytes, direct=config.io.direct_io,
                                    chunk_bytes=STAGING_CHUNK, scatter_bytes=STAGING_SCATTER,
                                    flush_bytes=STAGING_FLUSH)
-        self._metrics.feature_cache_bytes.set(0)
+        self.cache = _DegreeCache(self, dataset, plan.feature_cache_rows)
         log.info("staged superbatches of %d batches in %s", self.superbatch, where)
 
     def stage(self, sampled: SampledPass) -> RowSource:
-        """Stage one superbatch (the planner stage's work); its batches are then read back in order."""
+        """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
+        then read back in order."""
         started = time.perf_counter()
-        plan = plan_window(sampled, self._node_begin, self._feat_offset, self._row_bytes)
+        staged_node = self.cache.slot_of[sampled.nodes] < 0
+        before = np.zeros(len(staged_node) + 1, dtype=np.int64)
+        np.cumsum(staged_node, out=before[1:])
+        plan = plan_window(before[sampled.node_ptr], sampled.nodes[staged_node], self._node_begin,
+                           self._feat_offset, self._row_bytes)
         try:
             staged = self.stager.stage(plan)
         except OSError as err:
@@ -445,8 +457,12 @@ class _StagedRows(RowSource):
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
         mode, staged = self._mode, self._staged
         started = time.perf_counter()
+        miss = mode.cache.copy_hits(nodes, x)
+        lookups = mode.serving.metrics.feature_cache_lookups
+        lookups.labels("hit").inc(len(nodes) - len(miss))
+        lookups.labels("miss").inc(len(miss))
         try:
-            mode.stager.read_batch(staged, b, x)
+            mode.stager.read_batch(staged, b, x, miss)
         except OSError as err:
             raise UserError(f"reading back batch {b} staged in {mode.stager.staging_dir}: {err.strerror or err}; "
                             f"check the disk (dmesg)") from err

@@ -25,7 +25,7 @@ MODES = {
     # no caches: every row and list of the epoch comes through the readers under test
     "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
     # every row through the staging pass (its chunk reads), every list from disk
-    "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0}},
+    "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
 }
 
 

@@ -231,7 +231,7 @@ MODES = {
     "hierarchical": {},
     "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
     "static": {"loader": {"mode": "static"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
-    "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0}},
+    "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
 }
 
 

@@ -69,10 +69,7 @@ def test_plan_matches_a_per_batch_reference(data):
     nodes = np.concatenate([np.asarray(data.draw(st.lists(st.integers(0, num_nodes - 1), min_size=n, max_size=n)),
                                        dtype=np.int64) for n in sizes]) if sum(sizes) else np.empty(0, np.int64)
     node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    no_edges = np.empty(0, np.int64)
-    sampled = SampledPass(len(sizes), 1, node_ptr, nodes, np.zeros(len(sizes) + 1, np.int64), no_edges, no_edges,
-                          np.zeros((len(sizes), 2), np.int64), np.zeros((len(sizes), 1), np.int64))
-    plan = plan_window(sampled, node_begin, feat_offset, row_bytes)
+    plan = plan_window(node_ptr, nodes, node_begin, feat_offset, row_bytes)
     offsets = row_offsets_for(nodes, node_begin, feat_offset, row_bytes)
     end = 0
     for b in range(len(sizes)):
@@ -104,7 +101,7 @@ def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, on_disk, chunk
     sampled = window(dataset, 12)
     m = dataset.manifest
     parts = dataset.partitions()
-    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, m.row_bytes)
+    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
     # a small scatter buffer: several write groups per chunk; on disk, several flushes per window
     with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192,
                     flush_bytes=16384) as stager:
@@ -128,7 +125,7 @@ def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
     corrupt = open_dataset(copy)
     sampled = window(corrupt, 40)
     parts = corrupt.partitions()
-    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, corrupt.manifest.row_bytes)
+    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, corrupt.manifest.row_bytes)
     victim = int(plan.staged_offsets[len(plan.staged_offsets) // 2])
     with open(corrupt.file("features"), "r+b") as f:
         f.seek(victim)
@@ -145,7 +142,7 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
     sampled = window(dataset, 6)
     m = dataset.manifest
     parts = dataset.partitions()
-    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, m.row_bytes)
+    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
     with stager_for(dataset, tmp_path) as stager:
         staged = stager.stage(plan)
         try:
@@ -162,7 +159,7 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
 def test_bad_arguments_are_refused(dataset):
     sampled = window(dataset, 2)
     parts = dataset.partitions()
-    plan = plan_window(sampled, parts.node_begin, parts.feat_offset, dataset.manifest.row_bytes)
+    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, dataset.manifest.row_bytes)
     with pytest.raises(ValueError, match="chunk_bytes"):
         stager_for(dataset, None, chunk_bytes=1000)
     with stager_for(dataset, None) as stager:

@@ -63,8 +63,9 @@ def assert_same_as_reference(batches, ref, epoch):
     ("exact", {"superbatch": 64, "feature_cache": "64M", "neighbor_cache": "8M"}),  # all of it cached
     ("static", {"superbatch": 3, "neighbor_cache": 0, "feature_cache": "40K"}),
     ("static", {"superbatch": 7, "feature_cache": 0}),
-    ("staged", {"superbatch": 6, "neighbor_cache": 0}),  # every list from disk, several superbatches an epoch
-    ("staged", {"superbatch": 64}),  # an epoch in one superbatch
+    ("staged", {"superbatch": 6, "neighbor_cache": 0, "feature_cache": 0}),  # every row staged, every list read
+    ("staged", {"superbatch": 5, "feature_cache": "40K"}),  # the cache's rows copied, the others staged
+    ("staged", {"superbatch": 64, "feature_cache": 0}),  # an epoch in one superbatch
 ])
 def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path, mode, exact):
     if mode == "staged":
@@ -151,7 +152,7 @@ def physics(tmp_path_factory):
 @pytest.mark.parametrize("mode, exact", [
     ("exact", {"superbatch": 6, "neighbor_cache": "256K", "feature_cache": "512K"}),
     # the same batches, so GraphSAGE trains to the reference's accuracy through it, digit for digit
-    ("staged", {"superbatch": 24, "neighbor_cache": "256K"})])
+    ("staged", {"superbatch": 24, "neighbor_cache": "256K", "feature_cache": "512K"})])
 def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physics, tmp_path, mode, exact):
     ref = load_in_memory(open_dataset(physics))
     (tmp_path / "staging").mkdir()
@@ -169,7 +170,7 @@ def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physi
 
 @pytest.mark.parametrize("mode, exact", [
     ("hierarchical", {}), ("inmemory", {}), ("mmap", {}), ("exact", {"neighbor_cache": "16K", "feature_cache": "8K"}),
-    ("static", {"neighbor_cache": 0, "feature_cache": "40K"}), ("staged", {"neighbor_cache": 0})])
+    ("static", {"neighbor_cache": 0, "feature_cache": "40K"}), ("staged", {"neighbor_cache": 0, "feature_cache": "40K"})])
 def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
     from loader.sampling.inmemory import STREAM_VAL, eval_split_batches
     from proto.messages import EvalEnd, EvalRequest
