@@ -149,7 +149,10 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                         f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
                         f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
     all_lists = 8 * n + index_itemsize * m.num_edges
-    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else min(all_lists, left // 2)
+    # staged: a cached row saves three sequential transfers of its bytes, a cached list one random read, so
+    # the lists come first there
+    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else \
+        min(all_lists, left if mode == "staged" else left // 2)
     feature = ex.feature_cache if ex.feature_cache is not None else left - neighbor
     if neighbor + feature > left:
         raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
