@@ -170,7 +170,8 @@ def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physi
 
 @pytest.mark.parametrize("mode, exact", [
     ("hierarchical", {}), ("inmemory", {}), ("mmap", {}), ("exact", {"neighbor_cache": "16K", "feature_cache": "8K"}),
-    ("static", {"neighbor_cache": 0, "feature_cache": "40K"}), ("staged", {"neighbor_cache": 0, "feature_cache": "40K"})])
+    ("static", {"neighbor_cache": 0, "feature_cache": "40K"}),
+    ("staged", {"neighbor_cache": 0, "feature_cache": "40K"})])
 def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
     from loader.sampling.inmemory import STREAM_VAL, eval_split_batches
     from proto.messages import EvalEnd, EvalRequest

@@ -1,10 +1,17 @@
-"""The exact/static modes' memory split: every part charged, auto caches fill what is left, bad sizes refused."""
+"""The exact/static/staged modes' memory split: every part charged, auto caches fill what is left, bad sizes
+refused."""
 
 import pytest
 
 from loader.daemon.config import config_from_mapping
-from loader.daemon.fullgraph.outofcore import plan_outofcore
+from loader.daemon.fullgraph.outofcore import (
+    STAGING_CHUNK,
+    STAGING_FLUSH,
+    STAGING_SCATTER,
+    plan_outofcore,
+)
 from loader.format.dataset import open_dataset
+from loader.staging.stager import stager_buffer_bytes
 from proto.errors import UserError
 from tests.daemon_harness import small_dataset
 
@@ -14,8 +21,8 @@ def dataset(tmp_path_factory):
     return open_dataset(small_dataset(tmp_path_factory.mktemp("plan"), nodes=2000))
 
 
-def config(budget, **exact):
-    return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": "exact"}, "memory": {"budget": budget},
+def config(budget, mode="exact", **exact):
+    return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": mode}, "memory": {"budget": budget},
                                 "exact": exact})
 
 
@@ -47,3 +54,25 @@ def test_explicit_and_zero_caches(dataset):
 def test_a_budget_below_the_fixed_parts_is_refused_naming_what_to_lower(dataset):
     with pytest.raises(UserError, match="too small for mode exact.*lower \\[exact\\] superbatch"):
         plan_outofcore(config("4M", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000, batch_edges=50000)
+
+
+def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(dataset):
+    m = dataset.manifest
+    exact = plan_outofcore(config("256M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
+                           batch_edges=1000)
+    staged = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
+                            batch_edges=1000)
+    stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
+                                 scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True)
+    assert staged.working_bytes == exact.working_bytes + stager and staged.total <= 256 << 20
+    all_lists = 8 * m.num_nodes + 4 * m.num_edges
+    room = staged.fixed_bytes + staged.graph_bytes + staged.working_bytes
+    tight = plan_outofcore(config(room + all_lists // 2, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                           batch_nodes=500, batch_edges=1000)
+    assert tight.neighbor_cache_bytes == all_lists // 2 and tight.feature_cache_rows == 0  # all of it to the lists
+    roomier = plan_outofcore(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
+                             fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    assert roomier.neighbor_cache_bytes == all_lists and roomier.feature_cache_rows == 100  # then the rows
+    with pytest.raises(UserError, match="too small for mode staged"):
+        plan_outofcore(config(room - 1000, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                       batch_nodes=500, batch_edges=1000)
