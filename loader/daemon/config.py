@@ -112,6 +112,11 @@ class IOConfig:
     check_reads: bool = True
     """Verify every byte read against the dataset's read checks (format 1.1+: per partition, per block);
     a mismatch fails the batch with ``data_corrupt`` instead of serving it (default true)."""
+    sequential_rate: int = 690_000_000
+    """The disk's sequential read rate in bytes/s (default 690M, this project's test machine): mode
+    staged's cost model weighs staging a chunk of the feature file against reading its rows at random."""
+    random_reads: int = 30_000
+    """Random 4 KiB reads per second the disk serves with many in flight (default 30000), for the same model."""
 
 
 @dataclass(frozen=True)
@@ -386,7 +391,9 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
                   read_threads=_int("io", "read_threads", io_t.get("read_threads", dio.read_threads),
                                     minimum=1, maximum=64),
                   read_block=_size("io", "read_block", io_t.get("read_block", dio.read_block)),
-                  check_reads=_bool("io", "check_reads", io_t.get("check_reads", dio.check_reads)))
+                  check_reads=_bool("io", "check_reads", io_t.get("check_reads", dio.check_reads)),
+                  sequential_rate=_size("io", "sequential_rate", io_t.get("sequential_rate", dio.sequential_rate)),
+                  random_reads=_int("io", "random_reads", io_t.get("random_reads", dio.random_reads), minimum=1))
     if io.read_block % 4096:
         raise _fail("io", "read_block", f"must be a multiple of 4096, got {io.read_block}")
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from loader.format.partition_table import row_offsets_for
 
-__all__ = ["WindowPlan", "plan_window", "STAGING_ALIGN"]
+__all__ = ["WindowPlan", "plan_window", "choose_staged", "STAGING_ALIGN"]
 
 STAGING_ALIGN = 4096
 """Alignment of every batch's region in the staging file (O_DIRECT's page)."""
@@ -90,3 +90,30 @@ def plan_window(node_ptr: np.ndarray, nodes: np.ndarray, part_node_begin: np.nda
     return WindowPlan(row_bytes=row_bytes, num_batches=count, staged_ptr=staged_ptr, staged_offsets=staged_offsets,
                       batch_base=batch_base, node_ptr=node_ptr.copy(), gather=gather,
                       staging_bytes=int(region.sum()))
+
+
+def choose_staged(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int, chunk_bytes: int, sequential_rate: float,
+                  random_reads: float) -> np.ndarray:
+    """Per node of the batches ``node_ptr`` (its row at byte ``offsets``): stage it (True) or leave it to a
+    random row read at publish (False), decided per ``chunk_bytes`` chunk of the file by a cost model.
+
+    Staging a chunk costs its sequential read plus writing and reading back each staged row of it
+    (``(chunk_bytes + 2 x entries x row_bytes) / sequential_rate`` seconds: writes are taken at the read
+    rate); reading its rows directly costs one random read per page per batch that needs it (``pages /
+    random_reads``). Dense chunks, which a long window makes the rule, are staged; a chunk few rows of the
+    window fall in is not worth its pass (AGNES reads every block whole; DiskGNN packs everything).
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    node_ptr = np.asarray(node_ptr, dtype=np.int64)
+    if len(offsets) == 0:
+        return np.zeros(0, dtype=bool)
+    batch_of = np.repeat(np.arange(len(node_ptr) - 1, dtype=np.int64), np.diff(node_ptr))
+    chunk = offsets // chunk_bytes
+    chunks, chunk_index, entries = np.unique(chunk, return_inverse=True, return_counts=True)
+    page = offsets // STAGING_ALIGN
+    # a batch reads each page its rows start in once; rows over a page read their other pages too
+    pairs = np.unique(batch_of * (int(page.max()) + 1) + page, return_index=True)[1]
+    pages = np.bincount(chunk_index[pairs], minlength=len(chunks)) * max(1, -(-row_bytes // STAGING_ALIGN))
+    staged_cost = (chunk_bytes + 2.0 * entries * row_bytes) / sequential_rate
+    direct_cost = pages / random_reads
+    return (staged_cost <= direct_cost)[chunk_index]

@@ -19,7 +19,9 @@ They differ in the feature cache:
   rows (``loader.staging``): one
   sequential O_DIRECT pass over the chunks of ``features.bin`` its batches use, each batch's rows
   written to its region of a staging file under ``[exact] staging_dir``, which the publisher reads
-  back in one read per batch. Sequential bytes instead of random reads: the disk moves the file's
+  back in one read per batch. A chunk holding too few of the superbatch's rows to pay for its pass
+  (``choose_staged``, fed ``[io] sequential_rate`` and ``random_reads``) is not staged: its rows are
+  read at random at publish, as in ``exact``. Sequential bytes instead of random reads: the disk moves the file's
   share (1/superbatch of the file per batch, at most) plus each batch's rows twice (written, read
   back), at its sequential rates. Long superbatches pay: the pass is shared by more batches.
 
@@ -66,7 +68,7 @@ from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.sampling import SampledPass
 from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
-from loader.staging.window_plan import plan_window
+from loader.staging.window_plan import choose_staged, plan_window
 from proto.errors import UserError
 from proto.sizes import format_size
 
@@ -416,8 +418,17 @@ class StagedMode(_OutOfCoreMode):
         """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
         then read back in order."""
         started = time.perf_counter()
-        staged_node = self.cache.slot_of[sampled.nodes] < 0
-        before = np.zeros(len(staged_node) + 1, dtype=np.int64)
+        io = self.serving.config.io
+        uncached = np.flatnonzero(self.cache.slot_of[sampled.nodes] < 0)
+        before = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)
+        np.cumsum(self.cache.slot_of[sampled.nodes] < 0, out=before[1:])
+        offsets = row_offsets_for(sampled.nodes[uncached], self._node_begin, self._feat_offset, self._row_bytes)
+        chosen = choose_staged(before[sampled.node_ptr], offsets, self._row_bytes, self.stager.chunk_bytes,
+                               io.sequential_rate, io.random_reads)
+        direct = np.zeros(len(sampled.nodes), dtype=bool)
+        direct[uncached[~chosen]] = True
+        staged_node = np.zeros(len(sampled.nodes), dtype=bool)
+        staged_node[uncached[chosen]] = True
         np.cumsum(staged_node, out=before[1:])
         plan = plan_window(before[sampled.node_ptr], sampled.nodes[staged_node], self._node_begin,
                            self._feat_offset, self._row_bytes)
@@ -434,7 +445,7 @@ class StagedMode(_OutOfCoreMode):
         self._metrics.disk_bytes.labels("features").inc(staged.stats.file_bytes_read)
         self._metrics.disk_reads.labels("features").inc(staged.stats.chunks)
         self._metrics.staging_written_bytes.inc(staged.stats.staged_bytes)
-        return _StagedRows(self, staged)
+        return _StagedRows(self, staged, sampled.node_ptr, direct)
 
     def start_stream(self) -> RowsFor:
         return self.stage
@@ -454,16 +465,24 @@ class _StagedRows(RowSource):
 
     fills_any_subset = False
 
-    def __init__(self, mode: StagedMode, staged: StagedWindow) -> None:
+    def __init__(self, mode: StagedMode, staged: StagedWindow, node_ptr: np.ndarray, direct: np.ndarray) -> None:
         self._mode, self._staged = mode, staged
+        self._node_ptr = node_ptr
+        self._direct = direct
+        """Per node of the superbatch: its row is read at random at publish (its chunk was not worth a pass)."""
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
         mode, staged = self._mode, self._staged
-        started = time.perf_counter()
         miss = mode.cache.copy_hits(nodes, x)
         lookups = mode.serving.metrics.feature_cache_lookups
         lookups.labels("hit").inc(len(nodes) - len(miss))
         lookups.labels("miss").inc(len(miss))
+        direct = self._direct[self._node_ptr[b]:self._node_ptr[b + 1]]
+        if direct.any():
+            at = np.flatnonzero(direct)
+            mode.read_rows(nodes[at], at, x)
+            miss = miss[~direct[miss]]
+        started = time.perf_counter()
         try:
             mode.stager.read_batch(staged, b, x, miss)
         except OSError as err:

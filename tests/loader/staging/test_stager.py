@@ -17,7 +17,7 @@ from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from loader.staging.stager import WindowStager
 from loader.staging.staging_kernels import copy_rows_from
-from loader.staging.window_plan import STAGING_ALIGN, plan_window
+from loader.staging.window_plan import STAGING_ALIGN, choose_staged, plan_window
 from tests.graphs import generated_dataset
 
 # 25 float32 features: 100-byte rows, which straddle pages and chunks
@@ -81,6 +81,27 @@ def test_plan_matches_a_per_batch_reference(data):
         assert base % STAGING_ALIGN == 0 and base >= end and nbytes == len(staged) * row_bytes
         end = base + nbytes
     assert plan.staging_bytes >= end and plan.staging_bytes % STAGING_ALIGN == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_choose_staged_matches_a_per_chunk_reference(data):
+    row_bytes = data.draw(st.sampled_from([100, 1024, 4096, 6000]))
+    chunk_bytes = 4096 * data.draw(st.integers(1, 4))
+    sizes = data.draw(st.lists(st.integers(0, 15), min_size=1, max_size=5))
+    rows = data.draw(st.integers(1, 200))
+    offsets = np.asarray([data.draw(st.integers(0, rows - 1)) * row_bytes for _ in range(sum(sizes))], np.int64)
+    node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    seq, iops = data.draw(st.sampled_from([1e6, 1e8, 1e9])), data.draw(st.sampled_from([1e2, 3e4, 1e6]))
+    got = choose_staged(node_ptr, offsets, row_bytes, chunk_bytes, seq, iops)
+    pages_per_row = max(1, -(-row_bytes // 4096))
+    for k, off in enumerate(offsets.tolist()):
+        chunk = off // chunk_bytes
+        mine = [(b, o) for b in range(len(sizes)) for o in offsets[node_ptr[b]:node_ptr[b + 1]].tolist()
+                if o // chunk_bytes == chunk]
+        staged = (chunk_bytes + 2 * len(mine) * row_bytes) / seq
+        direct = len({(b, o // 4096) for b, o in mine}) * pages_per_row / iops
+        assert got[k] == (staged <= direct)
 
 
 @settings(max_examples=50, deadline=None)

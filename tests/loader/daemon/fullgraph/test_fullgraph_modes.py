@@ -84,6 +84,32 @@ def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path,
             client.close()
 
 
+@pytest.mark.parametrize("choice", ["all direct", "every other node"])
+def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset, reference, tmp_path, monkeypatch,
+                                                                         choice):
+    """Rows whose chunk the cost model does not stage are read at random at publish; cached, direct and staged
+    rows meet in one batch and it is still the reference's."""
+    from loader.daemon.fullgraph import outofcore
+
+    def choose(node_ptr, offsets, *args):
+        return np.zeros(len(offsets), dtype=bool) if choice == "all direct" else np.arange(len(offsets)) % 2 == 0
+
+    monkeypatch.setattr(outofcore, "choose_staged", choose)
+    (tmp_path / "staging").mkdir()
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
+                           exact={"superbatch": 4, "feature_cache": "20K", "staging_dir": str(tmp_path / "staging")},
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
+    with running_daemon(config) as daemon:
+        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+        client.send(Credit(count=client.welcome.slots.count))
+        try:
+            assert_same_as_reference(consume_epoch(client, 0), reference, 0)
+        finally:
+            client.close()
+        written = daemon.metrics.staging_written_bytes._value.get()
+        assert (written == 0) == (choice == "all direct")
+
+
 def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "inmemory"}, memory={"budget": "300K"},
                            publisher={"slots": 1, "slot_bytes": "64K"}, server={"max_clients": 1})
