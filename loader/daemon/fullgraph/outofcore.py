@@ -418,19 +418,10 @@ class StagedMode(_OutOfCoreMode):
         """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
         then read back in order."""
         started = time.perf_counter()
-        io = self.serving.config.io
-        uncached = np.flatnonzero(self.cache.slot_of[sampled.nodes] < 0)
-        before = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)
-        np.cumsum(self.cache.slot_of[sampled.nodes] < 0, out=before[1:])
-        offsets = row_offsets_for(sampled.nodes[uncached], self._node_begin, self._feat_offset, self._row_bytes)
-        chosen = choose_staged(before[sampled.node_ptr], offsets, self._row_bytes, self.stager.chunk_bytes,
-                               io.sequential_rate, io.random_reads)
-        direct = np.zeros(len(sampled.nodes), dtype=bool)
-        direct[uncached[~chosen]] = True
-        staged_node = np.zeros(len(sampled.nodes), dtype=bool)
-        staged_node[uncached[chosen]] = True
-        np.cumsum(staged_node, out=before[1:])
-        plan = plan_window(before[sampled.node_ptr], sampled.nodes[staged_node], self._node_begin,
+        staged_node, direct = self._split_rows(sampled)
+        position = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)  # staged nodes before each node
+        np.cumsum(staged_node, out=position[1:])
+        plan = plan_window(position[sampled.node_ptr], sampled.nodes[staged_node], self._node_begin,
                            self._feat_offset, self._row_bytes)
         try:
             staged = self.stager.stage(plan)
@@ -446,6 +437,21 @@ class StagedMode(_OutOfCoreMode):
         self._metrics.disk_reads.labels("features").inc(staged.stats.chunks)
         self._metrics.staging_written_bytes.inc(staged.stats.staged_bytes)
         return _StagedRows(self, staged, sampled.node_ptr, direct)
+
+    def _split_rows(self, sampled: SampledPass) -> tuple[np.ndarray, np.ndarray]:
+        """Per node of the superbatch: (staged, read at random at publish); a cached node is neither. A node
+        is staged where the cost model finds its chunk worth a pass."""
+        io = self.serving.config.io
+        uncached = self.cache.slot_of[sampled.nodes] < 0
+        position = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)
+        np.cumsum(uncached, out=position[1:])
+        at = np.flatnonzero(uncached)
+        offsets = row_offsets_for(sampled.nodes[at], self._node_begin, self._feat_offset, self._row_bytes)
+        chosen = choose_staged(position[sampled.node_ptr], offsets, self._row_bytes, self.stager.chunk_bytes,
+                               io.sequential_rate, io.random_reads)
+        staged_node = np.zeros(len(sampled.nodes), dtype=bool)
+        staged_node[at[chosen]] = True
+        return staged_node, uncached & ~staged_node
 
     def start_stream(self) -> RowsFor:
         return self.stage
