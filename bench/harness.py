@@ -5,6 +5,7 @@ Where the cgroup or drop_caches is unavailable (not root, cgroup v2 only), the r
 with a warning: the numbers may then include the page cache quietly holding the dataset.
 """
 
+import json
 import mmap
 import os
 import re
@@ -124,6 +125,15 @@ def machine_description() -> str:
     except OSError:
         mem_kb = 0
     return f"{cpu}, {os.cpu_count()} cores, {mem_kb / 2**20:.0f} GiB RAM"
+
+
+def write_results(name: str, args: object, payload: dict[str, object], text: str) -> None:
+    """``bench/results/<name>.json`` (the machine, the arguments and ``payload``) and ``<name>.md`` (``text``)."""
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args), **payload},
+                                                     indent=2))
+    (results / f"{name}.md").write_text(text + "\n")
 
 
 def sh(cmd: list[str]) -> None:

@@ -19,7 +19,6 @@ with the RAM for it), so no cgroup applies.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,14 +27,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import first_training_batches, machine_description  # noqa: E402
+from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
 from loader.caches.changeset import CachePlanner, CacheState  # noqa: E402
 from loader.daemon.fullgraph.outofcore import BYTES_PER_SAMPLED_EDGE, BYTES_PER_SAMPLED_NODE, out_degree_ranking  # noqa: E402
 from loader.format.dataset import open_dataset  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
 
 
 def belady_misses(node_ptr: np.ndarray, nodes: np.ndarray, num_nodes: int, capacity: int, horizon: int) -> int:
@@ -94,10 +91,7 @@ def main() -> int:
                      f"{float(r['vs_static']):.3f} | {held} |")  # type: ignore[arg-type]
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "horizon.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
-                                                      "results": results}, indent=2))
-    (RESULTS / "horizon.md").write_text(text + "\n")
+    write_results("horizon", args, {"results": results}, text)
     return 0
 
 

@@ -25,7 +25,6 @@ cost within each order, to show the order bias the alternation cancels.
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import first_training_batches, machine_description  # noqa: E402
+from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
 from loader.caches.row_reader import RowReader  # noqa: E402
 from loader.daemon.fullgraph.outofcore import ROW_READ_THREADS  # noqa: E402
 from loader.format.dataset import Dataset, open_dataset  # noqa: E402
@@ -45,7 +44,6 @@ from loader.sampling.neighbor_reader import NeighborReader  # noqa: E402
 from loader.sampling.sampling import SampledPass  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 SIDES = ("checked", "unchecked")
 
 
@@ -176,10 +174,7 @@ def main() -> int:
         return 2
     text = "\n".join([f"machine: {machine_description()}; dataset {args.dataset}", ""] + report_lines(result))
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "read_checks.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
-                                                          "result": result}, indent=2))
-    (RESULTS / "read_checks.md").write_text(text + "\n")
+    write_results("read_checks", args, {"result": result}, text)
     return 0
 
 

@@ -21,7 +21,6 @@ and the file pass's read rate over the disk's sequential rate. The page cache is
 """
 
 import argparse
-import json
 import queue
 import sys
 import threading
@@ -33,7 +32,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import drop_caches, first_training_batches, machine_description, sequential_rate  # noqa: E402
+from bench.harness import (  # noqa: E402
+    drop_caches,
+    first_training_batches,
+    machine_description,
+    sequential_rate,
+    write_results,
+)
 from loader.caches.row_reader import RowReader  # noqa: E402
 from loader.daemon.fullgraph.outofcore import ROW_READ_THREADS  # noqa: E402
 from loader.format.dataset import Dataset, open_dataset  # noqa: E402
@@ -44,8 +49,6 @@ from loader.staging.stager import StagedWindow, WindowStager  # noqa: E402
 from loader.staging.window_plan import plan_window  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
 
 
 def sub_pass(sampled: SampledPass, first: int, count: int) -> SampledPass:
@@ -195,10 +198,7 @@ def main() -> int:
                  f"delivered); read-back {staged['read_back_ms_per_batch']:.1f} ms per batch")
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "staging.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
-                                                      "sequential_mb_s": seq, "results": results}, indent=2))
-    (RESULTS / "staging.md").write_text(text + "\n")
+    write_results("staging", args, {"sequential_mb_s": seq, "results": results}, text)
     return 0
 
 

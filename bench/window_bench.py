@@ -28,7 +28,6 @@ window, what a window costs.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -37,14 +36,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import first_training_batches, machine_description  # noqa: E402
+from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
 from loader.daemon.fullgraph.outofcore import out_degree_ranking  # noqa: E402
 from loader.format.dataset import open_dataset  # noqa: E402
 from loader.format.partition_table import row_offsets_for  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size, parse_size  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 PAGE = 4096
 
 
@@ -147,10 +145,7 @@ def main() -> int:
                      f"{r['disk_busy_vs_seq']:.2f} | {format_size(int(r['held_bytes']))} |")
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "window.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
-                                                     "results": results}, indent=2))
-    (RESULTS / "window.md").write_text(text + "\n")
+    write_results("window", args, {"results": results}, text)
     return 0
 
 

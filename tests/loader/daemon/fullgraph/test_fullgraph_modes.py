@@ -1,5 +1,7 @@
 """The full-graph daemon modes serve exactly the batches of the in-memory reference (``--mode inmemory``)."""
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,17 @@ def reference(dataset):
 def reference_epoch(ref, epoch):
     plan = epoch_batches_inmemory(ref.splits["train"], BATCH_SIZE, 0, epoch)
     return sample_pass(ref.graph, plan.seeds, BATCH_SIZE, FANOUTS, plan.keys)
+
+
+@contextmanager
+def credited_client(config):
+    """A client of the running daemon of ``config`` that has credited all its slots."""
+    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+    try:
+        client.send(Credit(count=client.welcome.slots.count))
+        yield client
+    finally:
+        client.close()
 
 
 def consume_epoch(client, epoch):
@@ -73,15 +86,10 @@ def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path,
         exact = {**exact, "staging_dir": str(tmp_path / "staging")}
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact,
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
-    with running_daemon(config):
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
-        client.send(Credit(count=client.welcome.slots.count))
-        try:
-            assert client.welcome.dataset.mode == mode
-            for epoch in (0, 1):
-                assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
-        finally:
-            client.close()
+    with running_daemon(config), credited_client(config) as client:
+        assert client.welcome.dataset.mode == mode
+        for epoch in (0, 1):
+            assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
 
 
 @pytest.mark.parametrize("choice", ["all direct", "every other node"])
@@ -100,12 +108,8 @@ def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset
                            exact={"superbatch": 4, "feature_cache": "20K", "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config) as daemon:
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
-        client.send(Credit(count=client.welcome.slots.count))
-        try:
+        with credited_client(config) as client:
             assert_same_as_reference(consume_epoch(client, 0), reference, 0)
-        finally:
-            client.close()
         written = daemon.metrics.staging_written_bytes._value.get()
         assert (written == 0) == (choice == "all direct")
 
@@ -126,12 +130,8 @@ def _epoch_lookups(dataset, tmp_path, mode, exact):
     config = daemon_config(dataset, tmp_path / f"{mode}.sock", loader={"mode": mode}, exact=exact,
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config) as daemon:
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
-        client.send(Credit(count=client.welcome.slots.count))
-        try:
+        with credited_client(config) as client:
             batches = consume_epoch(client, 0)
-        finally:
-            client.close()
         return sum(len(b["n_id"]) for b in batches), _lookups(daemon, "feature_cache_lookups"), \
             _lookups(daemon, "neighbor_cache_lookups")
 
@@ -185,13 +185,8 @@ def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physi
     config = daemon_config(physics, tmp_path / "s.sock", loader={"mode": mode}, memory={"budget": "256M"},
                            exact={**exact, "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)})
-    with running_daemon(config):
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
-        client.send(Credit(count=client.welcome.slots.count))
-        try:
-            assert_same_as_reference(consume_epoch(client, 0), ref, 0)
-        finally:
-            client.close()
+    with running_daemon(config), credited_client(config) as client:
+        assert_same_as_reference(consume_epoch(client, 0), ref, 0)
 
 
 @pytest.mark.parametrize("mode, exact", [
@@ -206,20 +201,15 @@ def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS), "eval_batch_size": 200})
     plan = eval_split_batches(reference.splits["val"], 200, 0, STREAM_VAL)
     expected = sample_pass(reference.graph, plan.seeds, 200, FANOUTS, plan.keys)
-    with running_daemon(config):
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
-        client.send(Credit(count=client.welcome.slots.count))
-        try:
-            client.send(EvalRequest(split="val"))
-            b = 0
-            while not isinstance(msg := client.recv(timeout=60), EvalEnd):
-                arrays = client.read_batch(msg).arrays
-                want = expected.batch(b)
-                np.testing.assert_array_equal(arrays["n_id"], want.nodes)
-                np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
-                assert np.asarray(arrays["x"]).tobytes() == reference.features[want.nodes].tobytes()
-                client.send(Release(slot=msg.slot, seq=msg.seq))
-                b += 1
-            assert b == expected.num_batches == msg.batches
-        finally:
-            client.close()
+    with running_daemon(config), credited_client(config) as client:
+        client.send(EvalRequest(split="val"))
+        b = 0
+        while not isinstance(msg := client.recv(timeout=60), EvalEnd):
+            arrays = client.read_batch(msg).arrays
+            want = expected.batch(b)
+            np.testing.assert_array_equal(arrays["n_id"], want.nodes)
+            np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
+            assert np.asarray(arrays["x"]).tobytes() == reference.features[want.nodes].tobytes()
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+            b += 1
+        assert b == expected.num_batches == msg.batches
