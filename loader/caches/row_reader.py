@@ -53,6 +53,7 @@ import numpy as np
 
 from loader.caches import row_reader_kernels as kernels
 from loader.format.checksum_kernels import PAGE_BYTES as PAGE
+from loader.format.checksum_kernels import first_bad_row
 from loader.format.read_checks import CorruptData
 
 __all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader"]
@@ -218,7 +219,13 @@ class RowReader:
             else:
                 need = np.minimum(ends, sorted_off[row_hi - 1] + self.row_bytes) - starts
             flat = out.reshape(-1).view(np.uint8)
-            plan = (starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat)
+            # rows made of whole, aligned check blocks are checked after the reads, in one pass over ``out``,
+            # instead of block by block on the read threads between their preads: the same hashes, but the
+            # threads go straight back to the disk (docs/PERFORMANCE.md, "The read path's cost")
+            check_after = bool(len(self.block_sums)) and self.row_bytes % self.check_block == 0 and \
+                not np.any(off % self.check_block)
+            in_threads = self.block_sums[:0] if check_after else self.block_sums
+            plan = (starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat, in_threads)
 
             results = self._run(plan)
             failure = _first_failure(results)
@@ -228,6 +235,12 @@ class RowReader:
                 results = self._run(plan)
                 failure = _first_failure(results)
             self._account(results, count if failure is None else 0)
+            if failure is None and check_after:
+                placed = np.arange(count, dtype=np.int64) if dest is None else dest
+                bad = first_bad_row(out.view(np.uint8).reshape(len(out), self.row_bytes), placed, off,
+                                    self.block_sums, self.check_block)
+                if bad >= 0:
+                    raise CorruptData(self.path, int(bad), f"the {self.check_block}-byte block")
             if failure is not None:
                 status, err, at = failure
                 if status == kernels.STATUS_CORRUPT:
@@ -266,9 +279,9 @@ class RowReader:
         return results
 
     def _share(self, plan: tuple[np.ndarray, ...], g0: int, g1: int, bounce: np.ndarray, result: np.ndarray) -> None:
-        starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat = plan
+        starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat, sums = plan
         kernels.read_groups(self._fd, starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest,
-                            self.row_bytes, flat, bounce, g0, g1, result, self.block_sums, self.check_block)
+                            self.row_bytes, flat, bounce, g0, g1, result, sums, self.check_block)
 
     def _account(self, results: np.ndarray, rows: int) -> None:
         self.reads += int(results[:, 2].sum())

@@ -32,7 +32,7 @@ from llvmlite import binding as llvm
 from loader.jit import kernel
 
 __all__ = ["PAGE_BYTES", "MIN_BLOCK_BYTES", "check_block_bytes", "block_checksums", "first_bad_block",
-           "bad_block_in", "USING_C_XXH3"]
+           "bad_block_in", "first_bad_row", "USING_C_XXH3"]
 
 PAGE_BYTES = 4096
 """The block of ``indices.npy``'s checks (and of ``features.bin``'s in format 1.1), and the largest block."""
@@ -227,4 +227,25 @@ def first_bad_block(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, f
         at = bad_block_in(data, starts[r], lengths[r], file_offsets[r], sums, block, acc, pad)
         if at >= 0:
             return at
+    return -1
+
+
+@kernel
+def first_bad_row(rows: np.ndarray, dest: np.ndarray, offsets: np.ndarray, sums: np.ndarray, block: int) -> int:
+    """File offset of the first block of rows ``rows[dest[k]]`` (uint8, 2-D, C-contiguous) that fails ``sums``,
+    or -1.
+
+    Row k holds the file's bytes from ``offsets[k]``, a multiple of ``block``, and its length is a whole
+    number of blocks: each block of it is checked against ``sums[offset // block + j]``.
+    """
+    acc = np.empty(8, dtype=np.uint64)
+    pad = np.empty(PAGE_BYTES, dtype=np.uint8)
+    width = rows.shape[1]
+    flat = rows.reshape(-1)
+    for k in range(len(dest)):
+        start = dest[k] * width
+        first = offsets[k] // block
+        for j in range(width // block):
+            if _hash_block_at(flat, start + j * block, block, block, acc, pad) != sums[first + j]:
+                return offsets[k] + j * block
     return -1

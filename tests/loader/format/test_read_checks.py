@@ -8,6 +8,7 @@ the byte's block or partition range instead of a batch, and the daemon must go o
 import json
 import select
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,13 +72,9 @@ def test_first_bad_block_names_the_block_of_a_flipped_byte(size, block, draw):
     assert first_bad_block(data, *whole, sums, block) == at // block * block
 
 
-@settings(max_examples=60, deadline=None)
-@given(row_bytes=st.integers(1, 3000), rows=st.integers(1, 40), data=st.data())
-def test_checked_row_reads_fail_exactly_when_a_requested_row_touches_the_flipped_block(tmp_path_factory, row_bytes,
-                                                                                    rows, data):
+def check_rows_against_the_rule(path: Path, row_bytes: int, rows: int, data: st.DataObject) -> None:
     """Against the plain rule: a read fails iff a flipped block holds a byte of a requested row; a
-    read that passes returns the file's rows."""
-    path = tmp_path_factory.mktemp("rows") / "rows.bin"
+    read that passes returns the file's rows, where ``rows=`` puts them."""
     size = rows * row_bytes + data.draw(st.integers(0, 100))  # trailing bytes no row owns
     content = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     block = check_block_bytes(row_bytes)
@@ -89,14 +86,30 @@ def test_checked_row_reads_fail_exactly_when_a_requested_row_touches_the_flipped
     bad = flipped // block
     touched = any(r * row_bytes // block <= bad <= (r * row_bytes + row_bytes - 1) // block for r in wanted.tolist())
     out = np.zeros((len(wanted), row_bytes), dtype=np.uint8)
+    places = np.random.default_rng(rows).permutation(len(wanted)) if data.draw(st.booleans()) else None
     with RowReader(path, row_bytes=row_bytes, direct=False, block_sums=sums, check_block=block) as reader:
         if touched:
             with pytest.raises(CorruptData) as info:
-                reader.read_rows(wanted * row_bytes, out)
+                reader.read_rows(wanted * row_bytes, out, places)
             assert info.value.offset == bad * block
         else:
-            reader.read_rows(wanted * row_bytes, out)
-            np.testing.assert_array_equal(out, content[:rows * row_bytes].reshape(rows, row_bytes)[wanted])
+            reader.read_rows(wanted * row_bytes, out, places)
+            expected = content[:rows * row_bytes].reshape(rows, row_bytes)[wanted]
+            np.testing.assert_array_equal(out if places is None else out[places], expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(row_bytes=st.integers(1, 3000), rows=st.integers(1, 40), data=st.data())
+def test_checked_row_reads_fail_exactly_when_a_requested_row_touches_the_flipped_block(tmp_path_factory, row_bytes,
+                                                                                    rows, data):
+    check_rows_against_the_rule(tmp_path_factory.mktemp("rows") / "rows.bin", row_bytes, rows, data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(row_bytes=st.sampled_from([512, 1024, 2048, 4096, 8192]), rows=st.integers(1, 40), data=st.data())
+def test_rows_of_whole_blocks_are_checked_after_the_reads_by_the_same_rule(tmp_path_factory, row_bytes, rows, data):
+    """Rows made of whole, aligned blocks take the other road (checked in one pass after the reads)."""
+    check_rows_against_the_rule(tmp_path_factory.mktemp("rows") / "rows.bin", row_bytes, rows, data)
 
 
 @pytest.fixture(scope="module")
