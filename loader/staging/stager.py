@@ -364,7 +364,8 @@ class WindowStager:
             done += got
         region = np.frombuffer(self._back, dtype=np.uint8, count=nbytes)
         if xxhash.xxh3_64_intdigest(region.data) != int(staged.digests[b]):
-            raise CorruptData(self.staging_dir or "staging memory", base,
+            # named "staging" (the metric's file label): the staging file has no name of its own
+            raise CorruptData(Path(self.staging_dir or "") / "staging", base,
                               f"batch {b}'s staged rows ({nbytes} bytes)")
         if self.staging_dir is not None:
             # the region's pages in the page cache (written back by now) are never read again

@@ -571,3 +571,21 @@ def test_systemd_analyze_verify_catches_a_mistake(tmp_path, target):
     texts[template] = texts[template].replace("\n[Service]\n", "\n[Service]\nRestartSecs=2s\n", 1)
     result = verify(tmp_path, texts, target)
     assert "RestartSecs" in result.stderr
+
+
+def test_every_metric_the_daemon_exports_is_documented():
+    """The daemon's registry against docs/DEPLOY.md's table (a counter is documented by its ``_total``
+    series, an info by its ``_info`` one), so a new metric cannot ship without a line there."""
+    from prometheus_client import Counter, Info
+
+    from loader.daemon.metrics import DaemonMetrics
+
+    metrics = DaemonMetrics()
+    documented = documented_metrics()
+    exported = set()
+    for family in metrics.registry.collect():
+        suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+        exported.add(family.name + suffix)
+    assert Counter and Info  # the families' types are prometheus_client's
+    missing = {name for name in exported if name not in documented and not name.startswith("process_")}
+    assert not missing, f"exported but not in docs/DEPLOY.md, Metrics reference: {sorted(missing)}"
