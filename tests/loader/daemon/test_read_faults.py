@@ -133,3 +133,29 @@ def test_a_file_replaced_by_rename_under_the_daemon_keeps_serving_the_open_one(d
         replacement.write_bytes(bytes((copy / "features.bin").stat().st_size))
         os.replace(replacement, copy / "features.bin")
         assert_whole_epoch(config, reference)
+
+
+def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_on(dataset, reference, tmp_path,
+                                                                                     monkeypatch):
+    """Mode staged writes its staging files with ``os.pwrite``: ENOSPC there names the staging directory and
+    the superbatch's size, fails that stream only, and the next epoch, space back, is whole and correct."""
+    left = [1]
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if left[0] > 0 and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "staging")):
+            left[0] -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    (tmp_path / "staging").mkdir()
+    config = daemon_config(dataset, tmp_path / "s.sock", **{**MODES["staged"], "exact": {
+        **MODES["staged"]["exact"], "staging_dir": str(tmp_path / "staging")}})
+    with running_daemon(config):
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        with connect(config) as client:
+            err = train_until_error(client)
+        assert left[0] == 0
+        assert err.code == "internal" and "\n" not in err.message
+        assert f"staging in {tmp_path / 'staging'}" in err.message and "No space left on device" in err.message
+        assert_whole_epoch(config, reference)
