@@ -25,7 +25,7 @@ def dataset(tmp_path_factory):
 
 
 def config_for(dataset, tmp_path, mode):
-    exact = {"superbatch": 4, "feature_cache": "8K"} if mode == "exact" else {}
+    exact = {"superbatch": 4, "feature_cache": "8K"} if mode in ("exact", "staged") else {}
     return daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"})
 
 
@@ -55,7 +55,7 @@ def consume(socket, cache_bytes):
     return epochs, rows
 
 
-@pytest.mark.parametrize("mode", ["hierarchical", "exact", "static"])
+@pytest.mark.parametrize("mode", ["hierarchical", "exact", "static", "staged"])
 def test_cached_clients_get_the_batches_of_a_cacheless_client_bitwise(dataset, tmp_path, mode):
     with running_daemon(config_for(dataset, tmp_path, mode)) as daemon:
         socket = daemon.config.server.socket
