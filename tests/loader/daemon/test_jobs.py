@@ -61,8 +61,9 @@ def seeds_of(arrays) -> np.ndarray:
     return arrays["n_id"][:int(arrays["nodes_per_hop"][0])]
 
 
-def test_the_exact_mode_deals_each_rank_the_in_memory_ranks_batches(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "exact"})
+@pytest.mark.parametrize("mode, exact", [("exact", {}), ("staged", {"superbatch": 5, "feature_cache": 0})])
+def test_the_full_graph_modes_deal_each_rank_the_in_memory_ranks_batches(dataset, reference, tmp_path, mode, exact):
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact)
     train = reference.splits["train"]
     with running_daemon(config):
         clients = [join(config, rank, 2, 2) for rank in (0, 1)]
