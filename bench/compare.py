@@ -234,7 +234,8 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
             planner = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="planner"}')
             reader = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="reader"}')
             busy = {stage: delta(after, before, f'megabatch_stage_busy_seconds_total{{stage="{stage}"}}')
-                    for stage in ("sampler", "planner", "rows", "publisher", "reader", "assembler")}
+                    for stage in ("sampler", "planner", "staging", "rows", "publisher", "reader", "assembler")}
+            staged_written = delta(after, before, "megabatch_staging_written_bytes_total")
             reader_bytes = delta(after, before, 'megabatch_disk_read_bytes_total{file="features"}') + \
                 delta(after, before, 'megabatch_disk_read_bytes_total{file="indices"}')
             rate = batches / seconds if seconds > 0 else 0.0
@@ -248,6 +249,8 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "epoch_seconds_implied": epoch_batches / rate if rate > 0 and epoch_batches > 0 else None,
                 "feature_mb_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
                 "disk_bytes": io_after - io_before,
+                "disk_read_mb_s": (io_after - io_before) / seconds / 1e6 if seconds > 0 else None,
+                "staging_written_mb_s": staged_written / seconds / 1e6 if mode == "staged" and seconds > 0 else None,
                 "ranks": ranks,
                 "disk_bytes_per_batch": (io_after - io_before) / batches if batches else None,
                 # rows read from disk per row delivered: misses plus the exact mode's read-ahead fills
@@ -361,6 +364,12 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
             wall = 1000 / float(r["batches_per_s"])  # type: ignore[arg-type]
             parts = ", ".join(f"{stage} {ms:.1f}" for stage, ms in stages.items() if ms > 0.05)
             lines.append(f"- {r['mode']}: {wall:.1f} ms per batch; {parts}")
+    staged = by_mode.get("staged", {})
+    if staged.get("disk_read_mb_s") is not None and staged.get("staging_written_mb_s") is not None:
+        read, written = float(staged["disk_read_mb_s"]), float(staged["staging_written_mb_s"])  # type: ignore[arg-type]
+        lines.append(f"staged: the disk read {read:.0f} MB/s and took {written:.0f} MB/s of staging writes while it "
+                     f"served, {(read + written) / seq_rate:.2f}x the sequential O_DIRECT rate (reads alone "
+                     f"{read / seq_rate:.2f}x)")
     if hier.get("hier_read_mb_s") is not None:
         rate = float(hier["hier_read_mb_s"])  # type: ignore[arg-type]
         lines.append(f"hierarchical mega-batch reads: {rate:.0f} MB/s while reading = {rate / seq_rate:.2f}x the "
