@@ -441,7 +441,8 @@ def test_daemon_killed_mid_epoch_then_restarted_and_resumed_matches_an_uninterru
                 lines.append(line.rstrip("\n"))
                 if line.startswith("epoch 1/3 "):
                     # the trainer checkpoints epoch 1 right after this line, then starts epoch 2: the kill
-                    # lands at that boundary or in epoch 2
+                    # lands at that boundary or in epoch 2, or, where this process is not scheduled within
+                    # the quarter second epoch 2 takes, in epoch 3: the assertions below take either
                     daemon.kill()
                     break
             else:
@@ -460,12 +461,14 @@ def test_daemon_killed_mid_epoch_then_restarted_and_resumed_matches_an_uninterru
         assert [r["epoch"] for r in reference["epochs"]] == [1, 2, 3]
 
     assert cut.returncode == 1, (lines, err)
-    assert len(lines) == 1 and lines[0].startswith("epoch 1/3 "), lines  # epoch 2 never completed
+    done = len(lines)  # epochs completed (and checkpointed) before the kill
+    assert done in (1, 2) and [line.split("  ")[0] for line in lines] == [f"epoch {e}/3" for e in range(1, done + 1)], \
+        lines
     assert "Traceback" not in err, err
     errors = [line for line in err.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0] == err.splitlines()[-1], err
     assert errors[0].startswith("megabatch train: error: the loader daemon closed the connection"), err
-    assert errors[0].endswith("holds epoch 1; resume with --resume"), err  # what the user does next
+    assert errors[0].endswith(f"holds epoch {done}; resume with --resume"), err  # what the user does next
 
     # SIGKILL left the socket file behind: a client is told it looks stale, and serve replaces it
     assert sock.is_socket()
@@ -477,10 +480,11 @@ def test_daemon_killed_mid_epoch_then_restarted_and_resumed_matches_an_uninterru
                                  capture_output=True, text=True, timeout=300, env=plain_env())
         assert resumed.returncode == 0, (resumed.stderr, log.read_text())
         out = resumed.stdout.splitlines()
-        assert out[0] == f"resumed from {ckpt} after epoch 1", out
-        assert [line.split("  ")[0] for line in out[1:-1]] == ["epoch 2/3", "epoch 3/3"], out
+        assert out[0] == f"resumed from {ckpt} after epoch {done}", out
+        assert [line.split("  ")[0] for line in out[1:-1]] == [f"epoch {e}/3" for e in range(done + 1, 4)], out
         assert out[-1] == straight_out.splitlines()[-1], (out, straight_out)
-        # bit for bit: epoch 1 from the checkpoint of the cut run, epochs 2 and 3 trained after the restart
+        # bit for bit: the epochs before the kill from the checkpoint of the cut run, the rest trained after
+        # the restart
         assert outcome(tmp_path / "resumed.json") == reference
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=120) == 0, log.read_text()
