@@ -77,7 +77,8 @@ def run_staged(dataset: Dataset, sampled: SampledPass, window: int, windows: int
             for w in range(windows):
                 t0 = time.perf_counter()
                 part = sub_pass(sampled, w * window, window)
-                plan = plan_window(part.node_ptr, part.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
+                plan = plan_window(part.node_ptr, row_offsets_for(part.nodes, parts.node_begin, parts.feat_offset,
+                                                                  m.row_bytes), m.row_bytes)
                 staged = stager.stage(plan)
                 stage_seconds.append(time.perf_counter() - t0)
                 ready.put(staged)

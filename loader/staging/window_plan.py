@@ -1,6 +1,6 @@
-"""Where each feature row a window of sampled batches needs is put, from the window's sampled structure alone.
+"""Where each feature row a window of sampled batches needs is put, from the rows' byte offsets alone.
 
-A window is H consecutive batches of the exact schedule (the nodes of each batch whose rows are to be
+A window is H consecutive batches of the exact schedule (the row offsets of each batch's nodes whose rows are to be
 staged: all of them, or those a RAM cache does not hold). Staging them (see
 ``loader.staging.stager``) reads ``features.bin`` once, in order, and writes every batch's rows into
 that batch's own region of a staging file. This module computes the layout, as plain arrays:
@@ -17,8 +17,6 @@ Vectorized over the whole window: one lexsort, no loop over batches or nodes.
 from dataclasses import dataclass
 
 import numpy as np
-
-from loader.format.partition_table import row_offsets_for
 
 __all__ = ["WindowPlan", "plan_window", "choose_staged", "STAGING_ALIGN"]
 
@@ -58,20 +56,19 @@ class WindowPlan:
         return int(self.node_ptr[-1])
 
 
-def plan_window(node_ptr: np.ndarray, nodes: np.ndarray, part_node_begin: np.ndarray, part_feat_offset: np.ndarray,
-                row_bytes: int) -> WindowPlan:
-    """The staging layout of the batches ``nodes[node_ptr[b]:node_ptr[b + 1]]`` (dataset ids; int64) over a
-    ``features.bin`` of ``row_bytes`` rows."""
+def plan_window(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int) -> WindowPlan:
+    """The staging layout of the batches whose rows lie at ``offsets[node_ptr[b]:node_ptr[b + 1]]`` (byte
+    offsets in a ``features.bin`` of ``row_bytes`` rows, ``row_offsets_for`` of the nodes; int64)."""
     if row_bytes <= 0:
         raise ValueError(f"row_bytes: {row_bytes} is not positive")
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
-    if node_ptr.ndim != 1 or len(node_ptr) < 1 or node_ptr[0] != 0 or node_ptr[-1] != len(nodes) \
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if node_ptr.ndim != 1 or len(node_ptr) < 1 or node_ptr[0] != 0 or node_ptr[-1] != len(offsets) \
             or np.any(np.diff(node_ptr) < 0):
-        raise ValueError(f"node_ptr: not the offsets of {len(nodes)} nodes")
+        raise ValueError(f"node_ptr: not the offsets of {len(offsets)} nodes")
     count = len(node_ptr) - 1
     sizes = np.diff(node_ptr)
     batch_of = np.repeat(np.arange(count, dtype=np.int64), sizes)
-    offsets = row_offsets_for(nodes, part_node_begin, part_feat_offset, row_bytes)
     order = np.lexsort((offsets, batch_of))  # batch-major, file order inside a batch
     sorted_batch, sorted_off = batch_of[order], offsets[order]
     # a node sampled twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)

@@ -418,11 +418,10 @@ class StagedMode(_OutOfCoreMode):
         """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
         then read back in order."""
         started = time.perf_counter()
-        staged_node, direct = self._split_rows(sampled)
+        staged_node, direct, offsets = self._split_rows(sampled)
         position = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)  # staged nodes before each node
         np.cumsum(staged_node, out=position[1:])
-        plan = plan_window(position[sampled.node_ptr], sampled.nodes[staged_node], self._node_begin,
-                           self._feat_offset, self._row_bytes)
+        plan = plan_window(position[sampled.node_ptr], offsets, self._row_bytes)
         try:
             staged = self.stager.stage(plan)
         except OSError as err:
@@ -438,9 +437,10 @@ class StagedMode(_OutOfCoreMode):
         self._metrics.staging_written_bytes.inc(staged.stats.staged_bytes)
         return _StagedRows(self, staged, sampled.node_ptr, direct)
 
-    def _split_rows(self, sampled: SampledPass) -> tuple[np.ndarray, np.ndarray]:
-        """Per node of the superbatch: (staged, read at random at publish); a cached node is neither. A node
-        is staged where the cost model finds its chunk worth a pass."""
+    def _split_rows(self, sampled: SampledPass) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per node of the superbatch: (staged, read at random at publish), a cached node neither, and the
+        staged nodes' row offsets in node order. A node is staged where the cost model finds its chunk
+        worth a pass."""
         io = self.serving.config.io
         uncached = self.cache.slot_of[sampled.nodes] < 0
         position = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)
@@ -451,7 +451,7 @@ class StagedMode(_OutOfCoreMode):
                                io.sequential_rate, io.random_reads)
         staged_node = np.zeros(len(sampled.nodes), dtype=bool)
         staged_node[at[chosen]] = True
-        return staged_node, uncached & ~staged_node
+        return staged_node, uncached & ~staged_node, offsets[chosen]
 
     def start_stream(self) -> RowsFor:
         return self.stage

@@ -39,6 +39,12 @@ def window(dataset: Dataset, batches: int, batch_size: int = 32, fanouts: tuple[
     return sample_pass(graph, plan.seeds[:batches * batch_size], batch_size, list(fanouts), plan.keys[:batches])
 
 
+def window_plan(sampled: SampledPass, parts, row_bytes: int):
+    """``plan_window`` of every node of ``sampled``."""
+    return plan_window(sampled.node_ptr, row_offsets_for(sampled.nodes, parts.node_begin, parts.feat_offset, row_bytes),
+                       row_bytes)
+
+
 def expected_rows(dataset: Dataset, nodes: np.ndarray) -> np.ndarray:
     m = dataset.manifest
     parts = dataset.partitions()
@@ -69,8 +75,8 @@ def test_plan_matches_a_per_batch_reference(data):
     nodes = np.concatenate([np.asarray(data.draw(st.lists(st.integers(0, num_nodes - 1), min_size=n, max_size=n)),
                                        dtype=np.int64) for n in sizes]) if sum(sizes) else np.empty(0, np.int64)
     node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    plan = plan_window(node_ptr, nodes, node_begin, feat_offset, row_bytes)
     offsets = row_offsets_for(nodes, node_begin, feat_offset, row_bytes)
+    plan = plan_window(node_ptr, offsets, row_bytes)
     end = 0
     for b in range(len(sizes)):
         mine = offsets[node_ptr[b]:node_ptr[b + 1]]
@@ -122,7 +128,7 @@ def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, on_disk, chunk
     sampled = window(dataset, 12)
     m = dataset.manifest
     parts = dataset.partitions()
-    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
+    plan = window_plan(sampled, parts, m.row_bytes)
     # a small scatter buffer: several write groups per chunk; on disk, several flushes per window
     with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192,
                     flush_bytes=16384) as stager:
@@ -146,7 +152,7 @@ def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
     corrupt = open_dataset(copy)
     sampled = window(corrupt, 40)
     parts = corrupt.partitions()
-    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, corrupt.manifest.row_bytes)
+    plan = window_plan(sampled, parts, corrupt.manifest.row_bytes)
     victim = int(plan.staged_offsets[len(plan.staged_offsets) // 2])
     with open(corrupt.file("features"), "r+b") as f:
         f.seek(victim)
@@ -163,7 +169,7 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
     sampled = window(dataset, 6)
     m = dataset.manifest
     parts = dataset.partitions()
-    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
+    plan = window_plan(sampled, parts, m.row_bytes)
     with stager_for(dataset, tmp_path) as stager:
         staged = stager.stage(plan)
         try:
@@ -180,7 +186,7 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
 def test_bad_arguments_are_refused(dataset):
     sampled = window(dataset, 2)
     parts = dataset.partitions()
-    plan = plan_window(sampled.node_ptr, sampled.nodes, parts.node_begin, parts.feat_offset, dataset.manifest.row_bytes)
+    plan = window_plan(sampled, parts, dataset.manifest.row_bytes)
     with pytest.raises(ValueError, match="chunk_bytes"):
         stager_for(dataset, None, chunk_bytes=1000)
     with stager_for(dataset, None) as stager:
