@@ -44,21 +44,11 @@ from loader.daemon.fullgraph.outofcore import ROW_READ_THREADS  # noqa: E402
 from loader.format.dataset import Dataset, open_dataset  # noqa: E402
 from loader.format.partition_table import row_offsets_for  # noqa: E402
 from loader.format.read_checks import load_read_checks  # noqa: E402
-from loader.sampling.sampling import SampledPass  # noqa: E402
+from loader.sampling.sampling import SampledPass, slice_pass  # noqa: E402
 from loader.staging.stager import StagedWindow, WindowStager  # noqa: E402
-from loader.staging.window_plan import plan_window  # noqa: E402
+from loader.staging.window_plan import batch_gather, plan_window  # noqa: E402
 from proto.errors import UserError  # noqa: E402
 from proto.sizes import format_size  # noqa: E402
-
-
-def sub_pass(sampled: SampledPass, first: int, count: int) -> SampledPass:
-    """Batches ``first`` .. ``first + count`` of ``sampled`` as a pass of their own."""
-    lo, hi = sampled.node_ptr[first], sampled.node_ptr[first + count]
-    e_lo, e_hi = sampled.edge_ptr[first], sampled.edge_ptr[first + count]
-    return SampledPass(count, sampled.num_hops, sampled.node_ptr[first:first + count + 1] - lo, sampled.nodes[lo:hi],
-                       sampled.edge_ptr[first:first + count + 1] - e_lo, sampled.edge_src[e_lo:e_hi],
-                       sampled.edge_dst[e_lo:e_hi], sampled.num_sampled_nodes[first:first + count],
-                       sampled.num_sampled_edges[first:first + count])
 
 
 def run_staged(dataset: Dataset, sampled: SampledPass, window: int, windows: int, staging_dir: Path,
@@ -76,9 +66,9 @@ def run_staged(dataset: Dataset, sampled: SampledPass, window: int, windows: int
         try:
             for w in range(windows):
                 t0 = time.perf_counter()
-                part = sub_pass(sampled, w * window, window)
+                part = slice_pass(sampled, w * window, window)
                 plan = plan_window(part.node_ptr, row_offsets_for(part.nodes, parts.node_begin, parts.feat_offset,
-                                                                  m.row_bytes), m.row_bytes)
+                                                                  m.row_bytes), m.row_bytes, stager.chunk_bytes)
                 staged = stager.stage(plan)
                 stage_seconds.append(time.perf_counter() - t0)
                 ready.put(staged)
@@ -93,12 +83,16 @@ def run_staged(dataset: Dataset, sampled: SampledPass, window: int, windows: int
     producer.start()
     try:
         read_seconds = 0.0
+        w_done = 0
         while (item := ready.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             r0 = time.perf_counter()
+            first = (w_done := w_done + 1) * window - window
             for b in range(item.plan.num_batches):
-                stager.read_batch(item, b, out)
+                nodes = sampled.nodes[sampled.node_ptr[first + b]:sampled.node_ptr[first + b + 1]]
+                stager.read_batch(item, b, batch_gather(row_offsets_for(nodes, parts.node_begin, parts.feat_offset,
+                                                                        m.row_bytes)), out)
             read_seconds += time.perf_counter() - r0
             file_bytes += item.stats.file_bytes_read
             staged_bytes += item.stats.staged_bytes

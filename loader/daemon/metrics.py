@@ -90,7 +90,8 @@ class DaemonMetrics:
         self.disk_seconds = Histogram("megabatch_disk_read_seconds", "Latency of one preadv", ["file"],
                                       buckets=READ_LATENCY_BUCKETS, registry=r)
         self.staging_written_bytes = Counter("megabatch_staging_written_bytes", "Bytes mode staged wrote to its "
-                                             "staging files", registry=r)
+                                             "staging files (kind: rows, or the sampled edges it spills)", ["kind"],
+                                             registry=r)
         self.stage_busy = Counter("megabatch_stage_busy_seconds", "Seconds a stage spent working (not waiting)",
                                   ["stage"], registry=r)
         self.static_nodes = Gauge("megabatch_static_cache_nodes", "Nodes in the static cache", registry=r)

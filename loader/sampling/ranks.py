@@ -22,11 +22,12 @@ batches: evaluation has no collective per batch, only one reduction of the count
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from loader.sampling.inmemory import STREAM_TRAIN, STREAM_TRAIN_RANK, EpochBatches, num_batches, shuffle_key
-from loader.sampling.sampling import SampledPass, as_int_array, batch_keys, concat_passes, empty_pass, shuffle
+from loader.sampling.sampling import as_int_array, batch_keys, concat_passes, empty_pass, shuffle
 
 __all__ = ["RankBatches", "LocalRanks", "SINGLE_RANK", "Pieces", "check_rank", "num_steps", "piece_bounds", "rank_keys",
            "deal_epoch", "deal_eval", "deal_pieces", "piece_keys", "gather_pieces",
@@ -252,8 +253,9 @@ def piece_keys(seed: int, epoch: int, local: LocalRanks, first_step: int, steps:
     return np.stack(keys, axis=1).reshape(-1)
 
 
-def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], SampledPass], order: np.ndarray, pieces: Pieces,
-                  batch_size: int, keys: np.ndarray, num_hops: int) -> SampledPass:
+def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], Any], order: np.ndarray, pieces: Pieces,
+                  batch_size: int, keys: np.ndarray, num_hops: int,
+                  concat: Callable[[list[Any]], Any] = concat_passes) -> Any:
     """Piece i of ``pieces`` (seeds ``order[start[i]:start[i] + size[i]]``) sampled with ``keys[i]`` as batch i
     of one pass. ``sample(seeds, batch_size, keys)`` samples consecutive batches (``sample_pass`` semantics).
 
@@ -269,7 +271,7 @@ def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], SampledPass], 
         full -= 1
     if full == pieces.count - 1 and pieces.size[full] > 0:
         full = pieces.count
-    parts: list[SampledPass] = []
+    parts: list[Any] = []
     if full:
         seeds = gather_pieces(order, pieces.start[:full], pieces.size[:full])
         parts.append(sample(seeds, batch_size, keys[:full]))
@@ -277,4 +279,4 @@ def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], SampledPass], 
         size = int(pieces.size[i])
         start = int(pieces.start[i])
         parts.append(sample(order[start:start + size], size, keys[i:i + 1]) if size else empty_pass(1, num_hops))
-    return concat_passes(parts) if parts else empty_pass(0, num_hops)
+    return concat(parts) if parts else empty_pass(0, num_hops)

@@ -48,7 +48,7 @@ import numpy as np
 from loader.sampling.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
 __all__ = ["CSCGraph", "SampledBatch", "SampledPass", "batch_keys", "shuffle", "sample_pass", "check_pass_args",
-           "as_int", "as_int_array", "empty_pass", "concat_passes"]
+           "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -199,6 +199,18 @@ def empty_pass(num_batches: int, num_hops: int) -> SampledPass:
                        edge_src=none, edge_dst=none.copy(),
                        num_sampled_nodes=np.zeros((num_batches, num_hops + 1), dtype=np.int64),
                        num_sampled_edges=np.zeros((num_batches, num_hops), dtype=np.int64))
+
+
+def slice_pass(sampled: SampledPass, first: int, count: int) -> SampledPass:
+    """Batches ``first`` .. ``first + count`` of ``sampled`` as a pass of their own (views, pointers rebased)."""
+    if first < 0 or count < 0 or first + count > sampled.num_batches:
+        raise ValueError(f"batches {first} + {count} outside the pass's {sampled.num_batches}")
+    lo, hi = sampled.node_ptr[first], sampled.node_ptr[first + count]
+    e_lo, e_hi = sampled.edge_ptr[first], sampled.edge_ptr[first + count]
+    return SampledPass(count, sampled.num_hops, sampled.node_ptr[first:first + count + 1] - lo, sampled.nodes[lo:hi],
+                       sampled.edge_ptr[first:first + count + 1] - e_lo, sampled.edge_src[e_lo:e_hi],
+                       sampled.edge_dst[e_lo:e_hi], sampled.num_sampled_nodes[first:first + count],
+                       sampled.num_sampled_edges[first:first + count])
 
 
 def concat_passes(passes: Sequence[SampledPass]) -> SampledPass:

@@ -38,6 +38,7 @@ import xxhash
 
 from loader.caches.changeset_kernels import copy_rows
 from loader.format.read_checks import CorruptData, verify_blocks
+from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch
 from loader.staging.staging_kernels import copy_rows_from
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
@@ -62,10 +63,6 @@ if _sync_file_range is not None:
     _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
     _sync_file_range.restype = ctypes.c_int
 _SYNC_FILE_RANGE_WRITE = 2
-
-
-def _aligned(size: int) -> mmap.mmap:
-    return mmap.mmap(-1, max(STAGING_ALIGN, -(-size // STAGING_ALIGN) * STAGING_ALIGN))
 
 
 @dataclass
@@ -155,7 +152,7 @@ class WindowStager:
         self._read_lock = threading.Lock()
         self._fd = self._open(self.path, os.O_RDONLY)
         self.file_size = os.fstat(self._fd).st_size
-        self._chunks = (_aligned(chunk_bytes + self._tail), _aligned(chunk_bytes + self._tail))
+        self._chunks = (aligned_buffer(chunk_bytes + self._tail), aligned_buffer(chunk_bytes + self._tail))
         self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="megabatch-flush")
         self._flushing: Future[None] | None = None
@@ -164,35 +161,21 @@ class WindowStager:
         self._unflushed = 0
 
     def _open(self, path: Path, flags: int) -> int:
-        if self.direct:
-            try:
-                return os.open(path, flags | os.O_DIRECT | os.O_CLOEXEC)
-            except OSError as err:
-                if err.errno != errno.EINVAL:
-                    raise
-                self.direct = False
-        return os.open(path, flags | os.O_CLOEXEC)
+        fd, self.direct = open_direct(path, flags, self.direct)
+        return fd
 
     def _staging_file(self, size: int) -> tuple[int, int]:
-        """(write fd, read fd) of a new, unnamed staging file of ``size`` bytes."""
-        if self.staging_dir is None:
-            fd = os.memfd_create("megabatch-staging", os.MFD_CLOEXEC)
-            os.ftruncate(fd, size)
-            return fd, fd
-        fd = os.open(self.staging_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            # a second open file description of the same inode, for O_DIRECT read-backs
-            return fd, self._open(Path(f"/proc/self/fd/{fd}"), os.O_RDONLY) if self.direct else fd
-        except BaseException:
-            os.close(fd)
-            raise
+        """(write fd, read fd) of a new, unnamed staging file of ``size`` bytes (reads O_DIRECT where allowed)."""
+        return open_scratch(self.staging_dir, size, direct_reads=self.direct)
 
     def stage(self, plan: WindowPlan) -> StagedWindow:
         """Read every chunk of the file holding a row of ``plan`` once, in order, and write the rows out."""
         if plan.row_bytes != self.row_bytes:
             raise ValueError(f"plan: rows of {plan.row_bytes} bytes, the file has {self.row_bytes}")
-        if plan.staged_rows and int(plan.staged_offsets.max()) + self.row_bytes > self.file_size:
+        if plan.chunk_bytes != self.chunk_bytes:
+            raise ValueError(f"plan: chunks of {plan.chunk_bytes} bytes, the stager reads {self.chunk_bytes}")
+        starts, los, his = plan.chunk_runs()
+        if len(starts) and int(starts[-1]) + self._need(plan, int(los[-1]), int(his[-1])) > self.file_size:
             raise ValueError(f"plan: a row lies past the end of {self.path} ({self.file_size} bytes)")
         with self._stage_lock:
             if self._fd < 0:
@@ -208,35 +191,26 @@ class WindowStager:
 
     def _fill(self, staged: StagedWindow) -> None:
         plan, stats = staged.plan, staged.stats
-        batches = np.arange(plan.num_batches, dtype=np.int64)
-        span = self.file_size + 1
-        owner = np.repeat(batches, np.diff(plan.staged_ptr))
-        key = owner * span + plan.staged_offsets  # ascending: batch-major, then file order
         hashers = [xxhash.xxh3_64() for _ in range(plan.num_batches)]
         # bytes of each batch's region written, sent to the disk by a flush, and dropped from the page cache
         self._written_to = np.zeros(plan.num_batches, dtype=np.int64)
         self._flushed_to = np.zeros(plan.num_batches, dtype=np.int64)
         self._dropped_to = np.zeros(plan.num_batches, dtype=np.int64)
         self._unflushed = 0
-        # only the chunks holding a staged row are read; per chunk, each batch's run of its staged rows
-        starts = np.unique(plan.staged_offsets // self.chunk_bytes) * self.chunk_bytes
-        runs = []
-        for c0 in starts.tolist():
-            c1 = min(c0 + self.chunk_bytes, self.file_size)
-            lo = np.searchsorted(key, batches * span + c0)
-            hi = np.searchsorted(key, batches * span + c1)
-            last = int(plan.staged_offsets[hi - 1].max(where=hi > lo, initial=c0))  # the last row starting inside
-            runs.append((c0, lo, hi, last + self.row_bytes - c0))
+        starts, los, his = plan.chunk_runs()  # only the chunks holding a staged row are read
         # the next chunk is read while this one is scattered and written: the disk and the copies overlap
         pending: Future[int] | None = None
         try:
-            for i, (c0, lo, hi, need) in enumerate(runs):
+            for i, (c0, lo, hi) in enumerate(zip(starts.tolist(), los.tolist(), his.tolist())):
                 buffer = self._chunks[i % 2]
-                got = pending.result() if pending is not None else self._read_chunk(buffer, c0, need)
+                batch, source = plan.fields(lo, hi)
+                got = pending.result() if pending is not None else \
+                    self._read_chunk(buffer, c0, self._need(plan, lo, hi))
                 pending = None
-                if i + 1 < len(runs):
-                    after = runs[i + 1]
-                    pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], after[0], after[3])
+                if i + 1 < len(starts):
+                    after, a_lo, a_hi = int(starts[i + 1]), int(los[i + 1]), int(his[i + 1])
+                    pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], after,
+                                                      self._need(plan, a_lo, a_hi))
                 stats.chunks += 1
                 stats.file_bytes_read += got
                 chunk = np.frombuffer(buffer, dtype=np.uint8)
@@ -244,7 +218,7 @@ class WindowStager:
                     verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
                                   np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
                                   self.path)
-                self._scatter_chunk(staged, hashers, chunk, c0, lo, hi)
+                self._scatter_chunk(staged, hashers, chunk, batch, source)
         finally:
             if pending is not None:  # a read in flight writes into a chunk buffer: let it land first
                 wait([pending])
@@ -256,6 +230,11 @@ class WindowStager:
             assert self._flushing is not None
             self._flushing.result()
             self._flushing = None
+        staged.plan = plan.without_keys()  # read-back needs the regions only
+
+    def _need(self, plan: WindowPlan, lo: int, hi: int) -> int:
+        """Bytes of a chunk to read: up to the end of the last row starting in it that the pass wants."""
+        return int(plan.fields(lo, hi)[1].max()) + self.row_bytes
 
     def _read_chunk(self, buffer: mmap.mmap, at: int, need: int) -> int:
         """Read at least ``need`` bytes of the file from ``at`` (page aligned) into ``buffer``."""
@@ -273,43 +252,42 @@ class WindowStager:
             done += got
         return done
 
-    def _scatter_chunk(self, staged: StagedWindow, hashers: list["xxhash.xxh3_64"], chunk: np.ndarray, c0: int,
-                       lo: np.ndarray, hi: np.ndarray) -> None:
-        """Copy the chunk's rows into the scatter buffer batch by batch and write each batch's run out."""
+    def _scatter_chunk(self, staged: StagedWindow, hashers: list["xxhash.xxh3_64"], chunk: np.ndarray,
+                       batch: np.ndarray, source: np.ndarray) -> None:
+        """Copy the chunk's rows (``source``: their offsets in it, grouped by ``batch``) into the scatter buffer
+        batch by batch and write each batch's run out at the end of what its region holds so far."""
         plan, stats = staged.plan, staged.stats
-        runs = hi - lo
-        present = np.flatnonzero(runs)
+        first = np.flatnonzero(np.concatenate(([True], batch[1:] != batch[:-1])))
+        end = np.append(first[1:], len(batch))
         cap = self.scatter_bytes // self.row_bytes
-        start = 0
-        while start < len(present):
+        i = 0
+        while i < len(first):
             # as many batches as the scatter buffer holds, at least one (a run never exceeds a chunk's rows)
-            cum = np.cumsum(runs[present[start:]])
-            stop = start + max(1, int(np.searchsorted(cum, cap, side="right")))
-            group = present[start:stop]
-            total = int(runs[group].sum())
-            entry = np.repeat(lo[group] - np.cumsum(runs[group]) + runs[group], runs[group]) + np.arange(total)
-            source = plan.staged_offsets[entry] - c0
+            j = i + max(1, int(np.searchsorted(end[i:] - first[i], cap, side="right")))
+            s0, s1 = int(first[i]), int(end[j - 1])
             if self.row_bytes % 8 == 0:  # rows start 8-aligned in the chunk (pages, whole rows): copy words
-                copy_rows_from(chunk.view(np.uint64), source // 8, self._scatter.view(np.uint64), self.row_bytes // 8)
+                copy_rows_from(chunk.view(np.uint64), source[s0:s1] // 8, self._scatter.view(np.uint64),
+                               self.row_bytes // 8)
             else:
-                copy_rows_from(chunk, source, self._scatter, self.row_bytes)
-            self._written_to[group] = (lo[group] + runs[group] - plan.staged_ptr[group]) * self.row_bytes
+                copy_rows_from(chunk, source[s0:s1], self._scatter, self.row_bytes)
             at = 0
-            for b, n in zip(group.tolist(), runs[group].tolist()):
-                nbytes = n * self.row_bytes
+            for k0, k1 in zip(first[i:j].tolist(), end[i:j].tolist()):
+                b = int(batch[k0])
+                nbytes = (k1 - k0) * self.row_bytes
                 piece = self._scatter[at:at + nbytes].data
-                where = int(plan.batch_base[b]) + (int(lo[b]) - int(plan.staged_ptr[b])) * self.row_bytes
+                where = int(plan.batch_base[b]) + int(self._written_to[b])
                 written = 0
                 while written < nbytes:
                     written += os.pwrite(staged.fd, piece[written:], where + written)
                 hashers[b].update(piece)
+                self._written_to[b] += nbytes
                 stats.writes += 1
                 at += nbytes
             stats.staged_bytes += at
             self._unflushed += at
             if self.staging_dir is not None and self._unflushed >= self.flush_bytes:
                 self._flush(staged)
-            start = stop
+            i = j
 
     def _flush(self, staged: StagedWindow) -> None:
         """Drop from the page cache what the previous flush sent to the disk (only those ranges: a whole-file
@@ -326,14 +304,20 @@ class WindowStager:
         self._flushing = self._flusher.submit(_start_writeback, fd)
         self._unflushed = 0
 
-    def read_batch(self, staged: StagedWindow, b: int, out: np.ndarray, rows: np.ndarray | None = None) -> None:
-        """Batch ``b``'s staged rows into ``out`` (2-D, C-contiguous, rows of ``row_bytes``): the row of its
-        k-th node given to ``plan_window`` to ``out[rows[k]]`` (default: ``out[k]``; ``rows`` distinct).
-        Raises ``CorruptData`` when the region read back differs from what was written."""
+    def read_batch(self, staged: StagedWindow, b: int, gather: np.ndarray, out: np.ndarray,
+                   rows: np.ndarray | None = None) -> None:
+        """Batch ``b``'s staged rows into ``out`` (2-D, C-contiguous, rows of ``row_bytes``): staged row
+        ``gather[k]`` of the batch (``window_plan.batch_gather``) to ``out[rows[k]]`` (default: ``out[k]``;
+        ``rows`` distinct). Raises ``CorruptData`` when the region read back differs from what was written."""
         plan = staged.plan
         if not 0 <= b < plan.num_batches:
             raise ValueError(f"b: {b} is outside the window's {plan.num_batches} batches")
-        count = int(plan.node_ptr[b + 1] - plan.node_ptr[b])
+        gather = np.asarray(gather)
+        count = len(gather)
+        staged_rows = int(plan.staged_counts[b])
+        if gather.ndim != 1 or (count and (gather.dtype.kind not in "iu" or gather.min() < 0
+                                           or gather.max() >= staged_rows)):
+            raise ValueError(f"gather: expected indices of batch {b}'s {staged_rows} staged rows")
         if out.ndim != 2 or out.shape[1] * out.itemsize != self.row_bytes or not out.flags.c_contiguous:
             raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes")
         if rows is None:
@@ -346,15 +330,15 @@ class WindowStager:
                 raise ValueError(f"rows: expected {count} row numbers of out's {out.shape[0]}")
             rows = rows.astype(np.int64, copy=False)
         with self._read_lock:
-            self._read_region(staged, b, count, out, rows)
+            self._read_region(staged, b, gather.astype(np.int64, copy=False), out, rows)
 
-    def _read_region(self, staged: StagedWindow, b: int, count: int, out: np.ndarray, rows: np.ndarray | None
-                     ) -> None:
+    def _read_region(self, staged: StagedWindow, b: int, gather: np.ndarray, out: np.ndarray,
+                     rows: np.ndarray | None) -> None:
         plan = staged.plan
         base, nbytes = plan.region(b)
         aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
         if self._back is None or len(self._back) < aligned:
-            self._back = _aligned(max(aligned, 2 * len(self._back or b"")))
+            self._back = aligned_buffer(max(aligned, 2 * len(self._back or b"")))
         view = memoryview(self._back)
         done = 0
         while done < nbytes:
@@ -370,12 +354,11 @@ class WindowStager:
         if self.staging_dir is not None:
             # the region's pages in the page cache (written back by now) are never read again
             os.posix_fadvise(staged.fd, base, aligned, os.POSIX_FADV_DONTNEED)
-        gather = plan.gather[plan.node_ptr[b]:plan.node_ptr[b + 1]]
         dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
         source = region.reshape(-1, self.row_bytes)
         if self.row_bytes % 8 == 0 and dest.ctypes.data % 8 == 0:  # words: 4x a byte-wise copy
             dest, source = dest.view(np.uint64), source.view(np.uint64)
-        copy_rows(source, gather, dest, np.arange(count, dtype=np.int64) if rows is None else rows)
+        copy_rows(source, gather, dest, np.arange(len(gather), dtype=np.int64) if rows is None else rows)
 
     def buffer_bytes(self, largest_batch_rows: int) -> int:
         """RAM this stager holds (``stager_buffer_bytes``)."""

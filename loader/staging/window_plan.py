@@ -1,116 +1,228 @@
 """Where each feature row a window of sampled batches needs is put, from the rows' byte offsets alone.
 
-A window is H consecutive batches of the exact schedule (the row offsets of each batch's nodes whose rows are to be
-staged: all of them, or those a RAM cache does not hold). Staging them (see
-``loader.staging.stager``) reads ``features.bin`` once, in order, and writes every batch's rows into
-that batch's own region of a staging file. This module computes the layout, as plain arrays:
+A window is H consecutive batches of the exact schedule (the byte offsets of each batch's nodes'
+rows; negative for a row held elsewhere, in a RAM cache). Staging them (``loader.staging.stager``)
+reads the chunks of ``features.bin`` they lie in once, in order, and writes every batch's rows into
+that batch's own region of a staging file. This module computes that layout:
 
-* each batch's *staged rows*: its distinct nodes' rows in file order, so that a pass over the file
-  appends to every batch's region in order, and a batch's region is one sequential read at publish;
+* each batch's *staged rows*: its distinct rows in file order, so that a pass over the file appends
+  to every batch's region in order, and a batch's region is one sequential read at publish;
 * each batch region's byte offset, 4 KiB aligned (O_DIRECT reads it back);
-* per node given (in the sampled order PyG wants: seeds first), the index of its row among its
-  batch's staged rows, the gather that turns a read-back region into the batch's feature matrix.
+* which chunks are worth their pass (the cost model, ``chunk_costs``): rows in the others are left to
+  random reads at publish.
 
-Vectorized over the whole window: one lexsort, no loop over batches or nodes.
+The plan is one sorted uint64 key per staged row, ``chunk | batch | offset in chunk`` packed high to
+low, so the pass walks it in order (chunk by chunk, batch by batch inside a chunk, file order inside
+a batch) and the planner holds 8 B per staged row, not the dozens a table of per-node arrays costs:
+long windows are the point, and their rows number in the millions. The gather from a batch's staged
+rows back to its sampled order is not kept either: ``batch_gather`` recomputes it at publish from
+the batch's own offsets (a sort of one batch), so nothing per node outlives the pass.
+
+Vectorized: sorts and bincounts over the keys in slices, no loop over batches or nodes.
 """
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["WindowPlan", "plan_window", "choose_staged", "STAGING_ALIGN"]
+__all__ = ["WindowPlan", "plan_window", "plan_window_bytes", "batch_gather", "chunk_costs", "STAGING_ALIGN",
+           "PLAN_BYTES_PER_ROW", "PLAN_SLICE_BYTES_PER_ROW"]
 
 STAGING_ALIGN = 4096
-"""Alignment of every batch's region in the staging file (O_DIRECT's page)."""
+"""Alignment of every batch's region in the staging file (O_DIRECT's page), and the page of the cost model."""
+_SLICE = 1 << 18
+"""Keys handled at once where a temporary per key is needed (bounds the planner's peak)."""
+PLAN_BYTES_PER_ROW = 24
+"""Bytes per row given that planning holds at its peak: the caller's offsets, the keys, and a filtered copy
+of the keys (8 B each); ``plan_window_bytes`` adds the slices' temporaries."""
+PLAN_SLICE_BYTES_PER_ROW = 64
+"""Temporaries per key of a slice (masks, batch numbers, shifted copies)."""
+
+
+def plan_window_bytes(rows: int) -> int:
+    """Most bytes planning a window of ``rows`` rows holds at once, the caller's offsets included (tested)."""
+    return PLAN_BYTES_PER_ROW * rows + PLAN_SLICE_BYTES_PER_ROW * min(rows, _SLICE)
+
+_U = np.uint64
 
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """The staging layout of one window of ``num_batches`` batches (arrays int64 unless said)."""
+    """The staging layout of one window of ``num_batches`` batches."""
 
     row_bytes: int
+    chunk_bytes: int
     num_batches: int
-    staged_ptr: np.ndarray
-    """[B + 1]: batch b's staged rows are ``staged_offsets[staged_ptr[b]:staged_ptr[b + 1]]``."""
-    staged_offsets: np.ndarray
-    """File offset of each staged row; ascending within a batch."""
+    keys: np.ndarray
+    """uint64, ascending, one per staged row: ``chunk << chunk_shift | batch << off_bits | offset in chunk``
+    (empty once the window is staged: ``without_keys``)."""
+    off_bits: int
+    batch_bits: int
+    staged_counts: np.ndarray
+    """int64 [B]: staged rows of each batch."""
     batch_base: np.ndarray
-    """[B]: byte offset of batch b's region in the staging file (a multiple of ``STAGING_ALIGN``)."""
-    node_ptr: np.ndarray
-    """[B + 1]: batch b's nodes given are ``node_ptr[b]:node_ptr[b + 1]`` (``gather``'s ranges)."""
-    gather: np.ndarray
-    """Per node given, in its batch's order: its row's index among its batch's staged rows."""
+    """int64 [B]: byte offset of batch b's region in the staging file (a multiple of ``STAGING_ALIGN``)."""
+    chunk_staged: np.ndarray
+    """bool [C]: chunk c of the file is read by the pass (rows of other chunks are read at random)."""
     staging_bytes: int
     """Size of the staging file: the last region's end, aligned."""
 
+    @property
+    def chunk_shift(self) -> int:
+        return self.off_bits + self.batch_bits
+
     def region(self, b: int) -> tuple[int, int]:
         """(byte offset, length) of batch ``b``'s rows in the staging file."""
-        return int(self.batch_base[b]), int(self.staged_ptr[b + 1] - self.staged_ptr[b]) * self.row_bytes
+        return int(self.batch_base[b]), int(self.staged_counts[b]) * self.row_bytes
 
     @property
     def staged_rows(self) -> int:
-        return int(self.staged_ptr[-1])
+        return int(self.staged_counts.sum())
 
-    @property
-    def delivered_rows(self) -> int:
-        return int(self.node_ptr[-1])
+    def chunk_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first byte, first key, end key) of every chunk the pass reads, in file order."""
+        chunks = np.flatnonzero(self.chunk_staged).astype(np.uint64)
+        shift = _U(self.chunk_shift)
+        lo = np.searchsorted(self.keys, chunks << shift)
+        hi = np.searchsorted(self.keys, (chunks + _U(1)) << shift)
+        keep = hi > lo
+        return chunks[keep].astype(np.int64) * self.chunk_bytes, lo[keep], hi[keep]
+
+    def fields(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(batch, byte offset in its chunk) of keys ``lo:hi`` (int64 each)."""
+        run = self.keys[lo:hi]
+        batch = (run >> _U(self.off_bits)) & _U((1 << self.batch_bits) - 1)
+        return batch.astype(np.int64), (run & _U((1 << self.off_bits) - 1)).astype(np.int64)
+
+    def staged_offsets(self, b: int) -> np.ndarray:
+        """File offsets of batch ``b``'s staged rows, ascending (a scan of the keys: for checks, not the pass)."""
+        batch = (self.keys >> _U(self.off_bits)) & _U((1 << self.batch_bits) - 1)
+        mine = self.keys[batch == _U(b)]
+        chunk = (mine >> _U(self.chunk_shift)).astype(np.int64)
+        return np.sort(chunk * self.chunk_bytes + (mine & _U((1 << self.off_bits) - 1)).astype(np.int64))
+
+    def is_staged(self, offsets: np.ndarray) -> np.ndarray:
+        """Per row offset (non-negative): whether its chunk is staged, so the row is in its batch's region."""
+        chunk = np.asarray(offsets, dtype=np.int64) // self.chunk_bytes
+        inside = chunk < len(self.chunk_staged)
+        out = np.zeros(len(chunk), dtype=bool)
+        out[inside] = self.chunk_staged[chunk[inside]]
+        return out
+
+    def without_keys(self) -> "WindowPlan":
+        """The plan as read-back needs it: the regions and the chunk choice, the keys dropped."""
+        return replace(self, keys=np.zeros(0, dtype=np.uint64))
 
 
-def plan_window(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int) -> WindowPlan:
-    """The staging layout of the batches whose rows lie at ``offsets[node_ptr[b]:node_ptr[b + 1]]`` (byte
-    offsets in a ``features.bin`` of ``row_bytes`` rows, ``row_offsets_for`` of the nodes; int64)."""
+def batch_gather(offsets: np.ndarray) -> np.ndarray:
+    """For a batch's staged rows given by their file offsets (in the batch's order), each one's index among the
+    batch's staged rows (its distinct offsets, ascending): the gather from its read-back region."""
+    return np.unique(np.asarray(offsets, dtype=np.int64), return_inverse=True)[1].astype(np.int64, copy=False)
+
+
+def plan_window(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int, chunk_bytes: int, *,
+                sequential_rate: float | None = None, random_reads: float | None = None) -> WindowPlan:
+    """The staging layout of the batches whose rows lie at ``offsets[node_ptr[b]:node_ptr[b + 1]]`` (byte offsets
+    in a ``features.bin`` of ``row_bytes`` rows, ``row_offsets_for`` of the nodes; negative: not staged).
+
+    With both rates, a chunk is staged only where the cost model finds it worth its pass (``chunk_costs``);
+    without, every chunk holding a row is."""
     if row_bytes <= 0:
         raise ValueError(f"row_bytes: {row_bytes} is not positive")
+    if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
+        raise ValueError(f"chunk_bytes: {chunk_bytes} is not a positive multiple of {STAGING_ALIGN}")
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
     offsets = np.asarray(offsets, dtype=np.int64)
     if node_ptr.ndim != 1 or len(node_ptr) < 1 or node_ptr[0] != 0 or node_ptr[-1] != len(offsets) \
             or np.any(np.diff(node_ptr) < 0):
         raise ValueError(f"node_ptr: not the offsets of {len(offsets)} nodes")
     count = len(node_ptr) - 1
-    sizes = np.diff(node_ptr)
-    batch_of = np.repeat(np.arange(count, dtype=np.int64), sizes)
-    order = np.lexsort((offsets, batch_of))  # batch-major, file order inside a batch
-    sorted_batch, sorted_off = batch_of[order], offsets[order]
-    # a node sampled twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (sorted_batch[1:] != sorted_batch[:-1]) | (sorted_off[1:] != sorted_off[:-1])
-    staged_index = np.cumsum(first) - 1  # global staged row of each sorted entry
-    staged_offsets = sorted_off[first]
-    staged_counts = np.bincount(sorted_batch[first], minlength=count).astype(np.int64)
-    staged_ptr = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(staged_counts, out=staged_ptr[1:])
-    gather = np.empty(len(order), dtype=np.int64)
-    gather[order] = staged_index - staged_ptr[sorted_batch]
+    off_bits = (chunk_bytes - 1).bit_length()
+    batch_bits = max(1, (count - 1).bit_length())
+    chunks = int(offsets.max()) // chunk_bytes + 1 if len(offsets) else 1
+    if off_bits + batch_bits + max(1, chunks.bit_length()) > 64:
+        raise ValueError(f"a window of {count} batches over {chunks} chunks of {chunk_bytes} bytes does not fit "
+                         f"64-bit keys")
+    keys = _keys(node_ptr, offsets, chunk_bytes, off_bits, off_bits + batch_bits)
+    shift = _U(off_bits + batch_bits)
+    entries = _bincount(keys, lambda k: (k >> shift).astype(np.int64), chunks)
+    touched = entries > 0
+    if sequential_rate is not None and random_reads is not None:
+        staged_cost, direct_cost = chunk_costs(keys, shift, chunks, entries, row_bytes, chunk_bytes, sequential_rate,
+                                               random_reads)
+        chunk_staged = touched & (staged_cost <= direct_cost)
+        if not chunk_staged[touched].all():
+            keys = _select(keys, lambda k: chunk_staged[(k >> shift).astype(np.int64)])
+    else:
+        chunk_staged = touched
+    batch_mask = _U((1 << batch_bits) - 1)
+    staged_counts = _bincount(keys, lambda k: ((k >> _U(off_bits)) & batch_mask).astype(np.int64), count)
     region = -(-staged_counts * row_bytes // STAGING_ALIGN) * STAGING_ALIGN
     batch_base = np.zeros(count, dtype=np.int64)
     np.cumsum(region[:-1], out=batch_base[1:])
-    return WindowPlan(row_bytes=row_bytes, num_batches=count, staged_ptr=staged_ptr, staged_offsets=staged_offsets,
-                      batch_base=batch_base, node_ptr=node_ptr.copy(), gather=gather,
-                      staging_bytes=int(region.sum()))
+    return WindowPlan(row_bytes=row_bytes, chunk_bytes=chunk_bytes, num_batches=count, keys=keys, off_bits=off_bits,
+                      batch_bits=batch_bits, staged_counts=staged_counts, batch_base=batch_base,
+                      chunk_staged=chunk_staged, staging_bytes=int(region.sum()))
 
 
-def choose_staged(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int, chunk_bytes: int, sequential_rate: float,
-                  random_reads: float) -> np.ndarray:
-    """Per node of the batches ``node_ptr`` (its row at byte ``offsets``): stage it (True) or leave it to a
-    random row read at publish (False), decided per ``chunk_bytes`` chunk of the file by a cost model.
+def chunk_costs(keys: np.ndarray, shift: np.uint64, chunks: int, entries: np.ndarray, row_bytes: int, chunk_bytes: int,
+                sequential_rate: float, random_reads: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk: (seconds to stage it, seconds to read its rows directly).
 
     Staging a chunk costs its sequential read plus writing and reading back each staged row of it
-    (``(chunk_bytes + 2 x entries x row_bytes) / sequential_rate`` seconds: writes are taken at the read
-    rate); reading its rows directly costs one random read per page per batch that needs it (``pages /
-    random_reads``). Dense chunks, which a long window makes the rule, are staged; a chunk few rows of the
-    window fall in is not worth its pass (AGNES reads every block whole; DiskGNN packs everything).
-    """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    node_ptr = np.asarray(node_ptr, dtype=np.int64)
-    if len(offsets) == 0:
-        return np.zeros(0, dtype=bool)
-    batch_of = np.repeat(np.arange(len(node_ptr) - 1, dtype=np.int64), np.diff(node_ptr))
-    chunk = offsets // chunk_bytes
-    chunks, chunk_index, entries = np.unique(chunk, return_inverse=True, return_counts=True)
-    page = offsets // STAGING_ALIGN
-    # a batch reads each page its rows start in once; rows over a page read their other pages too
-    pairs = np.unique(batch_of * (int(page.max()) + 1) + page, return_index=True)[1]
-    pages = np.bincount(chunk_index[pairs], minlength=len(chunks)) * max(1, -(-row_bytes // STAGING_ALIGN))
-    staged_cost = (chunk_bytes + 2.0 * entries * row_bytes) / sequential_rate
-    direct_cost = pages / random_reads
-    return (staged_cost <= direct_cost)[chunk_index]
+    (``(chunk_bytes + 2 x entries x row_bytes) / sequential_rate``: writes are taken at the read rate);
+    reading its rows directly costs one random read per page per batch that needs it (``pages /
+    random_reads``; a row over several pages reads them all). Dense chunks, which a long window makes the
+    rule, are staged; a chunk few rows of the window fall in is not worth its pass (AGNES reads every
+    block whole; DiskGNN packs everything)."""
+    pages = np.zeros(chunks, dtype=np.int64)
+    page_shift = _U(STAGING_ALIGN.bit_length() - 1)
+    previous = None
+    for s in range(0, len(keys), _SLICE):
+        # sorted keys: a (chunk, batch, page) is new where the key's page part changes
+        page = keys[s:s + _SLICE] >> page_shift
+        new = np.empty(len(page), dtype=bool)
+        new[0] = previous is None or page[0] != previous
+        np.not_equal(page[1:], page[:-1], out=new[1:])
+        previous = page[-1]
+        pages += np.bincount((keys[s:s + _SLICE][new] >> shift).astype(np.int64), minlength=chunks)
+    pages *= max(1, -(-row_bytes // STAGING_ALIGN))
+    return (chunk_bytes + 2.0 * entries * row_bytes) / sequential_rate, pages / random_reads
+
+
+def _keys(node_ptr: np.ndarray, offsets: np.ndarray, chunk_bytes: int, off_bits: int, chunk_shift: int) -> np.ndarray:
+    """The sorted, distinct keys of every non-negative offset (in slices: 8 B per row, a slice's temporaries)."""
+    keys = np.empty(int(np.count_nonzero(offsets >= 0)), dtype=np.uint64)
+    at = 0
+    for s in range(0, len(offsets), _SLICE):
+        off = offsets[s:s + _SLICE]
+        keep = np.flatnonzero(off >= 0)
+        batch = np.searchsorted(node_ptr, keep + s, side="right") - 1
+        off = off[keep]
+        piece = keys[at:at + len(keep)]
+        np.left_shift((off // chunk_bytes).astype(np.uint64), _U(chunk_shift), out=piece)
+        piece |= batch.astype(np.uint64) << _U(off_bits)
+        piece |= (off % chunk_bytes).astype(np.uint64)
+        at += len(keep)
+    keys.sort()
+    if len(keys) > 1:
+        # a node given twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)
+        repeat = keys[1:] == keys[:-1]
+        if repeat.any():
+            keys = np.delete(keys, np.flatnonzero(repeat) + 1)
+    return keys
+
+
+def _bincount(keys: np.ndarray, field: Callable[[np.ndarray], np.ndarray], length: int) -> np.ndarray:
+    counts = np.zeros(length, dtype=np.int64)
+    for s in range(0, len(keys), _SLICE):
+        counts += np.bincount(field(keys[s:s + _SLICE]), minlength=length)
+    return counts
+
+
+def _select(keys: np.ndarray, keep: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    mask = np.empty(len(keys), dtype=bool)
+    for s in range(0, len(keys), _SLICE):
+        mask[s:s + _SLICE] = keep(keys[s:s + _SLICE])
+    return keys[mask]

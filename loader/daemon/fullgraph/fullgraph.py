@@ -32,7 +32,7 @@ from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import shuffle_key
-from loader.sampling.ranks import LocalRanks, deal_pieces, piece_keys, sample_pieces
+from loader.sampling.ranks import LocalRanks, Pieces, deal_pieces, piece_keys, sample_pieces
 from loader.sampling.sampling import SampledPass, shuffle
 
 __all__ = ["FullGraphMode", "RowsFor", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline",
@@ -61,6 +61,15 @@ class FullGraphMode(TrainingMode):
         the publisher side holds and return the stream's own ``rows_for``, called in superbatch order
         by its planner stage. State between superbatches lives in what it returns, not in the mode,
         so a stopped stream's late planner cannot corrupt the next stream's."""
+
+    def sample_superbatch(self, order: np.ndarray, pieces: Pieces, batch_size: int, keys: np.ndarray,
+                          fanouts: tuple[int, ...]) -> SampledPass:
+        """Piece i of ``pieces`` (seeds of ``order``) sampled with ``keys[i]`` as batch i of one superbatch (the
+        sampler stage's work; a mode that keeps superbatches elsewhere than in RAM overrides it)."""
+        def sample(seeds: np.ndarray, size: int, piece_keys: np.ndarray) -> SampledPass:
+            return self.sample(seeds, size, fanouts, piece_keys)
+
+        return sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts))  # type: ignore[no-any-return]
 
     def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
         return start_fullgraph_pipeline(self.serving, self, start_epoch, local)
@@ -98,9 +107,6 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
     # Belady plan of the exact mode then covers all local ranks' batches in the order they are published
     steps_per_superbatch = max(1, mode.superbatch // local.count)
 
-    def sample(seeds: np.ndarray, size: int, keys: np.ndarray) -> SampledPass:
-        return mode.sample(seeds, size, cfg.fanouts, keys)
-
     for epoch in itertools.count(start_epoch):
         # the single process's seed order (epoch_batches_inmemory), dealt to the job's ranks
         order = shuffle(np.ascontiguousarray(train, dtype=np.int64), shuffle_key(cfg.seed, epoch))
@@ -111,8 +117,8 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
             part = pieces.steps(first, last)
             keys = piece_keys(cfg.seed, epoch, local, first, last - first)
             await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
-            sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_pieces, sample, order, part,
-                                      cfg.batch_size, keys, len(cfg.fanouts))
+            sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", mode.sample_superbatch, order, part,
+                                      cfg.batch_size, keys, cfg.fanouts)
             await out.put(SampledSuperbatch(epoch, first, total, sampled,
                                             part.member if local.several else None,
                                             part.global_size if local.several else None))

@@ -66,14 +66,17 @@ from loader.format.read_checks import block_table_bytes, load_read_checks
 from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
+from loader.sampling.ranks import Pieces, sample_pieces
 from loader.sampling.sampling import SampledPass
+from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype, spill_batches
 from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
-from loader.staging.window_plan import choose_staged, plan_window
+from loader.staging.window_plan import batch_gather, plan_window, plan_window_bytes
 from proto.errors import UserError
 from proto.sizes import format_size
 
 __all__ = ["OutOfCoreBudget", "plan_outofcore", "ExactMode", "StaticMode", "StagedMode", "out_degree_ranking",
-           "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "STAGING_CHUNK", "STAGING_SCATTER", "STAGING_FLUSH"]
+           "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "SPILLED_BATCH_BYTES", "STAGING_CHUNK",
+           "STAGING_SCATTER", "STAGING_FLUSH"]
 
 log = logging.getLogger("megabatch.outofcore")
 
@@ -85,6 +88,10 @@ ROW_READ_THREADS = 32
 """Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
 gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
 32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
+PLAN_SLICE = 1 << 18
+"""Mode staged: nodes whose row offsets are computed at once (bounds the planner's temporaries)."""
+SPILLED_BATCH_BYTES = 256
+"""Mode staged: RAM per batch of a spilled superbatch besides its ids (pointers, counts, record, region, digest)."""
 STAGING_CHUNK = 4 << 20
 """Mode staged: bytes of features.bin per sequential read (690 MB/s needs a few MiB per read, not more)."""
 STAGING_SCATTER = 16 << 20
@@ -135,14 +142,21 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
     # the read checks' block tables (8 B per block of features.bin and page of indices.npy) live as long as the mode
     graph_bytes = 8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
-    superbatch = ex.superbatch * (batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE)
+    sampled_batch = batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE
     mean_degree = m.num_edges / max(1, n)
     list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
                        * index_itemsize)
-    working = SUPERBATCHES_IN_FLIGHT * superbatch + list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
+    working = list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
     if mode == "staged":
-        working += stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=STAGING_CHUNK,
-                                       scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True)
+        # a superbatch in flight is its ids and per-batch tables (its edges are spilled, its rows staged); the
+        # planner plans one at a time, the sampler holds one sample group before spilling it
+        in_flight = ex.superbatch * (batch_nodes * id_dtype(n).itemsize + SPILLED_BATCH_BYTES)
+        working += (SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(ex.superbatch * batch_nodes)
+                    + ex.sample_group * sampled_batch
+                    + stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=STAGING_CHUNK,
+                                          scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True))
+    else:
+        working += SUPERBATCHES_IN_FLIGHT * ex.superbatch * sampled_batch
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
         raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
@@ -393,7 +407,8 @@ class _StaticRows(RowSource):
 
 
 class StagedMode(_OutOfCoreMode):
-    """The exact mode's batches, each superbatch's rows staged by one sequential pass (``loader.staging``)."""
+    """The exact mode's batches, each superbatch's rows staged by one sequential pass (``loader.staging``), its
+    sampled structure spilled beside them so that RAM holds 4 B per row of a superbatch in flight."""
 
     name = "staged"
 
@@ -411,17 +426,49 @@ class StagedMode(_OutOfCoreMode):
                                    check_block=m.feature_check_bytes, direct=config.io.direct_io,
                                    chunk_bytes=STAGING_CHUNK, scatter_bytes=STAGING_SCATTER,
                                    flush_bytes=STAGING_FLUSH)
+        self._ids = id_dtype(m.num_nodes)
         self.cache = _DegreeCache(self, dataset, plan.feature_cache_rows)
         log.info("staged superbatches of %d batches in %s", self.superbatch, where)
+
+    def sample_superbatch(self, order: np.ndarray, pieces: Pieces, batch_size: int, keys: np.ndarray,
+                          fanouts: tuple[int, ...]) -> SampledPass:
+        """Sample the superbatch one sample group at a time, each group's edges spilled as it is sampled: the
+        whole superbatch is never in RAM, only its ids (a ``SpilledPass``, which the publisher reads like a
+        ``SampledPass``)."""
+        config = self.serving.config
+        spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io)
+        group = config.exact.sample_group
+
+        def sample(seeds: np.ndarray, size: int, piece_keys: np.ndarray) -> SpilledPass:
+            parts = [spill_batches(self.sample(seeds[g * size:(g + group) * size], size, fanouts,
+                                               piece_keys[g:g + group]), spill, self._ids)
+                     for g in range(0, len(piece_keys), group)]
+            return concat_spilled(parts, spill, self._ids)
+
+        def concat(parts: list[SpilledPass | SampledPass]) -> SpilledPass:
+            return concat_spilled(parts, spill, self._ids)
+
+        try:
+            sampled = sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts), concat)
+            if not isinstance(sampled, SpilledPass):
+                sampled = concat([sampled])
+        except OSError as err:
+            spill.close()
+            raise UserError(f"spilling sampled batches in {config.exact.staging_dir}: {err.strerror or err} (is the "
+                            f"disk full?)") from err
+        except BaseException:
+            spill.close()
+            raise
+        self._metrics.staging_written_bytes.labels("edges").inc(spill.bytes_written)
+        return sampled  # type: ignore[return-value]  # read like a SampledPass (spilled_pass's docstring)
 
     def stage(self, sampled: SampledPass) -> RowSource:
         """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
         then read back in order."""
         started = time.perf_counter()
-        staged_node, direct, offsets = self._split_rows(sampled)
-        position = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)  # staged nodes before each node
-        np.cumsum(staged_node, out=position[1:])
-        plan = plan_window(position[sampled.node_ptr], offsets, self._row_bytes)
+        plan = plan_window(sampled.node_ptr, self._staged_offsets(sampled.nodes), self._row_bytes,
+                           self.stager.chunk_bytes, sequential_rate=self.serving.config.io.sequential_rate,
+                           random_reads=self.serving.config.io.random_reads)
         try:
             staged = self.stager.stage(plan)
         except OSError as err:
@@ -434,24 +481,21 @@ class StagedMode(_OutOfCoreMode):
             self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
         self._metrics.disk_bytes.labels("features").inc(staged.stats.file_bytes_read)
         self._metrics.disk_reads.labels("features").inc(staged.stats.chunks)
-        self._metrics.staging_written_bytes.inc(staged.stats.staged_bytes)
-        return _StagedRows(self, staged, sampled.node_ptr, direct)
+        self._metrics.staging_written_bytes.labels("rows").inc(staged.stats.staged_bytes)
+        return _StagedRows(self, staged, getattr(sampled, "spill", None))
 
-    def _split_rows(self, sampled: SampledPass) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per node of the superbatch: (staged, read at random at publish), a cached node neither, and the
-        staged nodes' row offsets in node order. A node is staged where the cost model finds its chunk
-        worth a pass."""
-        io = self.serving.config.io
-        uncached = self.cache.slot_of[sampled.nodes] < 0
-        position = np.zeros(len(sampled.nodes) + 1, dtype=np.int64)
-        np.cumsum(uncached, out=position[1:])
-        at = np.flatnonzero(uncached)
-        offsets = row_offsets_for(sampled.nodes[at], self._node_begin, self._feat_offset, self._row_bytes)
-        chosen = choose_staged(position[sampled.node_ptr], offsets, self._row_bytes, self.stager.chunk_bytes,
-                               io.sequential_rate, io.random_reads)
-        staged_node = np.zeros(len(sampled.nodes), dtype=bool)
-        staged_node[at[chosen]] = True
-        return staged_node, uncached & ~staged_node, offsets[chosen]
+    def _staged_offsets(self, nodes: np.ndarray) -> np.ndarray:
+        """Per node of the superbatch, its row's byte offset in ``features.bin``, or -1 where the cache holds it
+        (in slices: the planner's peak stays ``plan_window_bytes``)."""
+        offsets = np.full(len(nodes), -1, dtype=np.int64)
+        for s in range(0, len(nodes), PLAN_SLICE):
+            ids = nodes[s:s + PLAN_SLICE]
+            at = np.flatnonzero(self.cache.slot_of[ids] < 0)
+            offsets[s + at] = self.row_offsets(ids[at])
+        return offsets
+
+    def row_offsets(self, ids: np.ndarray) -> np.ndarray:
+        return row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
 
     def start_stream(self) -> RowsFor:
         return self.stage
@@ -467,15 +511,14 @@ class StagedMode(_OutOfCoreMode):
 
 
 class _StagedRows(RowSource):
-    """A staged superbatch's rows: batch b's region read back whole; the staging file closes after the last."""
+    """A staged superbatch's rows: batch b's cached rows copied, its region read back whole, rows of chunks not
+    worth the pass read at random; the staging and spill files close after the last batch."""
 
     fills_any_subset = False
 
-    def __init__(self, mode: StagedMode, staged: StagedWindow, node_ptr: np.ndarray, direct: np.ndarray) -> None:
-        self._mode, self._staged = mode, staged
-        self._node_ptr = node_ptr
-        self._direct = direct
-        """Per node of the superbatch: its row is read at random at publish (its chunk was not worth a pass)."""
+    def __init__(self, mode: StagedMode, staged: StagedWindow, spill: SpillFile | None) -> None:
+        self._mode, self._staged, self._spill = mode, staged, spill
+        self._spill_reported = 0
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
         mode, staged = self._mode, self._staged
@@ -483,19 +526,25 @@ class _StagedRows(RowSource):
         lookups = mode.serving.metrics.feature_cache_lookups
         lookups.labels("hit").inc(len(nodes) - len(miss))
         lookups.labels("miss").inc(len(miss))
-        direct = self._direct[self._node_ptr[b]:self._node_ptr[b + 1]]
-        if direct.any():
-            at = np.flatnonzero(direct)
-            mode.read_rows(nodes[at], at, x)
-            miss = miss[~direct[miss]]
+        offsets = mode.row_offsets(nodes[miss])
+        on_pass = staged.plan.is_staged(offsets)
+        if not on_pass.all():
+            direct = miss[~on_pass]
+            mode.read_rows(nodes[direct], direct, x)
         started = time.perf_counter()
         try:
-            mode.stager.read_batch(staged, b, x, miss)
+            mode.stager.read_batch(staged, b, batch_gather(offsets[on_pass]), x, miss[on_pass])
         except OSError as err:
             raise UserError(f"reading back batch {b} staged in {mode.stager.staging_dir}: {err.strerror or err}; "
                             f"check the disk (dmesg)") from err
         finally:
             mode.serving.metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
-        mode.serving.metrics.disk_bytes.labels("staging").inc(staged.plan.region(b)[1])
+        read_back = staged.plan.region(b)[1]
+        if self._spill is not None:  # and the batch's edges, which the publisher read just before
+            read_back += self._spill.bytes_read - self._spill_reported
+            self._spill_reported = self._spill.bytes_read
+        mode.serving.metrics.disk_bytes.labels("staging").inc(read_back)
         if b == staged.plan.num_batches - 1:
             staged.close()
+            if self._spill is not None:  # the publisher read this batch's edges before its rows
+                self._spill.close()

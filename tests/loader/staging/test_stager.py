@@ -3,6 +3,7 @@ dataset's rows of the sampled nodes, from RAM and from disk, checked on both rea
 
 import os
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,9 @@ from loader.format.partition_table import row_offsets_for
 from loader.format.read_checks import CorruptData, load_read_checks
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
-from loader.staging.stager import WindowStager
+from loader.staging.stager import DEFAULT_CHUNK_BYTES, WindowStager
 from loader.staging.staging_kernels import copy_rows_from
-from loader.staging.window_plan import STAGING_ALIGN, choose_staged, plan_window
+from loader.staging.window_plan import STAGING_ALIGN, batch_gather, plan_window, plan_window_bytes
 from tests.graphs import generated_dataset
 
 # 25 float32 features: 100-byte rows, which straddle pages and chunks
@@ -39,10 +40,15 @@ def window(dataset: Dataset, batches: int, batch_size: int = 32, fanouts: tuple[
     return sample_pass(graph, plan.seeds[:batches * batch_size], batch_size, list(fanouts), plan.keys[:batches])
 
 
-def window_plan(sampled: SampledPass, parts, row_bytes: int):
-    """``plan_window`` of every node of ``sampled``."""
+def window_plan(sampled: SampledPass, parts, row_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    """``plan_window`` of every node of ``sampled``, every chunk staged."""
     return plan_window(sampled.node_ptr, row_offsets_for(sampled.nodes, parts.node_begin, parts.feat_offset, row_bytes),
-                       row_bytes)
+                       row_bytes, chunk_bytes)
+
+
+def gather_of(dataset: Dataset, nodes: np.ndarray) -> np.ndarray:
+    parts = dataset.partitions()
+    return batch_gather(row_offsets_for(nodes, parts.node_begin, parts.feat_offset, dataset.manifest.row_bytes))
 
 
 def expected_rows(dataset: Dataset, nodes: np.ndarray) -> np.ndarray:
@@ -65,33 +71,39 @@ def stager_for(dataset: Dataset, staging_dir: Path | None, checked: bool = True,
 @given(st.data())
 def test_plan_matches_a_per_batch_reference(data):
     row_bytes = data.draw(st.integers(1, 300))
-    parts = data.draw(st.integers(1, 4))
+    chunk_bytes = 4096 * data.draw(st.integers(1, 3))
     sizes = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=6))
-    num_nodes = 40
-    node_begin = np.sort(np.random.default_rng(len(sizes)).choice(np.arange(1, num_nodes), parts - 1,
-                                                                   replace=False)).astype(np.int64)
-    node_begin = np.concatenate(([0], node_begin)).astype(np.int64)
-    feat_offset = np.cumsum(np.concatenate(([0], np.full(parts - 1, 10_000)))).astype(np.int64)
-    nodes = np.concatenate([np.asarray(data.draw(st.lists(st.integers(0, num_nodes - 1), min_size=n, max_size=n)),
-                                       dtype=np.int64) for n in sizes]) if sum(sizes) else np.empty(0, np.int64)
+    rows = data.draw(st.integers(1, 120))
+    # a negative offset is a row held elsewhere (the cache): never staged
+    offsets = np.asarray([data.draw(st.integers(-1, rows - 1)) for _ in range(sum(sizes))], np.int64)
+    offsets = np.where(offsets < 0, -1, offsets * row_bytes)
     node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    offsets = row_offsets_for(nodes, node_begin, feat_offset, row_bytes)
-    plan = plan_window(node_ptr, offsets, row_bytes)
+    plan = plan_window(node_ptr, offsets, row_bytes, chunk_bytes)
+    assert np.all(plan.keys[1:] > plan.keys[:-1])  # ascending, distinct
     end = 0
     for b in range(len(sizes)):
         mine = offsets[node_ptr[b]:node_ptr[b + 1]]
-        staged = plan.staged_offsets[plan.staged_ptr[b]:plan.staged_ptr[b + 1]]
+        mine = mine[mine >= 0]
+        staged = plan.staged_offsets(b)
         assert staged.tolist() == sorted(set(mine.tolist()))  # distinct, in file order
-        assert np.array_equal(staged[plan.gather[node_ptr[b]:node_ptr[b + 1]]], mine)
+        assert np.array_equal(staged[batch_gather(mine)], mine)
         base, nbytes = plan.region(b)
         assert base % STAGING_ALIGN == 0 and base >= end and nbytes == len(staged) * row_bytes
         end = base + nbytes
     assert plan.staging_bytes >= end and plan.staging_bytes % STAGING_ALIGN == 0
+    touched = {int(o) // chunk_bytes for o in offsets.tolist() if o >= 0}
+    assert set(np.flatnonzero(plan.chunk_staged).tolist()) == touched
+    starts, lo, hi = plan.chunk_runs()  # the pass: every key once, chunk by chunk
+    assert starts.tolist() == [c * chunk_bytes for c in sorted(touched)] and int((hi - lo).sum()) == len(plan.keys)
+    for c0, k0, k1 in zip(starts.tolist(), lo.tolist(), hi.tolist()):
+        batch, at = plan.fields(k0, k1)
+        assert np.all((at >= 0) & (at < chunk_bytes)) and np.all(np.diff(batch) >= 0)
+        assert all(c0 + a in set(plan.staged_offsets(int(b)).tolist()) for b, a in zip(batch.tolist(), at.tolist()))
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.data())
-def test_choose_staged_matches_a_per_chunk_reference(data):
+def test_chunk_cost_model_matches_a_per_chunk_reference(data):
     row_bytes = data.draw(st.sampled_from([100, 1024, 4096, 6000]))
     chunk_bytes = 4096 * data.draw(st.integers(1, 4))
     sizes = data.draw(st.lists(st.integers(0, 15), min_size=1, max_size=5))
@@ -99,15 +111,38 @@ def test_choose_staged_matches_a_per_chunk_reference(data):
     offsets = np.asarray([data.draw(st.integers(0, rows - 1)) * row_bytes for _ in range(sum(sizes))], np.int64)
     node_ptr = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     seq, iops = data.draw(st.sampled_from([1e6, 1e8, 1e9])), data.draw(st.sampled_from([1e2, 3e4, 1e6]))
-    got = choose_staged(node_ptr, offsets, row_bytes, chunk_bytes, seq, iops)
+    plan = plan_window(node_ptr, offsets, row_bytes, chunk_bytes, sequential_rate=seq, random_reads=iops)
     pages_per_row = max(1, -(-row_bytes // 4096))
-    for k, off in enumerate(offsets.tolist()):
-        chunk = off // chunk_bytes
-        mine = [(b, o) for b in range(len(sizes)) for o in offsets[node_ptr[b]:node_ptr[b + 1]].tolist()
-                if o // chunk_bytes == chunk]
+    for chunk in {int(o) // chunk_bytes for o in offsets.tolist()}:
+        mine = {(b, o) for b in range(len(sizes)) for o in offsets[node_ptr[b]:node_ptr[b + 1]].tolist()
+                if o // chunk_bytes == chunk}
         staged = (chunk_bytes + 2 * len(mine) * row_bytes) / seq
         direct = len({(b, o // 4096) for b, o in mine}) * pages_per_row / iops
-        assert got[k] == (staged <= direct)
+        assert plan.chunk_staged[chunk] == (staged <= direct)
+        assert plan.is_staged(np.array([chunk * chunk_bytes]))[0] == (staged <= direct)
+    for b in range(len(sizes)):  # a batch stages exactly its rows in chunks worth the pass
+        mine = offsets[node_ptr[b]:node_ptr[b + 1]]
+        assert plan.staged_offsets(b).tolist() == sorted(set(mine[plan.is_staged(mine)].tolist()))
+
+
+@pytest.mark.parametrize("cached", [0.0, 0.5])
+@pytest.mark.parametrize("rows", [5000, 3_000_000])
+def test_planning_holds_at_most_what_the_budget_charges(rows, cached):
+    """The memory plan charges ``plan_window_bytes`` for planning one superbatch: measured, offsets included."""
+    rng = np.random.default_rng(rows)
+    batches = 200
+    tracemalloc.start()
+    try:
+        node_ptr = np.linspace(0, rows, batches + 1).astype(np.int64)
+        before = tracemalloc.get_traced_memory()[0]
+        offsets = rng.integers(0, rows // 2, rows) * 1024  # dense enough that chunks are staged
+        offsets[rng.random(rows) < cached] = -1
+        tracemalloc.reset_peak()
+        plan = plan_window(node_ptr, offsets, 1024, 4 << 20, sequential_rate=690e6, random_reads=30e3)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert plan.staged_rows > 0 and peak <= plan_window_bytes(rows)
 
 
 @settings(max_examples=50, deadline=None)
@@ -128,18 +163,19 @@ def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, on_disk, chunk
     sampled = window(dataset, 12)
     m = dataset.manifest
     parts = dataset.partitions()
-    plan = window_plan(sampled, parts, m.row_bytes)
+    plan = window_plan(sampled, parts, m.row_bytes, chunk_bytes)
     # a small scatter buffer: several write groups per chunk; on disk, several flushes per window
     with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192,
                     flush_bytes=16384) as stager:
         staged = stager.stage(plan)
         try:
             assert staged.stats.staged_bytes == plan.staged_rows * m.row_bytes
-            assert staged.stats.file_bytes_read >= len(np.unique(plan.staged_offsets // 4096)) * 4096 // 2
+            assert staged.stats.file_bytes_read >= staged.stats.chunks * 4096
+            assert len(staged.plan.keys) == 0  # the pass's keys are dropped once it is done
             out = np.full((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), np.nan, dtype=np.float32)
             for b in reversed(range(plan.num_batches)):  # any order
                 nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
-                stager.read_batch(staged, b, out)
+                stager.read_batch(staged, b, gather_of(dataset, nodes), out)
                 assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(dataset, nodes))
         finally:
             staged.close()
@@ -153,7 +189,7 @@ def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
     sampled = window(corrupt, 40)
     parts = corrupt.partitions()
     plan = window_plan(sampled, parts, corrupt.manifest.row_bytes)
-    victim = int(plan.staged_offsets[len(plan.staged_offsets) // 2])
+    victim = int(plan.staged_offsets(3)[5])
     with open(corrupt.file("features"), "r+b") as f:
         f.seek(victim)
         byte = f.read(1)
@@ -176,9 +212,10 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
             base, nbytes = plan.region(3)
             os.pwrite(staged.fd, b"\xff", base + nbytes // 2)
             out = np.empty((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), dtype=np.float32)
+            nodes = [sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]] for b in (2, 3)]
             with pytest.raises(CorruptData, match="batch 3"):
-                stager.read_batch(staged, 3, out)
-            stager.read_batch(staged, 2, out)  # the others are still served
+                stager.read_batch(staged, 3, gather_of(dataset, nodes[1]), out)
+            stager.read_batch(staged, 2, gather_of(dataset, nodes[0]), out)  # the others are still served
         finally:
             staged.close()
 
@@ -192,9 +229,12 @@ def test_bad_arguments_are_refused(dataset):
     with stager_for(dataset, None) as stager:
         staged = stager.stage(plan)
         try:
+            gather = gather_of(dataset, sampled.nodes[:sampled.node_ptr[1]])
             with pytest.raises(ValueError, match="outside"):
-                stager.read_batch(staged, 2, np.empty((1000, FEAT_DIM), np.float32))
+                stager.read_batch(staged, 2, gather, np.empty((1000, FEAT_DIM), np.float32))
             with pytest.raises(ValueError, match="out"):
-                stager.read_batch(staged, 0, np.empty((1, FEAT_DIM), np.float32))
+                stager.read_batch(staged, 0, gather, np.empty((1, FEAT_DIM), np.float32))
+            with pytest.raises(ValueError, match="gather"):
+                stager.read_batch(staged, 0, gather + 10**6, np.empty((1000, FEAT_DIM), np.float32))
         finally:
             staged.close()

@@ -92,17 +92,21 @@ def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path,
             assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
 
 
-@pytest.mark.parametrize("choice", ["all direct", "every other node"])
+@pytest.mark.parametrize("choice", ["all direct", "every other chunk"])
 def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset, reference, tmp_path, monkeypatch,
                                                                          choice):
     """Rows whose chunk the cost model does not stage are read at random at publish; cached, direct and staged
     rows meet in one batch and it is still the reference's."""
     from loader.daemon.fullgraph import outofcore
+    from loader.staging import window_plan
 
-    def choose(node_ptr, offsets, *args):
-        return np.zeros(len(offsets), dtype=bool) if choice == "all direct" else np.arange(len(offsets)) % 2 == 0
+    def costs(keys, shift, chunks, entries, *args):
+        if choice == "every other chunk":
+            return np.where(np.arange(chunks) % 2 == 0, 0.0, 2.0), np.ones(chunks)
+        return np.full(chunks, 2.0), np.ones(chunks)
 
-    monkeypatch.setattr(outofcore, "choose_staged", choose)
+    monkeypatch.setattr(window_plan, "chunk_costs", costs)
+    monkeypatch.setattr(outofcore, "STAGING_CHUNK", 8192)  # many chunks in a small file
     (tmp_path / "staging").mkdir()
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
                            exact={"superbatch": 4, "feature_cache": "20K", "staging_dir": str(tmp_path / "staging")},
@@ -110,8 +114,9 @@ def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset
     with running_daemon(config) as daemon:
         with credited_client(config) as client:
             assert_same_as_reference(consume_epoch(client, 0), reference, 0)
-        written = daemon.metrics.staging_written_bytes._value.get()
-        assert (written == 0) == (choice == "all direct")
+        rows = daemon.metrics.staging_written_bytes.labels("rows")._value.get()
+        assert (rows == 0) == (choice == "all direct")
+        assert daemon.metrics.staging_written_bytes.labels("edges")._value.get() > 0  # the edges are spilled
 
 
 def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset, tmp_path):

@@ -4,7 +4,11 @@ refused."""
 import pytest
 
 from loader.daemon.config import config_from_mapping
+from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT
 from loader.daemon.fullgraph.outofcore import (
+    BYTES_PER_SAMPLED_EDGE,
+    BYTES_PER_SAMPLED_NODE,
+    SPILLED_BATCH_BYTES,
     STAGING_CHUNK,
     STAGING_FLUSH,
     STAGING_SCATTER,
@@ -12,6 +16,7 @@ from loader.daemon.fullgraph.outofcore import (
 )
 from loader.format.dataset import open_dataset
 from loader.staging.stager import stager_buffer_bytes
+from loader.staging.window_plan import plan_window_bytes
 from proto.errors import UserError
 from tests.daemon_harness import small_dataset
 
@@ -64,7 +69,14 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
                             batch_edges=1000)
     stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
                                  scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True)
-    assert staged.working_bytes == exact.working_bytes + stager and staged.total <= 256 << 20
+    # a superbatch in flight is its ids (4 B per row) and per-batch tables instead of the sampled pass; one is
+    # planned at a time and one sample group is held before its spill
+    sampled_batch = 500 * BYTES_PER_SAMPLED_NODE + 1000 * BYTES_PER_SAMPLED_EDGE
+    in_flight = 4 * (500 * 4 + SPILLED_BATCH_BYTES)
+    assert staged.working_bytes == (exact.working_bytes - SUPERBATCHES_IN_FLIGHT * 4 * sampled_batch + stager
+                                    + SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(4 * 500)
+                                    + config("1M").exact.sample_group * sampled_batch)
+    assert staged.total <= 256 << 20
     all_lists = 8 * m.num_nodes + 4 * m.num_edges
     room = staged.fixed_bytes + staged.graph_bytes + staged.working_bytes
     tight = plan_outofcore(config(room + all_lists // 2, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,

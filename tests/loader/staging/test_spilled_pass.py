@@ -1,0 +1,78 @@
+"""Spilled superbatches: every batch read back equals the sampled pass's, from RAM and from disk, checked."""
+
+import os
+
+import numpy as np
+import pytest
+
+from loader.format.read_checks import CorruptData
+from loader.sampling.sampling import concat_passes, empty_pass, slice_pass
+from loader.staging import spilled_pass
+from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype, spill_batches
+from tests.loader.staging.test_stager import dataset, window  # noqa: F401  (the module's fixture)
+
+
+def assert_same_batches(spilled: SpilledPass, sampled) -> None:
+    assert spilled.num_batches == sampled.num_batches and spilled.num_hops == sampled.num_hops
+    assert np.array_equal(spilled.node_ptr, sampled.node_ptr) and np.array_equal(spilled.nodes, sampled.nodes)
+    assert spilled.max_batch_nodes() == sampled.max_batch_nodes()
+    assert spilled.max_batch_edges() == sampled.max_batch_edges()
+    for b in range(sampled.num_batches):
+        mine, theirs = spilled.batch(b), sampled.batch(b)
+        assert mine.nodes.dtype == np.int64 and np.array_equal(mine.nodes, theirs.nodes)
+        assert mine.edge_index.dtype == np.int64 and np.array_equal(mine.edge_index, theirs.edge_index)
+        assert np.array_equal(mine.num_sampled_nodes, theirs.num_sampled_nodes)
+        assert np.array_equal(mine.num_sampled_edges, theirs.num_sampled_edges)
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
+def test_spilled_batches_read_back_as_sampled(dataset, tmp_path, monkeypatch, on_disk):  # noqa: F811
+    monkeypatch.setattr(spilled_pass, "SPILL_GROWTH", 8192)  # the file grows several times
+    sampled = window(dataset, 12)
+    ids = id_dtype(dataset.manifest.num_nodes)
+    spill = SpillFile(tmp_path if on_disk else None)
+    try:
+        # spilled a group at a time, as the staged mode samples
+        parts = [spill_batches(slice_pass(sampled, first, min(5, 12 - first)), spill, ids) for first in (0, 5, 10)]
+        spilled = concat_spilled(parts, spill, ids)
+        assert spilled.nodes.dtype == np.int32 and spilled.ram_bytes < sampled.nodes.nbytes
+        assert spill.records == 12 and spill.bytes_written % 4096 == 0
+        assert_same_batches(spilled, sampled)
+        assert spill.bytes_read >= 8 * len(sampled.edge_src)
+    finally:
+        spill.close()
+    assert not list(tmp_path.iterdir())  # unnamed: nothing left behind
+
+
+def test_an_empty_piece_joins_a_spilled_superbatch(dataset, tmp_path):  # noqa: F811
+    """A rank's empty piece of a short last step arrives as a plain pass; it is spilled with the rest."""
+    sampled = window(dataset, 3)
+    ids = np.dtype(np.int64)
+    spill = SpillFile(tmp_path)
+    try:
+        joined = concat_spilled([spill_batches(sampled, spill, ids), empty_pass(1, sampled.num_hops)], spill, ids)
+        assert_same_batches(joined, concat_passes([sampled, empty_pass(1, sampled.num_hops)]))
+        with pytest.raises(ValueError, match="different files"):
+            other = SpillFile(None)
+            try:
+                concat_spilled([spill_batches(sampled, other, ids)], spill, ids)
+            finally:
+                other.close()
+    finally:
+        spill.close()
+
+
+def test_a_corrupt_record_fails_its_batch_only(dataset, tmp_path):  # noqa: F811
+    sampled = window(dataset, 4)
+    spill = SpillFile(tmp_path, direct=False)
+    try:
+        spilled = spill_batches(sampled, spill, np.dtype(np.int32))
+        base = spill._base[2]
+        os.pwrite(spill._fd, b"\xff\xff", base + 8)
+        with pytest.raises(CorruptData, match="spilled record 2"):
+            spilled.batch(2)
+        assert np.array_equal(spilled.batch(1).edge_index, sampled.batch(1).edge_index)
+        with pytest.raises(IndexError):
+            spilled.batch(4)
+    finally:
+        spill.close()
