@@ -23,6 +23,10 @@ job, so the memory plans, caches included, are the same), and the report gives t
 all ranks and the disk bytes per delivered batch, each over the single trainer's (the training step is
 measured for single trainers only; 2-rank training is in bench/accuracy_bench.py, mode HB2).
 
+Evaluation batches are as large as training batches (``eval_batch_size = --batch-size``): no
+evaluation runs here, and slots sized for the 1024-seed default would take every mode's budget
+(42 MiB a slot on the 500k-node graph with 256-seed batches).
+
 Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. With ``--read-checks both``
 (the default) hierarchical, exact and static also run a second time with ``[io] check_reads = false``
 (rows ``<mode>-unchecked``), and the report gives what the read checks cost: the checked run's loader
@@ -116,6 +120,7 @@ passes = 1
 batch_size = {args.batch_size}
 fanouts = [{args.fanouts}]
 eval_fanouts = [{args.fanouts}]
+eval_batch_size = {args.batch_size}
 [io]
 direct_io = true
 read_threads = 4
@@ -235,7 +240,8 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
             reader = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="reader"}')
             busy = {stage: delta(after, before, f'megabatch_stage_busy_seconds_total{{stage="{stage}"}}')
                     for stage in ("sampler", "planner", "staging", "rows", "publisher", "reader", "assembler")}
-            staged_written = delta(after, before, "megabatch_staging_written_bytes_total")
+            staged_written = sum(delta(after, before, f'megabatch_staging_written_bytes_total{{kind="{kind}"}}')
+                                 for kind in ("rows", "edges"))
             reader_bytes = delta(after, before, 'megabatch_disk_read_bytes_total{file="features"}') + \
                 delta(after, before, 'megabatch_disk_read_bytes_total{file="indices"}')
             rate = batches / seconds if seconds > 0 else 0.0

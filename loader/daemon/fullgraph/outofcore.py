@@ -94,9 +94,9 @@ SPILLED_BATCH_BYTES = 256
 """Mode staged: RAM per batch of a spilled superbatch besides its ids (pointers, counts, record, region, digest)."""
 STAGING_CHUNK = 4 << 20
 """Mode staged: bytes of features.bin per sequential read (690 MB/s needs a few MiB per read, not more)."""
-STAGING_SCATTER = 16 << 20
+STAGING_SCATTER = 8 << 20
 """Mode staged: rows gathered from a chunk before they are written (a chunk's rows times the batches that want them)."""
-STAGING_FLUSH = 16 << 20
+STAGING_FLUSH = 8 << 20
 """Mode staged: staging writes between two flushes (the page cache holds about twice this)."""
 
 
