@@ -19,7 +19,8 @@ Every byte is checked where it is read: the file's chunks against the dataset's 
 into it (a staging file is ours, but the disk under it is not).
 
 Memory held (``buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
-aligned), one scatter buffer (``scatter_bytes``), the read-back buffer of the largest batch, and about
+aligned), one scatter buffer (``scatter_bytes``), two read-back buffers of the largest batch (the next
+batch's region is read ahead while one is gathered), and about
 ``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
 """
 
@@ -85,12 +86,17 @@ class StagedWindow:
     digests: np.ndarray
     """uint64 [B]: XXH3-64 of each batch's region as written."""
     stats: StagingStats = field(default_factory=StagingStats)
+    reading: "Future[mmap.mmap] | None" = None
+    """A read ahead of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
 
     def __post_init__(self) -> None:
         # a window a stopped stream drops unread still frees its disk space when it is collected
         self._closer = weakref.finalize(self, _close_fds, {self.fd, self.read_fd})
 
     def close(self) -> None:
+        if self.reading is not None:
+            wait([self.reading])
+            self.reading = None
         self._closer()
         self.fd = self.read_fd = -1
 
@@ -104,13 +110,13 @@ def _start_writeback(fd: int) -> None:
 
 def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
                         on_disk: bool) -> int:
-    """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, the read-back of a
-    batch of ``batch_rows`` distinct rows and, staging on disk, twice ``flush_bytes`` of the page cache (the
+    """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
+    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, twice ``flush_bytes`` of the page cache (the
     writes since the last flush, and those it sent to the disk, dropped at the next)."""
     tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
     chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
-    return (2 * chunk + max(scatter_bytes, chunk_bytes + tail) + -(-batch_rows * row_bytes // STAGING_ALIGN)
-            * STAGING_ALIGN + (2 * flush_bytes if on_disk else 0))
+    return (2 * chunk + max(scatter_bytes, chunk_bytes + tail) + 2 * (-(-batch_rows * row_bytes // STAGING_ALIGN)
+            * STAGING_ALIGN) + (2 * flush_bytes if on_disk else 0))
 
 
 def _close_fds(fds: set[int]) -> None:
@@ -157,7 +163,10 @@ class WindowStager:
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="megabatch-flush")
         self._flushing: Future[None] | None = None
         self._scatter = np.empty(-(-self.scatter_bytes // 8) * 8, dtype=np.uint8)
-        self._back: mmap.mmap | None = None
+        # two read-back buffers: batch b + 1's region is read ahead while batch b's is gathered
+        self._backs: list[mmap.mmap | None] = [None, None]
+        self._read_back = ThreadPoolExecutor(1, thread_name_prefix="megabatch-readback")
+        self._ahead: tuple[StagedWindow, int, Future[mmap.mmap]] | None = None
         self._unflushed = 0
 
     def _open(self, path: Path, flags: int) -> int:
@@ -337,16 +346,20 @@ class WindowStager:
         plan = staged.plan
         base, nbytes = plan.region(b)
         aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
-        if self._back is None or len(self._back) < aligned:
-            self._back = aligned_buffer(max(aligned, 2 * len(self._back or b"")))
-        view = memoryview(self._back)
-        done = 0
-        while done < nbytes:
-            got = os.preadv(staged.read_fd, [view[done:aligned]], base + done)
-            if got == 0:
-                raise OSError(errno.EIO, f"staging file ends at byte {base + done}", "staging")
-            done += got
-        region = np.frombuffer(self._back, dtype=np.uint8, count=nbytes)
+        ahead, self._ahead = self._ahead, None
+        back = None
+        if ahead is not None:
+            if ahead[0] is staged and ahead[1] == b:
+                back = ahead[2].result()
+            else:  # read out of order: the read ahead lands in a buffer, let it finish first
+                wait([ahead[2]])
+        if back is None:
+            back = self._load(staged, b)
+        if b + 1 < plan.num_batches:
+            # the next region is read while this one is checked and gathered (batches are published in order)
+            staged.reading = self._read_back.submit(self._load, staged, b + 1)
+            self._ahead = (staged, b + 1, staged.reading)
+        region = np.frombuffer(back, dtype=np.uint8, count=nbytes)
         if xxhash.xxh3_64_intdigest(region.data) != int(staged.digests[b]):
             # named "staging" (the metric's file label): the staging file has no name of its own
             raise CorruptData(Path(self.staging_dir or "") / "staging", base,
@@ -360,6 +373,22 @@ class WindowStager:
             dest, source = dest.view(np.uint64), source.view(np.uint64)
         copy_rows(source, gather, dest, np.arange(len(gather), dtype=np.int64) if rows is None else rows)
 
+    def _load(self, staged: StagedWindow, b: int) -> mmap.mmap:
+        """Batch ``b``'s region read into read-back buffer ``b % 2`` (grown as needed)."""
+        base, nbytes = staged.plan.region(b)
+        aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
+        back = self._backs[b % 2]
+        if back is None or len(back) < aligned:
+            back = self._backs[b % 2] = aligned_buffer(max(aligned, 2 * len(back or b"")))
+        view = memoryview(back)
+        done = 0
+        while done < nbytes:
+            got = os.preadv(staged.read_fd, [view[done:aligned]], base + done)
+            if got == 0:
+                raise OSError(errno.EIO, f"staging file ends at byte {base + done}", "staging")
+            done += got
+        return back
+
     def buffer_bytes(self, largest_batch_rows: int) -> int:
         """RAM this stager holds (``stager_buffer_bytes``)."""
         return stager_buffer_bytes(row_bytes=self.row_bytes, batch_rows=largest_batch_rows,
@@ -370,6 +399,8 @@ class WindowStager:
         with self._stage_lock, self._read_lock:
             self._read_ahead.shutdown()
             self._flusher.shutdown()
+            self._read_back.shutdown()  # waits for a read ahead in flight (it reads a staging file's fd)
+            self._ahead = None
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
