@@ -111,8 +111,8 @@ def _start_writeback(fd: int) -> None:
 def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
                         on_disk: bool) -> int:
     """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
-    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, twice ``flush_bytes`` of the page cache (the
-    writes since the last flush, and those it sent to the disk, dropped at the next)."""
+    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, twice ``flush_bytes`` of
+    the page cache (the writes since the last flush, and those it sent to the disk, dropped at the next)."""
     tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
     chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
     return (2 * chunk + max(scatter_bytes, chunk_bytes + tail) + 2 * (-(-batch_rows * row_bytes // STAGING_ALIGN)

@@ -23,6 +23,7 @@ import asyncio
 import itertools
 from abc import abstractmethod
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,9 @@ class FullGraphMode(TrainingMode):
 
     superbatch: int
     """Batches sampled per ``sample`` call."""
+    planner_pool: ThreadPoolExecutor | None = None
+    """Where the planner stage runs (None: the CPU pool). A mode whose planner mostly waits on the disk
+    gives it a thread of its own, so that the sampler and the publisher keep the CPU pool's two."""
 
     def __init__(self, serving: ServingContext) -> None:
         self.serving = serving
@@ -133,7 +137,7 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, 
         if isinstance(item, EpochDone):
             await out.put(item)
             continue
-        rows = await run_timed(ctx.cpu_pool, ctx.metrics, "planner", rows_for, item.sampled)
+        rows = await run_timed(mode.planner_pool or ctx.cpu_pool, ctx.metrics, "planner", rows_for, item.sampled)
         # a superbatch is one pass; its token goes back once its last batch is published
         await out.put(SampledWork(source=mode.slot_source(rows), release=tokens.release, pass_index=0,
                                   sampled=item.sampled, first_batch=item.first_batch,
