@@ -10,7 +10,7 @@ import mmap
 import os
 from pathlib import Path
 
-__all__ = ["SCRATCH_ALIGN", "aligned_buffer", "open_direct", "open_scratch"]
+__all__ = ["SCRATCH_ALIGN", "aligned_buffer", "open_direct", "open_scratch", "takes_direct_writes"]
 
 SCRATCH_ALIGN = 4096
 """O_DIRECT's page: offsets, lengths and buffers of direct transfers are multiples of it."""
@@ -32,9 +32,20 @@ def open_direct(path: Path, flags: int, direct: bool) -> tuple[int, bool]:
     return os.open(path, flags | os.O_CLOEXEC), False
 
 
+def takes_direct_writes(directory: Path | None) -> bool:
+    """Whether unnamed files under ``directory`` take O_DIRECT writes (None, a memfd: no)."""
+    if directory is None:
+        return False
+    write_fd, read_fd, direct = open_scratch(directory, 0, direct_reads=False, direct_writes=True)
+    for fd in {write_fd, read_fd}:
+        os.close(fd)
+    return direct
+
+
 def open_scratch(directory: Path | None, size: int, *, direct_reads: bool, direct_writes: bool = False
-                 ) -> tuple[int, int]:
-    """(write fd, read fd) of a new unnamed file of ``size`` bytes under ``directory`` (None: a memfd, in RAM).
+                 ) -> tuple[int, int, bool]:
+    """(write fd, read fd, whether writes are O_DIRECT) of a new unnamed file of ``size`` bytes under
+    ``directory`` (None: a memfd, in RAM).
 
     On disk the read fd is a second open file description, O_DIRECT where ``direct_reads`` and the
     filesystem allow; the write fd is O_DIRECT where ``direct_writes`` asks and it is allowed. The two
@@ -46,7 +57,7 @@ def open_scratch(directory: Path | None, size: int, *, direct_reads: bool, direc
         except BaseException:
             os.close(fd)
             raise
-        return fd, fd
+        return fd, fd, False
     fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
     fds = [fd]
     try:
@@ -70,7 +81,7 @@ def open_scratch(directory: Path | None, size: int, *, direct_reads: bool, direc
                 read_fd = fd
         if write_fd != fd and read_fd != fd:
             os.close(fd)  # both ways have descriptions of their own: the inode lives while they do
-        return write_fd, read_fd
+        return write_fd, read_fd, write_fd != fd
     except BaseException:
         for f in fds:
             os.close(f)

@@ -55,7 +55,7 @@ class SpillFile:
     def __init__(self, directory: Path | None, direct: bool = True) -> None:
         self.directory = directory
         self._size = SPILL_GROWTH
-        self._fd, self._read_fd = open_scratch(directory, self._size, direct_reads=direct, direct_writes=direct)
+        self._fd, self._read_fd, _ = open_scratch(directory, self._size, direct_reads=direct, direct_writes=direct)
         self._closer = weakref.finalize(self, _close_fds, {self._fd, self._read_fd})
         self._end = 0
         self._base: list[int] = []

@@ -39,7 +39,7 @@ import xxhash
 
 from loader.caches.changeset_kernels import copy_rows
 from loader.format.read_checks import CorruptData, verify_blocks
-from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch
+from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch, takes_direct_writes
 from loader.staging.staging_kernels import copy_rows_from
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
@@ -86,6 +86,8 @@ class StagedWindow:
     digests: np.ndarray
     """uint64 [B]: XXH3-64 of each batch's region as written."""
     stats: StagingStats = field(default_factory=StagingStats)
+    direct_writes: bool = False
+    """Written with O_DIRECT: nothing of it is in the page cache (no flushes, no drops)."""
     reading: "Future[mmap.mmap] | None" = None
     """A read ahead of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
 
@@ -109,14 +111,23 @@ def _start_writeback(fd: int) -> None:
 
 
 def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
-                        on_disk: bool) -> int:
+                        on_disk: bool, direct_writes: bool = False, window_batches: int = 0) -> int:
     """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
-    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, twice ``flush_bytes`` of
-    the page cache (the writes since the last flush, and those it sent to the disk, dropped at the next)."""
+    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, either a partial page per
+    batch of a window of ``window_batches`` (``direct_writes``: O_DIRECT, nothing in the page cache) or twice
+    ``flush_bytes`` of the page cache (the writes since the last flush, and those it sent to the disk, dropped
+    at the next)."""
     tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
     chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
-    return (2 * chunk + max(scatter_bytes, chunk_bytes + tail) + 2 * (-(-batch_rows * row_bytes // STAGING_ALIGN)
-            * STAGING_ALIGN) + (2 * flush_bytes if on_disk else 0))
+    scatter = -(-max(scatter_bytes, chunk_bytes + tail + 2 * STAGING_ALIGN) // STAGING_ALIGN) * STAGING_ALIGN
+    back = 2 * (-(-batch_rows * row_bytes // STAGING_ALIGN) * STAGING_ALIGN)
+    if not on_disk:
+        pages = 0
+    elif direct_writes:
+        pages = window_batches * STAGING_ALIGN
+    else:
+        pages = 2 * flush_bytes
+    return 2 * chunk + scatter + back + pages
 
 
 def _close_fds(fds: set[int]) -> None:
@@ -151,7 +162,8 @@ class WindowStager:
         self.chunk_bytes = chunk_bytes
         # a chunk's read runs past its end by the pages of a row that starts inside it
         self._tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
-        self.scatter_bytes = max(scatter_bytes, chunk_bytes + self._tail)
+        # a chunk's rows for one batch, after that batch's partial page and up to a page of padding
+        self.scatter_bytes = max(scatter_bytes, chunk_bytes + self._tail + 2 * STAGING_ALIGN)
         self.direct = direct
         self.flush_bytes = flush_bytes
         self._stage_lock = threading.Lock()
@@ -162,7 +174,8 @@ class WindowStager:
         self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="megabatch-flush")
         self._flushing: Future[None] | None = None
-        self._scatter = np.empty(-(-self.scatter_bytes // 8) * 8, dtype=np.uint8)
+        self._scatter_buffer = aligned_buffer(self.scatter_bytes)  # O_DIRECT writes leave from it
+        self._scatter = np.frombuffer(self._scatter_buffer, dtype=np.uint8)
         # two read-back buffers: batch b + 1's region is read ahead while batch b's is gathered
         self._backs: list[mmap.mmap | None] = [None, None]
         self._read_back = ThreadPoolExecutor(1, thread_name_prefix="megabatch-readback")
@@ -173,9 +186,10 @@ class WindowStager:
         fd, self.direct = open_direct(path, flags, self.direct)
         return fd
 
-    def _staging_file(self, size: int) -> tuple[int, int]:
-        """(write fd, read fd) of a new, unnamed staging file of ``size`` bytes (reads O_DIRECT where allowed)."""
-        return open_scratch(self.staging_dir, size, direct_reads=self.direct)
+    def _staging_file(self, size: int) -> tuple[int, int, bool]:
+        """(write fd, read fd, writes direct) of a new, unnamed staging file of ``size`` bytes (O_DIRECT both ways
+        where allowed)."""
+        return open_scratch(self.staging_dir, size, direct_reads=self.direct, direct_writes=self.direct)
 
     def stage(self, plan: WindowPlan) -> StagedWindow:
         """Read every chunk of the file holding a row of ``plan`` once, in order, and write the rows out."""
@@ -189,8 +203,9 @@ class WindowStager:
         with self._stage_lock:
             if self._fd < 0:
                 raise ValueError(f"{self.path}: the stager is closed")
-            fd, read_fd = self._staging_file(plan.staging_bytes)
-            staged = StagedWindow(plan, fd, read_fd, np.zeros(plan.num_batches, dtype=np.uint64))
+            fd, read_fd, direct_writes = self._staging_file(plan.staging_bytes)
+            staged = StagedWindow(plan, fd, read_fd, np.zeros(plan.num_batches, dtype=np.uint64),
+                                  direct_writes=direct_writes)
             try:
                 self._fill(staged)
             except BaseException:
@@ -206,6 +221,9 @@ class WindowStager:
         self._flushed_to = np.zeros(plan.num_batches, dtype=np.int64)
         self._dropped_to = np.zeros(plan.num_batches, dtype=np.int64)
         self._unflushed = 0
+        # O_DIRECT writes go out in whole pages: each batch's last partial page waits here for its next rows
+        self._tails = np.zeros((plan.num_batches if staged.direct_writes else 0, STAGING_ALIGN), dtype=np.uint8)
+        self._tail_len = np.zeros(plan.num_batches, dtype=np.int64)
         starts, los, his = plan.chunk_runs()  # only the chunks holding a staged row are read
         # the next chunk is read while this one is scattered and written: the disk and the copies overlap
         pending: Future[int] | None = None
@@ -233,7 +251,13 @@ class WindowStager:
                 wait([pending])
         for b, hasher in enumerate(hashers):
             staged.digests[b] = hasher.intdigest()
-        if self.staging_dir is not None:
+        if staged.direct_writes:
+            page = self._scatter[:STAGING_ALIGN]
+            for b in np.flatnonzero(self._tail_len).tolist():  # the regions' last pages, zero-padded
+                page[:] = self._tails[b]
+                self._pwrite(staged.fd, page.data, int(plan.batch_base[b]) + int(self._written_to[b]))
+            self._tails = self._tails[:0]
+        elif self.staging_dir is not None:
             self._flush(staged)
             # the staging fd must outlive the flusher's call on it (a closed number may be reused)
             assert self._flushing is not None
@@ -265,29 +289,25 @@ class WindowStager:
                        batch: np.ndarray, source: np.ndarray) -> None:
         """Copy the chunk's rows (``source``: their offsets in it, grouped by ``batch``) into the scatter buffer
         batch by batch and write each batch's run out at the end of what its region holds so far."""
-        plan, stats = staged.plan, staged.stats
         first = np.flatnonzero(np.concatenate(([True], batch[1:] != batch[:-1])))
         end = np.append(first[1:], len(batch))
+        if staged.direct_writes:
+            self._scatter_direct(staged, hashers, chunk, batch, source, first, end)
+            return
+        plan, stats = staged.plan, staged.stats
         cap = self.scatter_bytes // self.row_bytes
         i = 0
         while i < len(first):
             # as many batches as the scatter buffer holds, at least one (a run never exceeds a chunk's rows)
             j = i + max(1, int(np.searchsorted(end[i:] - first[i], cap, side="right")))
             s0, s1 = int(first[i]), int(end[j - 1])
-            if self.row_bytes % 8 == 0:  # rows start 8-aligned in the chunk (pages, whole rows): copy words
-                copy_rows_from(chunk.view(np.uint64), source[s0:s1] // 8, self._scatter.view(np.uint64),
-                               self.row_bytes // 8)
-            else:
-                copy_rows_from(chunk, source[s0:s1], self._scatter, self.row_bytes)
+            self._copy_rows(chunk, source[s0:s1], 0)
             at = 0
             for k0, k1 in zip(first[i:j].tolist(), end[i:j].tolist()):
                 b = int(batch[k0])
                 nbytes = (k1 - k0) * self.row_bytes
                 piece = self._scatter[at:at + nbytes].data
-                where = int(plan.batch_base[b]) + int(self._written_to[b])
-                written = 0
-                while written < nbytes:
-                    written += os.pwrite(staged.fd, piece[written:], where + written)
+                self._pwrite(staged.fd, piece, int(plan.batch_base[b]) + int(self._written_to[b]))
                 hashers[b].update(piece)
                 self._written_to[b] += nbytes
                 stats.writes += 1
@@ -297,6 +317,53 @@ class WindowStager:
             if self.staging_dir is not None and self._unflushed >= self.flush_bytes:
                 self._flush(staged)
             i = j
+
+    def _scatter_direct(self, staged: StagedWindow, hashers: list["xxhash.xxh3_64"], chunk: np.ndarray,
+                        batch: np.ndarray, source: np.ndarray, first: np.ndarray, end: np.ndarray) -> None:
+        """``_scatter_chunk`` with O_DIRECT writes: each batch's run goes behind its held partial page, at a
+        page boundary of the scatter buffer; its whole pages are written, the rest is held for its next run."""
+        plan, stats = staged.plan, staged.stats
+        runs = (end - first) * self.row_bytes
+        held = self._tail_len[batch[first]]
+        # each batch's piece of the scatter buffer: its held bytes and its run, rounded up to pages
+        span = -(-(held + runs) // STAGING_ALIGN) * STAGING_ALIGN
+        i = 0
+        while i < len(first):
+            j = i + max(1, int(np.searchsorted(np.cumsum(span[i:]), self.scatter_bytes, side="right")))
+            at = 0
+            for k in range(i, j):
+                k0, k1 = int(first[k]), int(end[k])
+                b, t, nbytes = int(batch[k0]), int(held[k]), int(runs[k])
+                self._scatter[at:at + t] = self._tails[b, :t]
+                self._copy_rows(chunk, source[k0:k1], at + t)
+                hashers[b].update(self._scatter[at + t:at + t + nbytes].data)
+                whole = (t + nbytes) // STAGING_ALIGN * STAGING_ALIGN
+                if whole:
+                    self._pwrite(staged.fd, self._scatter[at:at + whole].data,
+                                 int(plan.batch_base[b]) + int(self._written_to[b]))
+                    self._written_to[b] += whole
+                    stats.writes += 1
+                rest = t + nbytes - whole
+                self._tails[b, :rest] = self._scatter[at + whole:at + t + nbytes]
+                self._tails[b, rest:] = 0
+                self._tail_len[b] = rest
+                stats.staged_bytes += nbytes
+                at += int(span[k])
+            i = j
+
+    def _copy_rows(self, chunk: np.ndarray, source: np.ndarray, at: int) -> None:
+        """The chunk's rows at ``source`` to the scatter buffer from byte ``at`` on."""
+        if self.row_bytes % 8 == 0 and at % 8 == 0:  # rows start 8-aligned in the chunk (pages, whole rows): words
+            copy_rows_from(chunk.view(np.uint64), source // 8, self._scatter[at:].view(np.uint64),
+                           self.row_bytes // 8)
+        else:
+            copy_rows_from(chunk, source, self._scatter[at:], self.row_bytes)
+
+    @staticmethod
+    def _pwrite(fd: int, data: memoryview, at: int) -> None:
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], at + written)
 
     def _flush(self, staged: StagedWindow) -> None:
         """Drop from the page cache what the previous flush sent to the disk (only those ranges: a whole-file
@@ -364,7 +431,7 @@ class WindowStager:
             # named "staging" (the metric's file label): the staging file has no name of its own
             raise CorruptData(Path(self.staging_dir or "") / "staging", base,
                               f"batch {b}'s staged rows ({nbytes} bytes)")
-        if self.staging_dir is not None:
+        if self.staging_dir is not None and not staged.direct_writes:
             # the region's pages in the page cache (written back by now) are never read again
             os.posix_fadvise(staged.fd, base, aligned, os.POSIX_FADV_DONTNEED)
         dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
@@ -389,11 +456,13 @@ class WindowStager:
             done += got
         return back
 
-    def buffer_bytes(self, largest_batch_rows: int) -> int:
+    def buffer_bytes(self, largest_batch_rows: int, window_batches: int) -> int:
         """RAM this stager holds (``stager_buffer_bytes``)."""
         return stager_buffer_bytes(row_bytes=self.row_bytes, batch_rows=largest_batch_rows,
                                    chunk_bytes=self.chunk_bytes, scatter_bytes=self.scatter_bytes,
-                                   flush_bytes=self.flush_bytes, on_disk=self.staging_dir is not None)
+                                   flush_bytes=self.flush_bytes, on_disk=self.staging_dir is not None,
+                                   direct_writes=self.direct and takes_direct_writes(self.staging_dir),
+                                   window_batches=window_batches)
 
     def close(self) -> None:
         with self._stage_lock, self._read_lock:

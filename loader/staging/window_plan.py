@@ -31,11 +31,12 @@ __all__ = ["WindowPlan", "plan_window", "plan_window_bytes", "batch_gather", "ch
 
 STAGING_ALIGN = 4096
 """Alignment of every batch's region in the staging file (O_DIRECT's page), and the page of the cost model."""
-_SLICE = 1 << 18
+_SLICE = 1 << 16
 """Keys handled at once where a temporary per key is needed (bounds the planner's peak)."""
-PLAN_BYTES_PER_ROW = 24
-"""Bytes per row given that planning holds at its peak: the caller's offsets, the keys, and a filtered copy
-of the keys (8 B each); ``plan_window_bytes`` adds the slices' temporaries."""
+PLAN_BYTES_PER_ROW = 26
+"""Bytes per row given that planning holds at its peak: the caller's offsets, the keys, a filtered copy of
+the keys (8 B each) and the filter's mask (1 B), with a little to spare; ``plan_window_bytes`` adds the
+slices' temporaries."""
 PLAN_SLICE_BYTES_PER_ROW = 64
 """Temporaries per key of a slice (masks, batch numbers, shifted copies)."""
 

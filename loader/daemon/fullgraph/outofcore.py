@@ -69,6 +69,7 @@ from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.ranks import Pieces, sample_pieces
 from loader.sampling.sampling import SampledPass
+from loader.staging.scratch_files import takes_direct_writes
 from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype, spill_batches
 from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
 from loader.staging.window_plan import batch_gather, plan_window, plan_window_bytes
@@ -89,7 +90,7 @@ ROW_READ_THREADS = 32
 """Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
 gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
 32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
-PLAN_SLICE = 1 << 18
+PLAN_SLICE = 1 << 16
 """Mode staged: nodes whose row offsets are computed at once (bounds the planner's temporaries)."""
 SPILLED_BATCH_BYTES = 256
 """Mode staged: RAM per batch of a spilled superbatch besides its ids (pointers, counts, record, region, digest)."""
@@ -155,7 +156,9 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         working += (SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(ex.superbatch * batch_nodes)
                     + ex.sample_group * sampled_batch
                     + stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=STAGING_CHUNK,
-                                          scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True))
+                                          scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True,
+                                          direct_writes=config.io.direct_io and _takes_direct_writes(ex.staging_dir),
+                                          window_batches=ex.superbatch))
     else:
         working += SUPERBATCHES_IN_FLIGHT * ex.superbatch * sampled_batch
     left = config.memory.budget - fixed_bytes - graph_bytes - working
@@ -176,6 +179,15 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
     return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes)
+
+
+def _takes_direct_writes(directory: Path) -> bool:
+    """Whether staging files under ``directory`` take O_DIRECT writes (a directory that cannot be used is reported
+    by the mode, with its name, when it opens)."""
+    try:
+        return takes_direct_writes(directory)
+    except OSError:
+        return False
 
 
 def _expanded_share(fanouts: tuple[int, ...]) -> float:

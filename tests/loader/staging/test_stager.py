@@ -157,18 +157,21 @@ def test_copy_rows_from_matches_numpy(data):
     assert np.array_equal(out, expected)
 
 
-@pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
+@pytest.mark.parametrize("where", ["ram", "disk", "disk-buffered"])
 @pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
-def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, on_disk, chunk_bytes):
+def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, where, chunk_bytes):
+    """In RAM (a memfd), on disk with O_DIRECT writes (whole pages, each batch's partial page held between runs),
+    and on disk through the page cache (flushed and dropped as it goes)."""
     sampled = window(dataset, 12)
     m = dataset.manifest
     parts = dataset.partitions()
     plan = window_plan(sampled, parts, m.row_bytes, chunk_bytes)
     # a small scatter buffer: several write groups per chunk; on disk, several flushes per window
-    with stager_for(dataset, tmp_path if on_disk else None, chunk_bytes=chunk_bytes, scatter_bytes=8192,
-                    flush_bytes=16384) as stager:
+    with stager_for(dataset, None if where == "ram" else tmp_path, chunk_bytes=chunk_bytes, scatter_bytes=8192,
+                    flush_bytes=16384, direct=where != "disk-buffered") as stager:
         staged = stager.stage(plan)
         try:
+            assert staged.direct_writes == (where == "disk")
             assert staged.stats.staged_bytes == plan.staged_rows * m.row_bytes
             assert staged.stats.file_bytes_read >= staged.stats.chunks * 4096
             assert len(staged.plan.keys) == 0  # the pass's keys are dropped once it is done
@@ -210,7 +213,12 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
         staged = stager.stage(plan)
         try:
             base, nbytes = plan.region(3)
-            os.pwrite(staged.fd, b"\xff", base + nbytes // 2)
+            assert staged.direct_writes  # its fd takes whole pages only: flip the byte through a buffered one
+            fd = os.open(f"/proc/self/fd/{staged.fd}", os.O_WRONLY)
+            try:
+                os.pwrite(fd, b"\xff", base + nbytes // 2)
+            finally:
+                os.close(fd)
             out = np.empty((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), dtype=np.float32)
             nodes = [sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]] for b in (2, 3)]
             with pytest.raises(CorruptData, match="batch 3"):

@@ -92,6 +92,20 @@ def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path,
             assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
 
 
+def test_staged_mode_with_direct_io_serves_the_reference_bitwise(dataset, reference, tmp_path):
+    """O_DIRECT everywhere: the file's chunks, the staging writes (whole pages, each batch's partial page held
+    between runs), the spilled edges and the read-backs."""
+    (tmp_path / "staging").mkdir()
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"}, io={"direct_io": True},
+                           exact={"superbatch": 7, "feature_cache": "40K", "staging_dir": str(tmp_path / "staging")},
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
+    with running_daemon(config) as daemon, credited_client(config) as client:
+        assert daemon.mode.stager.direct
+        for epoch in (0, 1):
+            assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
+    assert not list((tmp_path / "staging").iterdir())
+
+
 @pytest.mark.parametrize("choice", ["all direct", "every other chunk"])
 def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset, reference, tmp_path, monkeypatch,
                                                                          choice):

@@ -1,6 +1,8 @@
 """The exact/static/staged modes' memory split: every part charged, auto caches fill what is left, bad sizes
 refused."""
 
+from pathlib import Path
+
 import pytest
 
 from loader.daemon.config import config_from_mapping
@@ -15,6 +17,7 @@ from loader.daemon.fullgraph.outofcore import (
     plan_outofcore,
 )
 from loader.format.dataset import open_dataset
+from loader.staging.scratch_files import takes_direct_writes
 from loader.staging.stager import stager_buffer_bytes
 from loader.staging.window_plan import plan_window_bytes
 from proto.errors import UserError
@@ -29,6 +32,11 @@ def dataset(tmp_path_factory):
 def config(budget, mode="exact", **exact):
     return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": mode}, "memory": {"budget": budget},
                                 "exact": exact})
+
+
+def config_with_io(budget, mode="exact", **exact):
+    return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": mode}, "memory": {"budget": budget},
+                                "exact": exact, "io": {"direct_io": True}})
 
 
 def test_auto_split_uses_the_budget_and_gives_lists_at_most_half(dataset):
@@ -67,6 +75,7 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
                            batch_edges=1000)
     staged = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
                             batch_edges=1000)
+    # [io] direct_io is off by default: staging writes go through the page cache, two flushes' worth
     stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
                                  scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True)
     # a superbatch in flight is its ids (4 B per row) and per-batch tables instead of the sampled pass; one is
@@ -85,6 +94,11 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     roomier = plan_outofcore(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
                              fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     assert roomier.neighbor_cache_bytes == all_lists and roomier.feature_cache_rows == 100  # then the rows
+    # with it on and a staging_dir that takes O_DIRECT writes, a page per batch of a superbatch instead
+    direct = plan_outofcore(config_with_io("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                            batch_nodes=500, batch_edges=1000)
+    assert takes_direct_writes(Path("/var/tmp"))  # ext4 here; a user's tmpfs would not
+    assert direct.working_bytes == staged.working_bytes - 2 * STAGING_FLUSH + 4 * 4096
     with pytest.raises(UserError, match="too small for mode staged"):
         plan_outofcore(config(room - 1000, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
                        batch_nodes=500, batch_edges=1000)
