@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from loader.staging.staging_kernels import keep_chunks, keep_distinct
+
 __all__ = ["WindowPlan", "plan_window", "plan_window_bytes", "batch_gather", "chunk_costs", "STAGING_ALIGN",
            "PLAN_BYTES_PER_ROW", "PLAN_SLICE_BYTES_PER_ROW"]
 
@@ -33,9 +35,9 @@ STAGING_ALIGN = 4096
 """Alignment of every batch's region in the staging file (O_DIRECT's page), and the page of the cost model."""
 _SLICE = 1 << 16
 """Keys handled at once where a temporary per key is needed (bounds the planner's peak)."""
-PLAN_BYTES_PER_ROW = 26
-"""Bytes per row given that planning holds at its peak: the caller's offsets, the keys, a filtered copy of
-the keys (8 B each) and the filter's mask (1 B), with a little to spare; ``plan_window_bytes`` adds the
+PLAN_BYTES_PER_ROW = 8
+"""Bytes per row given that planning holds at its peak with ``offsets`` given as a function: the keys,
+sorted and filtered in place (an array of offsets adds its own 8 B); ``plan_window_bytes`` adds the
 slices' temporaries."""
 PLAN_SLICE_BYTES_PER_ROW = 64
 """Temporaries per key of a slice (masks, batch numbers, shifted copies)."""
@@ -46,6 +48,9 @@ def plan_window_bytes(rows: int) -> int:
     return PLAN_BYTES_PER_ROW * rows + PLAN_SLICE_BYTES_PER_ROW * min(rows, _SLICE)
 
 _U = np.uint64
+
+OffsetsOf = Callable[[int, int], np.ndarray]
+"""``(begin, end)`` -> the byte offsets (int64; negative: not staged) of nodes ``begin:end`` of a window."""
 
 
 @dataclass(frozen=True)
@@ -122,10 +127,12 @@ def batch_gather(offsets: np.ndarray) -> np.ndarray:
     return np.unique(np.asarray(offsets, dtype=np.int64), return_inverse=True)[1].astype(np.int64, copy=False)
 
 
-def plan_window(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int, chunk_bytes: int, *,
+def plan_window(node_ptr: np.ndarray, offsets: np.ndarray | OffsetsOf, row_bytes: int, chunk_bytes: int, *,
                 sequential_rate: float | None = None, random_reads: float | None = None) -> WindowPlan:
     """The staging layout of the batches whose rows lie at ``offsets[node_ptr[b]:node_ptr[b + 1]]`` (byte offsets
     in a ``features.bin`` of ``row_bytes`` rows, ``row_offsets_for`` of the nodes; negative: not staged).
+    ``offsets`` may be a function of ``(begin, end)`` giving those nodes' offsets: the planner then never holds
+    them all (8 B per row less at its peak).
 
     With both rates, a chunk is staged only where the cost model finds it worth its pass (``chunk_costs``);
     without, every chunk holding a row is."""
@@ -134,18 +141,23 @@ def plan_window(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int, chunk
     if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
         raise ValueError(f"chunk_bytes: {chunk_bytes} is not a positive multiple of {STAGING_ALIGN}")
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if node_ptr.ndim != 1 or len(node_ptr) < 1 or node_ptr[0] != 0 or node_ptr[-1] != len(offsets) \
+    if callable(offsets):
+        offsets_of: OffsetsOf = offsets
+        nodes = int(node_ptr[-1]) if len(node_ptr) else 0
+    else:
+        array = np.asarray(offsets, dtype=np.int64)
+        offsets_of, nodes = (lambda begin, end: array[begin:end]), len(array)
+    if node_ptr.ndim != 1 or len(node_ptr) < 1 or node_ptr[0] != 0 or node_ptr[-1] != nodes \
             or np.any(np.diff(node_ptr) < 0):
-        raise ValueError(f"node_ptr: not the offsets of {len(offsets)} nodes")
+        raise ValueError(f"node_ptr: not the offsets of {nodes} nodes")
     count = len(node_ptr) - 1
     off_bits = (chunk_bytes - 1).bit_length()
     batch_bits = max(1, (count - 1).bit_length())
-    chunks = int(offsets.max()) // chunk_bytes + 1 if len(offsets) else 1
+    keys, last = _keys(node_ptr, offsets_of, chunk_bytes, off_bits, off_bits + batch_bits)
+    chunks = last // chunk_bytes + 1
     if off_bits + batch_bits + max(1, chunks.bit_length()) > 64:
         raise ValueError(f"a window of {count} batches over {chunks} chunks of {chunk_bytes} bytes does not fit "
                          f"64-bit keys")
-    keys = _keys(node_ptr, offsets, chunk_bytes, off_bits, off_bits + batch_bits)
     shift = _U(off_bits + batch_bits)
     entries = _bincount(keys, lambda k: (k >> shift).astype(np.int64), chunks)
     touched = entries > 0
@@ -154,7 +166,7 @@ def plan_window(node_ptr: np.ndarray, offsets: np.ndarray, row_bytes: int, chunk
                                                random_reads)
         chunk_staged = touched & (staged_cost <= direct_cost)
         if not chunk_staged[touched].all():
-            keys = _select(keys, lambda k: chunk_staged[(k >> shift).astype(np.int64)])
+            keys = keys[:keep_chunks(keys, shift, chunk_staged)]
     else:
         chunk_staged = touched
     batch_mask = _U((1 << batch_bits) - 1)
@@ -192,27 +204,30 @@ def chunk_costs(keys: np.ndarray, shift: np.uint64, chunks: int, entries: np.nda
     return (chunk_bytes + 2.0 * entries * row_bytes) / sequential_rate, pages / random_reads
 
 
-def _keys(node_ptr: np.ndarray, offsets: np.ndarray, chunk_bytes: int, off_bits: int, chunk_shift: int) -> np.ndarray:
-    """The sorted, distinct keys of every non-negative offset (in slices: 8 B per row, a slice's temporaries)."""
-    keys = np.empty(int(np.count_nonzero(offsets >= 0)), dtype=np.uint64)
-    at = 0
-    for s in range(0, len(offsets), _SLICE):
-        off = offsets[s:s + _SLICE]
+def _keys(node_ptr: np.ndarray, offsets_of: OffsetsOf, chunk_bytes: int, off_bits: int, chunk_shift: int
+          ) -> tuple[np.ndarray, int]:
+    """(the sorted, distinct keys of every non-negative offset, the largest offset): built in slices, in place,
+    8 B per row given and a slice's temporaries."""
+    nodes = int(node_ptr[-1])
+    keys = np.empty(nodes, dtype=np.uint64)
+    at, last = 0, 0
+    for s in range(0, nodes, _SLICE):
+        off = np.asarray(offsets_of(s, min(nodes, s + _SLICE)), dtype=np.int64)
         keep = np.flatnonzero(off >= 0)
+        if not len(keep):
+            continue
         batch = np.searchsorted(node_ptr, keep + s, side="right") - 1
         off = off[keep]
+        last = max(last, int(off.max()))
         piece = keys[at:at + len(keep)]
         np.left_shift((off // chunk_bytes).astype(np.uint64), _U(chunk_shift), out=piece)
         piece |= batch.astype(np.uint64) << _U(off_bits)
         piece |= (off % chunk_bytes).astype(np.uint64)
         at += len(keep)
+    keys = keys[:at]
     keys.sort()
-    if len(keys) > 1:
-        # a node given twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)
-        repeat = keys[1:] == keys[:-1]
-        if repeat.any():
-            keys = np.delete(keys, np.flatnonzero(repeat) + 1)
-    return keys
+    # a node given twice in one batch is staged once (the sampler does not repeat nodes; this is not a trust)
+    return keys[:keep_distinct(keys)], last
 
 
 def _bincount(keys: np.ndarray, field: Callable[[np.ndarray], np.ndarray], length: int) -> np.ndarray:
@@ -220,10 +235,3 @@ def _bincount(keys: np.ndarray, field: Callable[[np.ndarray], np.ndarray], lengt
     for s in range(0, len(keys), _SLICE):
         counts += np.bincount(field(keys[s:s + _SLICE]), minlength=length)
     return counts
-
-
-def _select(keys: np.ndarray, keep: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    mask = np.empty(len(keys), dtype=bool)
-    for s in range(0, len(keys), _SLICE):
-        mask[s:s + _SLICE] = keep(keys[s:s + _SLICE])
-    return keys[mask]

@@ -90,8 +90,6 @@ ROW_READ_THREADS = 32
 """Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
 gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
 32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
-PLAN_SLICE = 1 << 16
-"""Mode staged: nodes whose row offsets are computed at once (bounds the planner's temporaries)."""
 SPILLED_BATCH_BYTES = 256
 """Mode staged: RAM per batch of a spilled superbatch besides its ids (pointers, counts, record, region, digest)."""
 STAGING_CHUNK = 4 << 20
@@ -482,8 +480,10 @@ class StagedMode(_OutOfCoreMode):
         """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
         then read back in order."""
         started = time.perf_counter()
-        plan = plan_window(sampled.node_ptr, self._staged_offsets(sampled.nodes), self._row_bytes,
-                           self.stager.chunk_bytes, sequential_rate=self.serving.config.io.sequential_rate,
+        nodes = sampled.nodes
+        plan = plan_window(sampled.node_ptr, lambda begin, end: self._staged_offsets(nodes[begin:end]),
+                           self._row_bytes, self.stager.chunk_bytes,
+                           sequential_rate=self.serving.config.io.sequential_rate,
                            random_reads=self.serving.config.io.random_reads)
         try:
             staged = self.stager.stage(plan)
@@ -500,14 +500,12 @@ class StagedMode(_OutOfCoreMode):
         self._metrics.staging_written_bytes.labels("rows").inc(staged.stats.staged_bytes)
         return _StagedRows(self, staged, getattr(sampled, "spill", None))
 
-    def _staged_offsets(self, nodes: np.ndarray) -> np.ndarray:
-        """Per node of the superbatch, its row's byte offset in ``features.bin``, or -1 where the cache holds it
-        (in slices: the planner's peak stays ``plan_window_bytes``)."""
-        offsets = np.full(len(nodes), -1, dtype=np.int64)
-        for s in range(0, len(nodes), PLAN_SLICE):
-            ids = nodes[s:s + PLAN_SLICE]
-            at = np.flatnonzero(self.cache.slot_of[ids] < 0)
-            offsets[s + at] = self.row_offsets(ids[at])
+    def _staged_offsets(self, ids: np.ndarray) -> np.ndarray:
+        """Each node's row's byte offset in ``features.bin``, or -1 where the cache holds it (the planner asks for
+        a slice of the superbatch at a time)."""
+        offsets = np.full(len(ids), -1, dtype=np.int64)
+        at = np.flatnonzero(self.cache.slot_of[ids] < 0)
+        offsets[at] = self.row_offsets(ids[at])
         return offsets
 
     def row_offsets(self, ids: np.ndarray) -> np.ndarray:
