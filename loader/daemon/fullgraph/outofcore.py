@@ -78,7 +78,7 @@ from proto.sizes import format_size
 
 __all__ = ["OutOfCoreBudget", "plan_outofcore", "ExactMode", "StaticMode", "StagedMode", "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "SPILLED_BATCH_BYTES", "STAGING_CHUNK",
-           "STAGING_SCATTER", "STAGING_FLUSH"]
+           "STAGING_CHUNK_SMALL", "STAGING_FLUSH"]
 
 log = logging.getLogger("megabatch.outofcore")
 
@@ -92,10 +92,14 @@ gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 1
 32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
 SPILLED_BATCH_BYTES = 256
 """Mode staged: RAM per batch of a spilled superbatch besides its ids (pointers, counts, record, region, digest)."""
-STAGING_CHUNK = 4 << 20
-"""Mode staged: bytes of features.bin per sequential read (690 MB/s needs a few MiB per read, not more)."""
-STAGING_SCATTER = 8 << 20
-"""Mode staged: rows gathered from a chunk before they are written (a chunk's rows times the batches that want them)."""
+STAGING_CHUNK = 16 << 20
+"""Mode staged: bytes of features.bin per read of the staging pass, where the budget allows (the scatter buffer is
+as large). A chunk's rows go out as one write per batch, so a larger chunk makes larger writes and fewer Python
+steps: on bench/compare's 1M-node graph (448M, 128 batches) 16 MiB staged at 24.2 batches/s where 4 MiB did 20.1,
+and alone (staging a window, no daemon) 17 ms a batch against 34.7 at 4 MiB on the 500k-node graph."""
+STAGING_CHUNK_SMALL = 4 << 20
+"""Mode staged: the chunk where 16 MiB ones would take the neighbour lists' room (at 192M on the 500k-node graph
+they did: 17.4 batches/s against 21.1, the sampler reading lists)."""
 STAGING_FLUSH = 8 << 20
 """Mode staged: staging writes between two flushes (the page cache holds about twice this)."""
 
@@ -115,6 +119,8 @@ class OutOfCoreBudget(BudgetPlan):
     neighbor_cache_bytes: int
     feature_cache_rows: int
     row_bytes: int
+    staging_chunk: int = 0
+    """Mode staged: bytes of ``features.bin`` per read of the staging pass (and of its scatter buffer)."""
 
     @property
     def feature_cache_bytes(self) -> int:
@@ -130,7 +136,8 @@ class OutOfCoreBudget(BudgetPlan):
                 f"{format_size(self.fixed_bytes)} + indptr, scratch and read checks {format_size(self.graph_bytes)} + "
                 f"superbatches in flight and read buffers {format_size(self.working_bytes)} + neighbour cache "
                 f"{format_size(self.neighbor_cache_bytes)} + feature cache {self.feature_cache_rows:,} rows "
-                f"{format_size(self.feature_cache_bytes)} = {format_size(self.total)} used")
+                f"{format_size(self.feature_cache_bytes)} = {format_size(self.total)} used"
+                + (f" (staging chunks of {format_size(self.staging_chunk)})" if self.staging_chunk else ""))
 
 
 def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, batch_nodes: int, batch_edges: int
@@ -147,16 +154,25 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
                        * index_itemsize)
     working = list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
+    all_lists = 8 * n + index_itemsize * m.num_edges
+    staging_chunk = 0
     if mode == "staged":
         # a superbatch in flight is its ids and per-batch tables (its edges are spilled, its rows staged); the
         # planner plans one at a time, the sampler holds one sample group before spilling it
         in_flight = ex.superbatch * (batch_nodes * id_dtype(n).itemsize + SPILLED_BATCH_BYTES)
         working += (SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(ex.superbatch * batch_nodes)
-                    + ex.sample_group * sampled_batch
-                    + stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=STAGING_CHUNK,
-                                          scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True,
-                                          direct_writes=config.io.direct_io and _takes_direct_writes(ex.staging_dir),
-                                          window_batches=ex.superbatch))
+                    + ex.sample_group * sampled_batch)
+        direct_writes = config.io.direct_io and _takes_direct_writes(ex.staging_dir)
+
+        def stager_bytes(chunk: int) -> int:
+            return stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=chunk,
+                                       scatter_bytes=chunk, flush_bytes=STAGING_FLUSH, on_disk=True,
+                                       direct_writes=direct_writes, window_batches=ex.superbatch)
+
+        # large chunks where the budget still gives the neighbour cache every list after them, else small ones
+        fits = config.memory.budget - fixed_bytes - graph_bytes - working - stager_bytes(STAGING_CHUNK) >= all_lists
+        staging_chunk = STAGING_CHUNK if fits else STAGING_CHUNK_SMALL
+        working += stager_bytes(staging_chunk)
     else:
         working += SUPERBATCHES_IN_FLIGHT * ex.superbatch * sampled_batch
     left = config.memory.budget - fixed_bytes - graph_bytes - working
@@ -166,7 +182,6 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
                         f"{format_size(graph_bytes)}, "
                         f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
                         f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
-    all_lists = 8 * n + index_itemsize * m.num_edges
     # staged: a cached row saves three sequential transfers of its bytes, a cached list one random read, so
     # the lists come first there
     neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else \
@@ -176,7 +191,8 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
-    return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes)
+    return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes,
+                           staging_chunk)
 
 
 def _takes_direct_writes(directory: Path) -> bool:
@@ -435,7 +451,7 @@ class StagedMode(_OutOfCoreMode):
         self.stager = WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=where,
                                    block_sums=None if checks is None else checks.feature_blocks,
                                    check_block=m.feature_check_bytes, direct=config.io.direct_io,
-                                   chunk_bytes=STAGING_CHUNK, scatter_bytes=STAGING_SCATTER,
+                                   chunk_bytes=plan.staging_chunk, scatter_bytes=plan.staging_chunk,
                                    flush_bytes=STAGING_FLUSH)
         self._ids = id_dtype(m.num_nodes)
         # the staging pass waits on the disk most of its time (reads, writes): on a pool thread of the two it

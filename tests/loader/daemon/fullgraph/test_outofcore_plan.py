@@ -12,8 +12,8 @@ from loader.daemon.fullgraph.outofcore import (
     BYTES_PER_SAMPLED_NODE,
     SPILLED_BATCH_BYTES,
     STAGING_CHUNK,
+    STAGING_CHUNK_SMALL,
     STAGING_FLUSH,
-    STAGING_SCATTER,
     plan_outofcore,
 )
 from loader.format.dataset import open_dataset
@@ -76,8 +76,9 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     staged = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
                             batch_edges=1000)
     # [io] direct_io is off by default: staging writes go through the page cache, two flushes' worth
+    assert staged.staging_chunk == STAGING_CHUNK and "staging chunks of 16 MiB" in staged.describe()
     stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
-                                 scatter_bytes=STAGING_SCATTER, flush_bytes=STAGING_FLUSH, on_disk=True)
+                                 scatter_bytes=STAGING_CHUNK, flush_bytes=STAGING_FLUSH, on_disk=True)
     # a superbatch in flight is its ids (4 B per row) and per-batch tables instead of the sampled pass; one is
     # planned at a time and one sample group is held before its spill
     sampled_batch = 500 * BYTES_PER_SAMPLED_NODE + 1000 * BYTES_PER_SAMPLED_EDGE
@@ -87,10 +88,15 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
                                     + config("1M").exact.sample_group * sampled_batch)
     assert staged.total <= 256 << 20
     all_lists = 8 * m.num_nodes + 4 * m.num_edges
-    room = staged.fixed_bytes + staged.graph_bytes + staged.working_bytes
+    small_stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK_SMALL,
+                                       scatter_bytes=STAGING_CHUNK_SMALL, flush_bytes=STAGING_FLUSH, on_disk=True)
+    room = staged.fixed_bytes + staged.graph_bytes + staged.working_bytes - stager + small_stager
     tight = plan_outofcore(config(room + all_lists // 2, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
                            batch_nodes=500, batch_edges=1000)
     assert tight.neighbor_cache_bytes == all_lists // 2 and tight.feature_cache_rows == 0  # all of it to the lists
+    # 16 MiB chunks would leave the lists no room there: small chunks
+    assert tight.staging_chunk == STAGING_CHUNK_SMALL and tight.working_bytes == room - tight.fixed_bytes - \
+        tight.graph_bytes
     roomier = plan_outofcore(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
                              fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     assert roomier.neighbor_cache_bytes == all_lists and roomier.feature_cache_rows == 100  # then the rows
