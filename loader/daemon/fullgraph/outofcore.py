@@ -70,7 +70,7 @@ from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.ranks import Pieces, sample_pieces
 from loader.sampling.sampling import SampledPass
 from loader.staging.scratch_files import takes_direct_writes
-from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype, spill_batches
+from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype
 from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
 from loader.staging.window_plan import batch_gather, plan_window, plan_window_bytes
 from proto.errors import UserError
@@ -469,23 +469,22 @@ class StagedMode(_OutOfCoreMode):
         spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io)
         group = config.exact.sample_group
 
-        def sample(seeds: np.ndarray, size: int, piece_keys: np.ndarray) -> SpilledPass:
-            parts = [spill_batches(self.sample(seeds[g * size:(g + group) * size], size, fanouts,
-                                               piece_keys[g:g + group]), spill, self._ids)
-                     for g in range(0, len(piece_keys), group)]
-            return concat_spilled(parts, spill, self._ids)
+        def spilled(parts: list[SpilledPass | SampledPass]) -> SpilledPass:
+            try:
+                return concat_spilled(parts, spill, self._ids)
+            except OSError as err:  # the sampler's own read failures are reported by the sampler, not here
+                raise UserError(f"spilling sampled batches in {config.exact.staging_dir}: {err.strerror or err} "
+                                f"(is the disk full?)") from err
 
-        def concat(parts: list[SpilledPass | SampledPass]) -> SpilledPass:
-            return concat_spilled(parts, spill, self._ids)
+        def sample(seeds: np.ndarray, size: int, piece_keys: np.ndarray) -> SpilledPass:
+            return spilled([spilled([self.sample(seeds[g * size:(g + group) * size], size, fanouts,
+                                                 piece_keys[g:g + group])])
+                            for g in range(0, len(piece_keys), group)])
 
         try:
-            sampled = sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts), concat)
+            sampled = sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts), spilled)
             if not isinstance(sampled, SpilledPass):
-                sampled = concat([sampled])
-        except OSError as err:
-            spill.close()
-            raise UserError(f"spilling sampled batches in {config.exact.staging_dir}: {err.strerror or err} (is the "
-                            f"disk full?)") from err
+                sampled = spilled([sampled])
         except BaseException:
             spill.close()
             raise

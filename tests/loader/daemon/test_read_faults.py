@@ -159,3 +159,30 @@ def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_
         assert err.code == "internal" and "\n" not in err.message
         assert f"staging in {tmp_path / 'staging'}" in err.message and "No space left on device" in err.message
         assert_whole_epoch(config, reference)
+
+
+def test_a_full_disk_while_spilling_sampled_edges_fails_the_stream_in_one_line(dataset, reference, tmp_path,
+                                                                                monkeypatch):
+    """Mode staged spills each sample group's edges with ``os.pwritev``: ENOSPC there names the directory, fails
+    that stream only, and the next epoch, space back, is whole and correct."""
+    left = [1]
+    real_pwritev = os.pwritev
+
+    def pwritev(fd, buffers, offset):
+        if left[0] > 0 and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "staging")):
+            left[0] -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwritev(fd, buffers, offset)
+
+    (tmp_path / "staging").mkdir()
+    config = daemon_config(dataset, tmp_path / "s.sock", **{**MODES["staged"], "exact": {
+        **MODES["staged"]["exact"], "staging_dir": str(tmp_path / "staging")}})
+    with running_daemon(config):
+        monkeypatch.setattr(os, "pwritev", pwritev)
+        with connect(config) as client:
+            err = train_until_error(client)
+        assert left[0] == 0
+        assert err.code == "internal" and "\n" not in err.message
+        assert f"spilling sampled batches in {tmp_path / 'staging'}" in err.message
+        assert "No space left on device" in err.message
+        assert_whole_epoch(config, reference)
