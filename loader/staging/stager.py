@@ -40,7 +40,7 @@ import xxhash
 from loader.caches.changeset_kernels import copy_rows
 from loader.format.read_checks import CorruptData, verify_blocks
 from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch, takes_direct_writes
-from loader.staging.staging_kernels import copy_rows_from
+from loader.staging.staging_kernels import copy_rows_from, scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
 __all__ = ["WindowStager", "StagedWindow", "StagingStats", "stager_buffer_bytes", "DEFAULT_CHUNK_BYTES",
@@ -342,33 +342,40 @@ class WindowStager:
         held = self._tail_len[batch[first]]
         # each batch's piece of the scatter buffer: its held bytes and its run, rounded up to pages
         span = -(-(held + runs) // STAGING_ALIGN) * STAGING_ALIGN
+        unit = 8 if self.row_bytes % 8 == 0 else 1  # rows, pages and partial pages in words where they can be
+        words = (lambda a: a.view(np.uint64)) if unit == 8 else (lambda a: a)
+        owner = batch[first]
         i = 0
         while i < len(first):
             j = i + max(1, int(np.searchsorted(np.cumsum(span[i:]), self.scatter_bytes, side="right")))
-            at = 0
-            writes = []
-            for k in range(i, j):
-                k0, k1 = int(first[k]), int(end[k])
-                b, t, nbytes = int(batch[k0]), int(held[k]), int(runs[k])
-                self._scatter[at:at + t] = self._tails[b, :t]
-                self._copy_rows(chunk, source[k0:k1], at + t)
-                hashers[b].update(self._scatter[at + t:at + t + nbytes].data)
-                whole = (t + nbytes) // STAGING_ALIGN * STAGING_ALIGN
-                if whole:
-                    writes.append(self._writers.submit(self._pwrite, staged.fd, self._scatter[at:at + whole].data,
-                                                       int(plan.batch_base[b]) + int(self._written_to[b])))
-                    self._written_to[b] += whole
-                    stats.writes += 1
-                rest = t + nbytes - whole
-                self._tails[b, :rest] = self._scatter[at + whole:at + t + nbytes]
-                self._tails[b, rest:] = 0
-                self._tail_len[b] = rest
-                stats.staged_bytes += nbytes
-                at += int(span[k])
-            wait(writes)
-            for write in writes:
-                write.result()  # raises the first failure (ENOSPC, EIO)
+            at = np.zeros(j - i, dtype=np.int64)
+            np.cumsum(span[i:j - 1], out=at[1:])
+            whole = np.empty(j - i, dtype=np.int64)
+            scatter_pieces(words(chunk), source // unit, first[i:j], end[i:j], owner[i:j], at // unit,
+                           self.row_bytes // unit, STAGING_ALIGN // unit, words(self._tails), self._tail_len,
+                           words(self._scatter), whole)
+            whole *= unit
+            writes: list[tuple[memoryview, int]] = []
+            for b, a, t, n, w in zip(owner[i:j].tolist(), at.tolist(), held[i:j].tolist(), runs[i:j].tolist(),
+                                     whole.tolist()):
+                hashers[b].update(self._scatter[a + t:a + t + n].data)
+                if w:
+                    writes.append((self._scatter[a:a + w].data, int(plan.batch_base[b]) + int(self._written_to[b])))
+                    self._written_to[b] += w
+                stats.staged_bytes += n
+            stats.writes += len(writes)
+            # the writes in WRITE_THREADS runs, one task each (a future per write cost more than the copies)
+            tasks = [self._writers.submit(self._pwrite_all, staged.fd, writes[r::WRITE_THREADS])
+                     for r in range(min(WRITE_THREADS, len(writes)))]
+            wait(tasks)
+            for task in tasks:
+                task.result()  # raises the first failure (ENOSPC, EIO)
             i = j
+
+    @classmethod
+    def _pwrite_all(cls, fd: int, writes: list[tuple[memoryview, int]]) -> None:
+        for data, at in writes:
+            cls._pwrite(fd, data, at)
 
     def _copy_rows(self, chunk: np.ndarray, source: np.ndarray, at: int) -> None:
         """The chunk's rows at ``source`` to the scatter buffer from byte ``at`` on."""

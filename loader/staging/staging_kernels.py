@@ -4,7 +4,7 @@ import numpy as np
 
 from loader.jit import kernel
 
-__all__ = ["copy_rows_from", "keep_distinct", "keep_chunks"]
+__all__ = ["copy_rows_from", "keep_distinct", "keep_chunks", "scatter_pieces"]
 
 
 @kernel
@@ -38,3 +38,34 @@ def keep_chunks(keys: np.ndarray, shift: np.uint64, staged: np.ndarray) -> int:
             keys[kept] = keys[i]
             kept += 1
     return kept
+
+
+@kernel
+def scatter_pieces(chunk: np.ndarray, source: np.ndarray, first: np.ndarray, end: np.ndarray, owner: np.ndarray,
+                   at: np.ndarray, row: int, page: int, tails: np.ndarray, tail_len: np.ndarray, scatter: np.ndarray,
+                   whole: np.ndarray) -> None:
+    """Lay out pieces for page-sized writes, all in units of ``chunk``'s dtype (bytes, or 8-byte words).
+
+    Piece k belongs to batch ``owner[k]`` and is rows ``source[first[k]:end[k]]`` of ``chunk`` (their offsets,
+    ``row`` units each). At ``scatter[at[k]:]`` it puts the batch's held partial page (``tails[b,
+    :tail_len[b]]``) and then the rows. ``whole[k]`` gets the length of its whole pages (``page`` units), which
+    are ready to write. The rest becomes the batch's new held partial page, zero-padded, and ``tail_len[b]``
+    its length.
+    """
+    for k in range(len(first)):
+        b = owner[k]
+        t = tail_len[b]
+        d = at[k]
+        scatter[d:d + t] = tails[b, :t]
+        d += t
+        for r in range(first[k], end[k]):
+            s = source[r]
+            scatter[d:d + row] = chunk[s:s + row]
+            d += row
+        total = d - at[k]
+        w = total // page * page
+        rest = total - w
+        tails[b, :rest] = scatter[at[k] + w:at[k] + total]
+        tails[b, rest:] = 0
+        tail_len[b] = rest
+        whole[k] = w

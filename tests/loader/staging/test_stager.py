@@ -17,7 +17,7 @@ from loader.format.read_checks import CorruptData, load_read_checks
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from loader.staging.stager import DEFAULT_CHUNK_BYTES, WindowStager
-from loader.staging.staging_kernels import copy_rows_from, keep_chunks, keep_distinct
+from loader.staging.staging_kernels import copy_rows_from, keep_chunks, keep_distinct, scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, batch_gather, plan_window, plan_window_bytes
 from tests.graphs import generated_dataset
 
@@ -182,6 +182,46 @@ def test_in_place_key_kernels_match_python(data):
     kept = keys.copy()
     assert kept[:keep_chunks(kept, np.uint64(shift), staged)].tolist() == \
         [k for k in keys.tolist() if staged[k >> shift]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_scatter_pieces_matches_python(data):
+    """Each piece: the batch's held partial page, then its rows; whole pages out, the rest held, zero-padded."""
+    row, page = data.draw(st.integers(1, 12)), data.draw(st.sampled_from([8, 16, 32]))
+    chunk = np.frombuffer(data.draw(st.binary(min_size=row, max_size=200)), dtype=np.uint8)
+    batches = 5
+    owners = data.draw(st.lists(st.integers(0, batches - 1), unique=True, max_size=batches))
+    sizes = [data.draw(st.integers(0, 6)) for _ in owners]
+    source = np.asarray([data.draw(st.integers(0, len(chunk) - row)) for _ in range(sum(sizes))], dtype=np.int64)
+    first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if owners else np.zeros(0, np.int64)
+    end = first + np.asarray(sizes, dtype=np.int64)
+    tail_len = np.asarray([data.draw(st.integers(0, page - 1)) for _ in range(batches)], dtype=np.int64)
+    tails = np.zeros((batches, page), dtype=np.uint8)
+    for b in range(batches):
+        tails[b, :tail_len[b]] = np.frombuffer(data.draw(st.binary(min_size=int(tail_len[b]),
+                                                                   max_size=int(tail_len[b]))), dtype=np.uint8)
+    expected = {}
+    span, at = [], []
+    for k, b in enumerate(owners):
+        content = bytes(tails[b, :tail_len[b]]) + b"".join(bytes(chunk[o:o + row])
+                                                            for o in source[first[k]:end[k]].tolist())
+        expected[b] = content
+        at.append(sum(span))
+        span.append(-(-len(content) // page) * page)
+    scatter = np.zeros(max(1, sum(span)), dtype=np.uint8)
+    whole = np.zeros(len(owners), dtype=np.int64)
+    new_tails, new_len = tails.copy(), tail_len.copy()
+    scatter_pieces(chunk, source, first, end, np.asarray(owners, dtype=np.int64), np.asarray(at, dtype=np.int64),
+                   row, page, new_tails, new_len, scatter, whole)
+    for k, b in enumerate(owners):
+        content = expected[b]
+        w = len(content) // page * page
+        assert int(whole[k]) == w and bytes(scatter[at[k]:at[k] + len(content)]) == content
+        assert int(new_len[b]) == len(content) - w
+        assert bytes(new_tails[b]) == content[w:] + bytes(page - (len(content) - w))
+    for b in set(range(batches)) - set(owners):  # batches without a piece keep what they held
+        assert int(new_len[b]) == int(tail_len[b]) and np.array_equal(new_tails[b], tails[b])
 
 
 @pytest.mark.parametrize("where", ["ram", "disk", "disk-buffered"])
