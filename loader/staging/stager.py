@@ -351,9 +351,11 @@ class WindowStager:
             at = np.zeros(j - i, dtype=np.int64)
             np.cumsum(span[i:j - 1], out=at[1:])
             whole = np.empty(j - i, dtype=np.int64)
+            held_units = self._tail_len // unit  # the kernel counts in units; the stager keeps bytes
             scatter_pieces(words(chunk), source // unit, first[i:j], end[i:j], owner[i:j], at // unit,
-                           self.row_bytes // unit, STAGING_ALIGN // unit, words(self._tails), self._tail_len,
+                           self.row_bytes // unit, STAGING_ALIGN // unit, words(self._tails), held_units,
                            words(self._scatter), whole)
+            self._tail_len[:] = held_units * unit
             whole *= unit
             writes: list[tuple[memoryview, int]] = []
             for b, a, t, n, w in zip(owner[i:j].tolist(), at.tolist(), held[i:j].tolist(), runs[i:j].tolist(),

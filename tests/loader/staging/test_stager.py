@@ -252,6 +252,33 @@ def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, where, chunk_b
     assert not list(tmp_path.iterdir())  # the staging file has no name to leave behind
 
 
+@pytest.fixture(scope="module")
+def word_dataset(tmp_path_factory) -> Dataset:
+    """Rows of 1 KiB, a whole number of words dividing a page: the stager's word path, partial pages of 1-3 rows."""
+    return open_dataset(generated_dataset(tmp_path_factory.mktemp("staging-words"), nodes=3000, feat_dim=256,
+                                          partitions=4))
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+@pytest.mark.parametrize("chunk_bytes", [8192, 1 << 20])
+def test_word_rows_staged_on_disk_equal_the_dataset_rows(word_dataset, tmp_path, direct, chunk_bytes):
+    sampled = window(word_dataset, 10)
+    m = word_dataset.manifest
+    plan = window_plan(sampled, word_dataset.partitions(), m.row_bytes, chunk_bytes)
+    with stager_for(word_dataset, tmp_path, chunk_bytes=chunk_bytes, scatter_bytes=8192, flush_bytes=16384,
+                    direct=direct) as stager:
+        staged = stager.stage(plan)
+        try:
+            assert staged.direct_writes == direct
+            out = np.full((int(np.diff(sampled.node_ptr).max()), m.feat_dim), np.nan, dtype=np.float32)
+            for b in range(plan.num_batches):
+                nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
+                stager.read_batch(staged, b, gather_of(word_dataset, nodes), out)
+                assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(word_dataset, nodes))
+        finally:
+            staged.close()
+
+
 def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(dataset.path, copy)
