@@ -10,7 +10,7 @@ import mmap
 import os
 from pathlib import Path
 
-__all__ = ["SCRATCH_ALIGN", "aligned_buffer", "open_direct", "open_scratch", "takes_direct_writes"]
+__all__ = ["SCRATCH_ALIGN", "aligned_buffer", "open_direct", "open_scratch", "read_exactly", "takes_direct_writes"]
 
 SCRATCH_ALIGN = 4096
 """O_DIRECT's page: offsets, lengths and buffers of direct transfers are multiples of it."""
@@ -30,6 +30,19 @@ def open_direct(path: Path, flags: int, direct: bool) -> tuple[int, bool]:
             if err.errno != errno.EINVAL:
                 raise
     return os.open(path, flags | os.O_CLOEXEC), False
+
+
+def read_exactly(fd: int, buffer: mmap.mmap, at: int, length: int, name: str) -> None:
+    """Read ``length`` bytes of ``fd`` from byte ``at`` into ``buffer`` (EIO naming ``name`` if the file ends first).
+
+    ``length`` may be a page multiple beyond the data for O_DIRECT; ``buffer`` holds at least ``length`` bytes."""
+    view = memoryview(buffer)
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [view[done:length]], at + done)
+        if got == 0:
+            raise OSError(errno.EIO, f"{name} file ends at byte {at + done}", name)
+        done += got
 
 
 def takes_direct_writes(directory: Path | None) -> bool:
@@ -63,22 +76,20 @@ def open_scratch(directory: Path | None, size: int, *, direct_reads: bool, direc
     try:
         os.ftruncate(fd, size)
         proc = Path(f"/proc/self/fd/{fd}")
-        write_fd = fd
-        if direct_writes:
-            write_fd, is_direct = open_direct(proc, os.O_WRONLY, True)
-            fds.append(write_fd)
+
+        def description(flags: int, wanted: bool) -> int:
+            """A second, O_DIRECT description of the file where ``wanted`` and taken, else ``fd`` itself."""
+            if not wanted:
+                return fd
+            other, is_direct = open_direct(proc, flags, True)
             if not is_direct:
-                os.close(write_fd)
-                fds.pop()
-                write_fd = fd
-        read_fd = fd
-        if direct_reads:
-            read_fd, is_direct = open_direct(proc, os.O_RDONLY, True)
-            fds.append(read_fd)
-            if not is_direct:
-                os.close(read_fd)
-                fds.pop()
-                read_fd = fd
+                os.close(other)
+                return fd
+            fds.append(other)
+            return other
+
+        write_fd = description(os.O_WRONLY, direct_writes)
+        read_fd = description(os.O_RDONLY, direct_reads)
         if write_fd != fd and read_fd != fd:
             os.close(fd)  # both ways have descriptions of their own: the inode lives while they do
         return write_fd, read_fd, write_fd != fd

@@ -18,7 +18,6 @@ disk under it is not. A ``SpilledPass`` quacks like ``SampledPass`` where the pu
 ``nodes`` holding ids of the compact dtype.
 """
 
-import errno
 import mmap
 import os
 import threading
@@ -32,7 +31,7 @@ import xxhash
 
 from loader.format.read_checks import CorruptData
 from loader.sampling.sampling import SampledBatch, SampledPass
-from loader.staging.scratch_files import SCRATCH_ALIGN, aligned_buffer, open_scratch
+from loader.staging.scratch_files import SCRATCH_ALIGN, aligned_buffer, open_scratch, read_exactly
 
 __all__ = ["SpillFile", "SpilledPass", "spill_batches", "concat_spilled", "id_dtype", "SPILL_GROWTH"]
 
@@ -105,13 +104,7 @@ class SpillFile:
         base, count, digest = self._base[record], self._edges[record], self._digest[record]
         length = -(-count * 8 // SCRATCH_ALIGN) * SCRATCH_ALIGN
         buffer = aligned_buffer(length)
-        view = memoryview(buffer)
-        done = 0
-        while done < length:
-            got = os.preadv(self._read_fd, [view[done:length]], base + done)
-            if got == 0:
-                raise OSError(errno.EIO, f"spill file ends at byte {base + done}", "spill")
-            done += got
+        read_exactly(self._read_fd, buffer, base, length, "spill")
         self.bytes_read += length
         record_ints = np.frombuffer(buffer, dtype=np.int32, count=2 * count)
         if xxhash.xxh3_64_intdigest(record_ints.data) != digest:

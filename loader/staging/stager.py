@@ -18,7 +18,7 @@ Every byte is checked where it is read: the file's chunks against the dataset's 
 (format 1.2, as the row reader does), each batch's region against the XXH3-64 of what was written
 into it (a staging file is ours, but the disk under it is not).
 
-Memory held (``buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
+Memory held (``stager_buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
 aligned), one scatter buffer (``scatter_bytes``), two read-back buffers of the largest batch (the next
 batch's region is read ahead while one is gathered), and about
 ``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
@@ -39,7 +39,7 @@ import xxhash
 
 from loader.caches.changeset_kernels import copy_rows
 from loader.format.read_checks import CorruptData, verify_blocks
-from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch, takes_direct_writes
+from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch, read_exactly
 from loader.staging.staging_kernels import copy_rows_from, scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
@@ -146,7 +146,7 @@ class WindowStager:
     block_sums / check_block: the file's read checks (``ReadChecks.feature_blocks`` and
     ``feature_block``), or None (unchecked); staging_dir: where staging files go (None: RAM);
     direct: O_DIRECT for the file's chunks and the read-backs from disk (falls back to buffered where
-    refused); chunk_bytes, scatter_bytes, flush_bytes: the buffers (``buffer_bytes`` sums what they
+    refused); chunk_bytes, scatter_bytes, flush_bytes: the buffers (``stager_buffer_bytes`` sums what they
     hold). ``stage`` calls are serialized, as are ``read_batch`` calls; one of each may run at once.
     """
 
@@ -475,22 +475,9 @@ class WindowStager:
         back = self._backs[b % 2]
         if back is None or len(back) < aligned:
             back = self._backs[b % 2] = aligned_buffer(max(aligned, 2 * len(back or b"")))
-        view = memoryview(back)
-        done = 0
-        while done < nbytes:
-            got = os.preadv(staged.read_fd, [view[done:aligned]], base + done)
-            if got == 0:
-                raise OSError(errno.EIO, f"staging file ends at byte {base + done}", "staging")
-            done += got
+        # O_DIRECT reads whole pages: the region's last page is zero-padded on disk
+        read_exactly(staged.read_fd, back, base, aligned, "staging")
         return back
-
-    def buffer_bytes(self, largest_batch_rows: int, window_batches: int) -> int:
-        """RAM this stager holds (``stager_buffer_bytes``)."""
-        return stager_buffer_bytes(row_bytes=self.row_bytes, batch_rows=largest_batch_rows,
-                                   chunk_bytes=self.chunk_bytes, scatter_bytes=self.scatter_bytes,
-                                   flush_bytes=self.flush_bytes, on_disk=self.staging_dir is not None,
-                                   direct_writes=self.direct and takes_direct_writes(self.staging_dir),
-                                   window_batches=window_batches)
 
     def close(self) -> None:
         with self._stage_lock, self._read_lock:

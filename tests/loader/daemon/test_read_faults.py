@@ -135,54 +135,32 @@ def test_a_file_replaced_by_rename_under_the_daemon_keeps_serving_the_open_one(d
         assert_whole_epoch(config, reference)
 
 
+@pytest.mark.parametrize("call, names", [
+    ("pwrite", "staging in {dir}"),  # the feature rows staged per batch
+    ("pwritev", "spilling sampled batches in {dir}"),  # each sample group's edges, spilled
+], ids=["rows", "edges"])
 def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_on(dataset, reference, tmp_path,
-                                                                                     monkeypatch):
-    """Mode staged writes its staging files with ``os.pwrite``: ENOSPC there names the staging directory and
-    the superbatch's size, fails that stream only, and the next epoch, space back, is whole and correct."""
+                                                                                     monkeypatch, call, names):
+    """Mode staged writes its staged rows with ``os.pwrite`` and spills sampled edges with ``os.pwritev``: ENOSPC
+    on either names the staging directory (and what it was writing), fails that stream only, and the next epoch,
+    space back, is whole and correct."""
     left = [1]
-    real_pwrite = os.pwrite
+    real = getattr(os, call)
 
-    def pwrite(fd, data, offset):
+    def failing(fd, data, offset):
         if left[0] > 0 and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "staging")):
             left[0] -= 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_pwrite(fd, data, offset)
+        return real(fd, data, offset)
 
     (tmp_path / "staging").mkdir()
     config = daemon_config(dataset, tmp_path / "s.sock", **{**MODES["staged"], "exact": {
         **MODES["staged"]["exact"], "staging_dir": str(tmp_path / "staging")}})
     with running_daemon(config):
-        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, call, failing)
         with connect(config) as client:
             err = train_until_error(client)
         assert left[0] == 0
         assert err.code == "internal" and "\n" not in err.message
-        assert f"staging in {tmp_path / 'staging'}" in err.message and "No space left on device" in err.message
-        assert_whole_epoch(config, reference)
-
-
-def test_a_full_disk_while_spilling_sampled_edges_fails_the_stream_in_one_line(dataset, reference, tmp_path,
-                                                                                monkeypatch):
-    """Mode staged spills each sample group's edges with ``os.pwritev``: ENOSPC there names the directory, fails
-    that stream only, and the next epoch, space back, is whole and correct."""
-    left = [1]
-    real_pwritev = os.pwritev
-
-    def pwritev(fd, buffers, offset):
-        if left[0] > 0 and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "staging")):
-            left[0] -= 1
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_pwritev(fd, buffers, offset)
-
-    (tmp_path / "staging").mkdir()
-    config = daemon_config(dataset, tmp_path / "s.sock", **{**MODES["staged"], "exact": {
-        **MODES["staged"]["exact"], "staging_dir": str(tmp_path / "staging")}})
-    with running_daemon(config):
-        monkeypatch.setattr(os, "pwritev", pwritev)
-        with connect(config) as client:
-            err = train_until_error(client)
-        assert left[0] == 0
-        assert err.code == "internal" and "\n" not in err.message
-        assert f"spilling sampled batches in {tmp_path / 'staging'}" in err.message
-        assert "No space left on device" in err.message
+        assert names.format(dir=tmp_path / "staging") in err.message and "No space left on device" in err.message
         assert_whole_epoch(config, reference)
