@@ -8,9 +8,12 @@ description lets reads use O_DIRECT while writes go where the caller wants.
 import errno
 import mmap
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SCRATCH_ALIGN", "aligned_buffer", "open_direct", "open_scratch", "read_exactly", "takes_direct_writes"]
+__all__ = ["SCRATCH_ALIGN", "ScratchFile", "ScratchFiles", "aligned_buffer", "open_direct", "open_scratch",
+           "read_exactly", "takes_direct_writes"]
 
 SCRATCH_ALIGN = 4096
 """O_DIRECT's page: offsets, lengths and buffers of direct transfers are multiples of it."""
@@ -97,3 +100,83 @@ def open_scratch(directory: Path | None, size: int, *, direct_reads: bool, direc
         for f in fds:
             os.close(f)
         raise
+
+
+@dataclass
+class ScratchFile:
+    """An unnamed scratch file taken from ``ScratchFiles``: write through ``fd``, read through ``read_fd``."""
+
+    fd: int
+    read_fd: int
+    direct_writes: bool
+    size: int
+
+    def grow(self, size: int) -> None:
+        """At least ``size`` bytes long (the new part is a hole)."""
+        if size > self.size:
+            os.ftruncate(self.fd, size)
+            self.size = size
+
+    def close(self) -> None:
+        for fd in {self.fd, self.read_fd}:
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.read_fd = -1
+
+
+class ScratchFiles:
+    """Scratch files under ``directory`` kept for the next window once one is given back, at most ``keep`` of them.
+
+    On ext4 an O_DIRECT write into a hole waits for its blocks to be allocated and their extent converted,
+    and closing a file of a gigabyte frees its extents for half a second to two seconds on the thread that
+    closes it. Rewriting blocks a file already holds does neither: 128 interleaved streams of 100 KiB
+    O_DIRECT writes, 8 at a time, ran at 795 MB/s into a written file against 420-530 MB/s into a sparse
+    or fallocated one (this machine, docs/PERFORMANCE.md). So a window's staging file and a superbatch's
+    spill file go back here when they are done, and the next one rewrites them. Files in RAM (``directory``
+    None, memfds) are never kept: their pages are memory the budget does not charge between windows.
+    Thread-safe: ``take`` and ``give`` may come from different threads.
+    """
+
+    def __init__(self, directory: Path | None, *, direct_reads: bool, direct_writes: bool, keep: int) -> None:
+        self.directory = directory
+        self._direct_reads, self._direct_writes = direct_reads, direct_writes
+        self._keep = keep if directory is not None else 0
+        self._free: list[ScratchFile] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, size: int) -> ScratchFile:
+        """A file of at least ``size`` bytes: a kept one (the largest, grown if need be) or a new one."""
+        with self._lock:
+            kept = self._free.pop() if self._free else None
+        if kept is None:
+            fd, read_fd, direct = open_scratch(self.directory, size, direct_reads=self._direct_reads,
+                                               direct_writes=self._direct_writes)
+            return ScratchFile(fd, read_fd, direct, size)
+        try:
+            kept.grow(size)
+        except BaseException:
+            kept.close()
+            raise
+        return kept
+
+    def give(self, file: ScratchFile) -> None:
+        """``file`` is done with: kept for reuse while there is room, else closed."""
+        with self._lock:
+            if not self._closed and len(self._free) < self._keep and file.fd >= 0:
+                self._free.append(file)
+                self._free.sort(key=lambda f: f.size)  # take() pops the largest
+                return
+        file.close()
+
+    @property
+    def kept(self) -> int:
+        return len(self._free)
+
+    def close(self) -> None:
+        """Close the kept files; files given back later are closed then."""
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, []
+        for file in free:
+            file.close()

@@ -31,7 +31,7 @@ import xxhash
 
 from loader.format.read_checks import CorruptData
 from loader.sampling.sampling import SampledBatch, SampledPass
-from loader.staging.scratch_files import SCRATCH_ALIGN, aligned_buffer, open_scratch, read_exactly
+from loader.staging.scratch_files import SCRATCH_ALIGN, ScratchFiles, aligned_buffer, read_exactly
 
 __all__ = ["SpillFile", "SpilledPass", "spill_batches", "concat_spilled", "id_dtype", "SPILL_GROWTH"]
 
@@ -51,11 +51,14 @@ class SpillFile:
     read only after the append that wrote it returned.
     """
 
-    def __init__(self, directory: Path | None, direct: bool = True) -> None:
+    def __init__(self, directory: Path | None, direct: bool = True, *, files: ScratchFiles | None = None) -> None:
+        """``files``: where the file comes from and goes back to when closed (default: a new file, closed then)."""
         self.directory = directory
-        self._size = SPILL_GROWTH
-        self._fd, self._read_fd, _ = open_scratch(directory, self._size, direct_reads=direct, direct_writes=direct)
-        self._closer = weakref.finalize(self, _close_fds, {self._fd, self._read_fd})
+        if files is None:
+            files = ScratchFiles(directory, direct_reads=direct, direct_writes=direct, keep=0)
+        self._file = files.take(SPILL_GROWTH)
+        self._fd, self._read_fd = self._file.fd, self._file.read_fd
+        self._closer = weakref.finalize(self, files.give, self._file)
         self._end = 0
         self._base: list[int] = []
         self._edges: list[int] = []
@@ -85,9 +88,8 @@ class SpillFile:
                 self._digest.append(xxhash.xxh3_64_intdigest(record.data))
             if total:
                 at = self._end
-                if at + total > self._size:
-                    self._size = max(self._size + SPILL_GROWTH, at + total)
-                    os.ftruncate(self._fd, self._size)
+                if at + total > self._file.size:
+                    self._file.grow(max(self._file.size + SPILL_GROWTH, at + total))
                 self._write(buffer, total, at)
             self._end += total
             self.bytes_written += total
@@ -118,11 +120,6 @@ class SpillFile:
 
     def close(self) -> None:
         self._closer()
-
-
-def _close_fds(fds: set[int]) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

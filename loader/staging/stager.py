@@ -5,9 +5,10 @@ at a few batches/s on this disk however good the cache plan. A window of H batch
 hundreds) needs most of the file's blocks anyway (docs/PERFORMANCE.md, "How dense a window's reads
 get"), so this stager reads the file once per window, in large sequential O_DIRECT chunks, and
 writes each batch's rows (``loader.staging.window_plan``: file order, one region per batch) into a
-staging file: on SSD under ``staging_dir`` (an unnamed O_TMPFILE, gone when closed or when the
-process dies; written through the page cache and flushed every ``flush_bytes``), or in RAM (a memfd)
-without one. A read-ahead thread reads the next chunk while the stager copies the current one's
+staging file: on SSD under ``staging_dir`` (an unnamed O_TMPFILE, gone when the stager closes or the
+process dies, and rewritten by later windows meanwhile, ``ScratchFiles``; O_DIRECT where the
+filesystem takes it, else written through the page cache and flushed every ``flush_bytes``), or in
+RAM (a memfd) without one. A read-ahead thread reads the next chunk while the stager copies the current one's
 rows out and writes them, so the disk and the copies overlap. At publish, ``read_batch`` reads a
 batch's region back in one sequential read and gathers its rows into the sampled order. The batches are the
 exact mode's, so their features equal the in-memory sampler's bitwise; only where they come from
@@ -30,6 +31,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,7 @@ import xxhash
 
 from loader.caches.changeset_kernels import copy_rows
 from loader.format.read_checks import CorruptData, verify_blocks
-from loader.staging.scratch_files import aligned_buffer, open_direct, open_scratch, read_exactly
+from loader.staging.scratch_files import ScratchFile, ScratchFiles, aligned_buffer, open_direct, read_exactly
 from loader.staging.staging_kernels import copy_rows_from, scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
@@ -62,6 +64,10 @@ WRITE_THREADS = 8
 """O_DIRECT staging writes in flight: each waits for the disk, and one at a time (a batch's run of a chunk, tens
 of KiB) left the pass at 0.45x the disk's sequential rate, 52 ms a batch (bench/compare, 192M, 64 batches)."""
 
+KEPT_FILES = 3
+"""Staging files kept for later windows: one is read back while the next is staged, and a third may wait staged
+between them (the pipeline's superbatches in flight)."""
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _sync_file_range = getattr(_libc, "sync_file_range", None)
 if _sync_file_range is not None:
@@ -82,29 +88,41 @@ class StagingStats:
 
 @dataclass
 class StagedWindow:
-    """One window's staging file, ready to read back; ``close`` frees it (its disk space or RAM)."""
+    """One window's staging file, ready to read back; ``close`` gives the file back (to be rewritten by a later
+    window, or closed)."""
 
     plan: WindowPlan
-    fd: int
-    read_fd: int
+    file: ScratchFile
     digests: np.ndarray
     """uint64 [B]: XXH3-64 of each batch's region as written."""
+    release: Callable[[ScratchFile], None] = ScratchFile.close
+    """What ``close`` does with the file (``ScratchFiles.give``)."""
     stats: StagingStats = field(default_factory=StagingStats)
-    direct_writes: bool = False
-    """Written with O_DIRECT: nothing of it is in the page cache (no flushes, no drops)."""
     reading: "Future[mmap.mmap] | None" = None
     """A read ahead of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
 
     def __post_init__(self) -> None:
-        # a window a stopped stream drops unread still frees its disk space when it is collected
-        self._closer = weakref.finalize(self, _close_fds, {self.fd, self.read_fd})
+        # a window a stopped stream drops unread still gives its file back when it is collected
+        self._closer = weakref.finalize(self, self.release, self.file)
+
+    @property
+    def fd(self) -> int:
+        return self.file.fd
+
+    @property
+    def read_fd(self) -> int:
+        return self.file.read_fd
+
+    @property
+    def direct_writes(self) -> bool:
+        """Written with O_DIRECT: nothing of it is in the page cache (no flushes, no drops)."""
+        return self.file.direct_writes
 
     def close(self) -> None:
         if self.reading is not None:
             wait([self.reading])
             self.reading = None
         self._closer()
-        self.fd = self.read_fd = -1
 
 
 def _start_writeback(fd: int) -> None:
@@ -132,12 +150,6 @@ def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, sc
     else:
         pages = 2 * flush_bytes
     return 2 * chunk + scatter + back + pages
-
-
-def _close_fds(fds: set[int]) -> None:
-    for fd in fds:
-        if fd >= 0:
-            os.close(fd)
 
 
 class WindowStager:
@@ -173,6 +185,9 @@ class WindowStager:
         self._stage_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._fd = self._open(self.path, os.O_RDONLY)
+        # staging files are rewritten by later windows (O_DIRECT writes into holes are slow; ScratchFiles)
+        self._files = ScratchFiles(staging_dir, direct_reads=self.direct, direct_writes=self.direct,
+                                   keep=KEPT_FILES)
         self.file_size = os.fstat(self._fd).st_size
         self._chunks = (aligned_buffer(chunk_bytes + self._tail), aligned_buffer(chunk_bytes + self._tail))
         self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")
@@ -191,11 +206,6 @@ class WindowStager:
         fd, self.direct = open_direct(path, flags, self.direct)
         return fd
 
-    def _staging_file(self, size: int) -> tuple[int, int, bool]:
-        """(write fd, read fd, writes direct) of a new, unnamed staging file of ``size`` bytes (O_DIRECT both ways
-        where allowed)."""
-        return open_scratch(self.staging_dir, size, direct_reads=self.direct, direct_writes=self.direct)
-
     def stage(self, plan: WindowPlan) -> StagedWindow:
         """Read every chunk of the file holding a row of ``plan`` once, in order, and write the rows out."""
         if plan.row_bytes != self.row_bytes:
@@ -208,9 +218,8 @@ class WindowStager:
         with self._stage_lock:
             if self._fd < 0:
                 raise ValueError(f"{self.path}: the stager is closed")
-            fd, read_fd, direct_writes = self._staging_file(plan.staging_bytes)
-            staged = StagedWindow(plan, fd, read_fd, np.zeros(plan.num_batches, dtype=np.uint64),
-                                  direct_writes=direct_writes)
+            staged = StagedWindow(plan, self._files.take(plan.staging_bytes),
+                                  np.zeros(plan.num_batches, dtype=np.uint64), self._files.give)
             try:
                 self._fill(staged)
             except BaseException:
@@ -486,6 +495,7 @@ class WindowStager:
             self._read_back.shutdown()  # waits for a read ahead in flight (it reads a staging file's fd)
             self._writers.shutdown()
             self._ahead = None
+            self._files.close()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

@@ -69,7 +69,7 @@ from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.ranks import Pieces, sample_pieces
 from loader.sampling.sampling import SampledPass
-from loader.staging.scratch_files import takes_direct_writes
+from loader.staging.scratch_files import ScratchFiles, takes_direct_writes
 from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype
 from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
 from loader.staging.window_plan import batch_gather, plan_window, plan_window_bytes
@@ -454,6 +454,9 @@ class StagedMode(_OutOfCoreMode):
                                    chunk_bytes=plan.staging_chunk, scatter_bytes=plan.staging_chunk,
                                    flush_bytes=STAGING_FLUSH)
         self._ids = id_dtype(m.num_nodes)
+        # spill files are rewritten by later superbatches, as staging files are (ScratchFiles)
+        self.spill_files = ScratchFiles(where, direct_reads=config.io.direct_io, direct_writes=config.io.direct_io,
+                                        keep=SUPERBATCHES_IN_FLIGHT + 1)
         # the staging pass waits on the disk most of its time (reads, writes): on a pool thread of the two it
         # left the publisher waiting for a thread (measured: publisher 53 ms a batch, 7 of them reading)
         self.planner_pool = ThreadPoolExecutor(1, thread_name_prefix="megabatch-stage")
@@ -466,7 +469,7 @@ class StagedMode(_OutOfCoreMode):
         whole superbatch is never in RAM, only its ids (a ``SpilledPass``, which the publisher reads like a
         ``SampledPass``)."""
         config = self.serving.config
-        spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io)
+        spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io, files=self.spill_files)
         group = config.exact.sample_group
 
         def spilled(parts: list[SpilledPass | SampledPass]) -> SpilledPass:
@@ -537,6 +540,9 @@ class StagedMode(_OutOfCoreMode):
         stager = getattr(self, "stager", None)
         if stager is not None:
             stager.close()
+        spill_files = getattr(self, "spill_files", None)
+        if spill_files is not None:
+            spill_files.close()
         if self.planner_pool is not None:
             self.planner_pool.shutdown()
 

@@ -15,7 +15,7 @@ from loader.format.dataset import Dataset, open_dataset
 from loader.format.partition_table import row_offsets_for
 from loader.format.read_checks import CorruptData, load_read_checks
 from loader.sampling.inmemory import epoch_batches_inmemory
-from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
+from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass, slice_pass
 from loader.staging.stager import DEFAULT_CHUNK_BYTES, WindowStager
 from loader.staging.staging_kernels import copy_rows_from, keep_chunks, keep_distinct, scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, batch_gather, plan_window, plan_window_bytes
@@ -277,6 +277,35 @@ def test_word_rows_staged_on_disk_equal_the_dataset_rows(word_dataset, tmp_path,
                 assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(word_dataset, nodes))
         finally:
             staged.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_later_windows_rewrite_a_kept_staging_file(dataset, tmp_path, direct):
+    """A window's staging file goes back to the stager when the window closes and the next window rewrites it
+    (grown when it needs more): what the earlier window left there never reaches a batch."""
+    m = dataset.manifest
+    parts = dataset.partitions()
+    full = window(dataset, 40)
+    windows = [slice_pass(full, 0, 24), slice_pass(full, 24, 6), slice_pass(full, 0, 40)]  # large, small, larger
+    with stager_for(dataset, tmp_path, chunk_bytes=8192, scatter_bytes=8192, flush_bytes=16384,
+                    direct=direct) as stager:
+        files = []
+        for sampled in windows:
+            plan = window_plan(sampled, parts, m.row_bytes, 8192)
+            staged = stager.stage(plan)
+            try:
+                files.append((staged.file, staged.file.size))
+                out = np.full((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), np.nan, dtype=np.float32)
+                for b in range(plan.num_batches):
+                    nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
+                    stager.read_batch(staged, b, gather_of(dataset, nodes), out)
+                    assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(dataset, nodes))
+            finally:
+                staged.close()
+        assert files[1][0] is files[0][0] and files[2][0] is files[0][0]  # one file, rewritten
+        assert files[1][1] == files[0][1] < files[2][1]  # kept its size, then grown
+    assert files[0][0].fd == -1  # closed with the stager
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
