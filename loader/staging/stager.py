@@ -20,9 +20,10 @@ Every byte is checked where it is read: the file's chunks against the dataset's 
 into it (a staging file is ours, but the disk under it is not).
 
 Memory held (``stager_buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
-aligned), one scatter buffer (``scatter_bytes``), two read-back buffers of the largest batch (the next
-batch's region is read ahead while one is gathered), and about
-``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
+aligned), a scatter buffer (``scatter_bytes``), two read-back buffers of the largest batch (the next
+batch's region is read ahead while one is gathered), and, with O_DIRECT writes, a second scatter buffer
+and a partial page per batch of the window, else about twice ``flush_bytes`` of staging writes in the
+page cache (dirty, or written back and not yet dropped).
 """
 
 import ctypes
@@ -135,8 +136,9 @@ def _start_writeback(fd: int) -> None:
 def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
                         on_disk: bool, direct_writes: bool = False, window_batches: int = 0) -> int:
     """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
-    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, either a partial page per
-    batch of a window of ``window_batches`` (``direct_writes``: O_DIRECT, nothing in the page cache) or twice
+    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, either a second scatter
+    buffer and a partial page per batch of a window of ``window_batches`` (``direct_writes``: O_DIRECT, nothing in
+    the page cache) or twice
     ``flush_bytes`` of the page cache (the writes since the last flush, and those it sent to the disk, dropped
     at the next)."""
     tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
@@ -146,7 +148,7 @@ def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, sc
     if not on_disk:
         pages = 0
     elif direct_writes:
-        pages = window_batches * STAGING_ALIGN
+        pages = window_batches * STAGING_ALIGN + scatter  # and the second scatter buffer
     else:
         pages = 2 * flush_bytes
     return 2 * chunk + scatter + back + pages
@@ -194,8 +196,12 @@ class WindowStager:
         self._writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="megabatch-stage-write")
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="megabatch-flush")
         self._flushing: Future[None] | None = None
-        self._scatter_buffer = aligned_buffer(self.scatter_bytes)  # O_DIRECT writes leave from it
-        self._scatter = np.frombuffer(self._scatter_buffer, dtype=np.uint8)
+        # O_DIRECT writes leave from the scatter buffers: one is filled while the other's writes are in flight
+        # (the second is touched only by direct writes, so only they hold its pages)
+        self._scatters = [np.frombuffer(aligned_buffer(self.scatter_bytes), dtype=np.uint8) for _ in range(2)]
+        self._scatter = self._scatters[0]  # the buffered path's, and the last pages'
+        self._writing: list[list[Future[None]]] = [[], []]
+        self._turn = 0
         # two read-back buffers: batch b + 1's region is read ahead while batch b's is gathered
         self._backs: list[mmap.mmap | None] = [None, None]
         self._read_back = ThreadPoolExecutor(1, thread_name_prefix="megabatch-readback")
@@ -260,9 +266,14 @@ class WindowStager:
                                   np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
                                   self.path)
                 self._scatter_chunk(staged, hashers, chunk, batch, source)
+            self._settle(0)
+            self._settle(1)
         finally:
             if pending is not None:  # a read in flight writes into a chunk buffer: let it land first
                 wait([pending])
+            # writes in flight read the scatter buffers and write the file, which a failed window gives back
+            wait(self._writing[0] + self._writing[1])
+            self._writing = [[], []]
         for b, hasher in enumerate(hashers):
             staged.digests[b] = hasher.intdigest()
         if staged.direct_writes:
@@ -345,7 +356,8 @@ class WindowStager:
         """``_scatter_chunk`` with O_DIRECT writes: each batch's run goes behind its held partial page, at a
         page boundary of the scatter buffer; its whole pages are written, the rest is held for its next run.
         A direct write returns when the disk has the data, so a group's writes (one per batch, tens of KiB)
-        are issued together, ``WRITE_THREADS`` at once, and waited for before the buffer is reused."""
+        are issued together, ``WRITE_THREADS`` at once, and waited for before the buffer is reused: groups alternate
+        between two buffers, so one is laid out while the other's writes are in flight."""
         plan, stats = staged.plan, staged.stats
         runs = (end - first) * self.row_bytes
         held = self._tail_len[batch[first]]
@@ -356,6 +368,9 @@ class WindowStager:
         owner = batch[first]
         i = 0
         while i < len(first):
+            k, self._turn = self._turn, self._turn ^ 1
+            self._settle(k)  # buffer k's writes are done: it may be filled again
+            scatter = self._scatters[k]
             j = i + max(1, int(np.searchsorted(np.cumsum(span[i:]), self.scatter_bytes, side="right")))
             at = np.zeros(j - i, dtype=np.int64)
             np.cumsum(span[i:j - 1], out=at[1:])
@@ -363,25 +378,30 @@ class WindowStager:
             held_units = self._tail_len // unit  # the kernel counts in units; the stager keeps bytes
             scatter_pieces(words(chunk), source // unit, first[i:j], end[i:j], owner[i:j], at // unit,
                            self.row_bytes // unit, STAGING_ALIGN // unit, words(self._tails), held_units,
-                           words(self._scatter), whole)
+                           words(scatter), whole)
             self._tail_len[:] = held_units * unit
             whole *= unit
             writes: list[tuple[memoryview, int]] = []
             for b, a, t, n, w in zip(owner[i:j].tolist(), at.tolist(), held[i:j].tolist(), runs[i:j].tolist(),
                                      whole.tolist()):
-                hashers[b].update(self._scatter[a + t:a + t + n].data)
+                hashers[b].update(scatter[a + t:a + t + n].data)
                 if w:
-                    writes.append((self._scatter[a:a + w].data, int(plan.batch_base[b]) + int(self._written_to[b])))
+                    writes.append((scatter[a:a + w].data, int(plan.batch_base[b]) + int(self._written_to[b])))
                     self._written_to[b] += w
                 stats.staged_bytes += n
             stats.writes += len(writes)
-            # the writes in WRITE_THREADS runs, one task each (a future per write cost more than the copies)
-            tasks = [self._writers.submit(self._pwrite_all, staged.fd, writes[r::WRITE_THREADS])
-                     for r in range(min(WRITE_THREADS, len(writes)))]
-            wait(tasks)
-            for task in tasks:
-                task.result()  # raises the first failure (ENOSPC, EIO)
+            # the writes in WRITE_THREADS runs, one task each (a future per write cost more than the copies); the
+            # next group fills the other buffer meanwhile
+            self._writing[k] = [self._writers.submit(self._pwrite_all, staged.fd, writes[r::WRITE_THREADS])
+                                for r in range(min(WRITE_THREADS, len(writes)))]
             i = j
+
+    def _settle(self, k: int) -> None:
+        """Wait for scatter buffer ``k``'s writes; raises the first failure (ENOSPC, EIO)."""
+        tasks, self._writing[k] = self._writing[k], []
+        wait(tasks)
+        for task in tasks:
+            task.result()
 
     @classmethod
     def _pwrite_all(cls, fd: int, writes: list[tuple[memoryview, int]]) -> None:

@@ -100,11 +100,13 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     roomier = plan_outofcore(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
                              fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     assert roomier.neighbor_cache_bytes == all_lists and roomier.feature_cache_rows == 100  # then the rows
-    # with it on and a staging_dir that takes O_DIRECT writes, a page per batch of a superbatch instead
+    # with it on and a staging_dir that takes O_DIRECT writes, a page per batch of a superbatch and a second
+    # scatter buffer (a chunk, a row's pages and two pages) instead
     direct = plan_outofcore(config_with_io("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
                             batch_nodes=500, batch_edges=1000)
     assert takes_direct_writes(Path("/var/tmp"))  # ext4 here; a user's tmpfs would not
-    assert direct.working_bytes == staged.working_bytes - 2 * STAGING_FLUSH + 4 * 4096
+    assert m.row_bytes <= 4096 and direct.staging_chunk == STAGING_CHUNK
+    assert direct.working_bytes == staged.working_bytes - 2 * STAGING_FLUSH + 4 * 4096 + STAGING_CHUNK + 3 * 4096
     with pytest.raises(UserError, match="too small for mode staged"):
         plan_outofcore(config(room - 1000, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
                        batch_nodes=500, batch_edges=1000)
