@@ -23,6 +23,7 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +52,10 @@ class SpillFile:
     read only after the append that wrote it returned.
     """
 
-    def __init__(self, directory: Path | None, direct: bool = True, *, files: ScratchFiles | None = None) -> None:
-        """``files``: where the file comes from and goes back to when closed (default: a new file, closed then)."""
+    def __init__(self, directory: Path | None, direct: bool = True, *, files: ScratchFiles | None = None,
+                 reader: Executor | None = None) -> None:
+        """``files``: where the file comes from and goes back to when closed (default: a new file, closed then);
+        ``reader``: where ``read`` reads the record it is told comes next (default: none read ahead)."""
         self.directory = directory
         if files is None:
             files = ScratchFiles(directory, direct_reads=direct, direct_writes=direct, keep=0)
@@ -64,6 +67,8 @@ class SpillFile:
         self._edges: list[int] = []
         self._digest: list[int] = []
         self._lock = threading.Lock()
+        self._reader = reader
+        self._ahead: tuple[int, Future[mmap.mmap]] | None = None
         self.bytes_written = 0
         self.bytes_read = 0
 
@@ -101,24 +106,46 @@ class SpillFile:
         while done < total:
             done += os.pwritev(self._fd, [view[done:]], at + done)
 
-    def read(self, record: int) -> np.ndarray:
-        """Record ``record``'s edges: int64 [2, E]. Raises ``CorruptData`` if it differs from what was written."""
+    def read(self, record: int, ahead: int | None = None) -> np.ndarray:
+        """Record ``record``'s edges: int64 [2, E]. Raises ``CorruptData`` if it differs from what was written.
+
+        ``ahead``: the record the next call will ask for, read meanwhile on the ``reader`` (the publisher
+        takes batches in order; under staging's writes a small read waited about 2 ms a batch)."""
+        pending, self._ahead = self._ahead, None
+        buffer = None
+        if pending is not None:
+            if pending[0] == record:
+                buffer = pending[1].result()
+            else:  # asked out of order: the read ahead is dropped once it is done
+                wait([pending[1]])
+        if buffer is None:
+            buffer = self._load(record)
+        if ahead is not None and self._reader is not None:
+            self._ahead = (ahead, self._reader.submit(self._load, ahead))
         base, count, digest = self._base[record], self._edges[record], self._digest[record]
-        length = -(-count * 8 // SCRATCH_ALIGN) * SCRATCH_ALIGN
-        buffer = aligned_buffer(length)
-        read_exactly(self._read_fd, buffer, base, length, "spill")
-        self.bytes_read += length
         record_ints = np.frombuffer(buffer, dtype=np.int32, count=2 * count)
         if xxhash.xxh3_64_intdigest(record_ints.data) != digest:
             raise CorruptData(Path(self.directory or "") / "spill", base,
                               f"spilled record {record} ({8 * count} bytes of sampled edges)")
         return record_ints.astype(np.int64).reshape(2, count)
 
+    def _load(self, record: int) -> mmap.mmap:
+        """Record ``record``'s pages, read into a new buffer."""
+        length = -(-self._edges[record] * 8 // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        buffer = aligned_buffer(length)
+        read_exactly(self._read_fd, buffer, self._base[record], length, "spill")
+        self.bytes_read += length  # one load at a time: the publisher's, or the one it asked ahead
+        return buffer
+
     @property
     def records(self) -> int:
         return len(self._base)
 
     def close(self) -> None:
+        """Give the file back (a read ahead in flight lands first: the file may be rewritten next)."""
+        if self._ahead is not None:
+            wait([self._ahead[1]])
+            self._ahead = None
         self._closer()
 
 
@@ -143,7 +170,8 @@ class SpilledPass:
         if not 0 <= b < self.num_batches:
             raise IndexError(f"batch {b} outside [0, {self.num_batches})")
         nodes = self.nodes[self.node_ptr[b]:self.node_ptr[b + 1]].astype(np.int64)
-        return SampledBatch(nodes=nodes, edge_index=self.spill.read(int(self.record[b])),
+        ahead = int(self.record[b + 1]) if b + 1 < self.num_batches else None
+        return SampledBatch(nodes=nodes, edge_index=self.spill.read(int(self.record[b]), ahead),
                             num_sampled_nodes=self.num_sampled_nodes[b], num_sampled_edges=self.num_sampled_edges[b])
 
     def max_batch_nodes(self) -> int:

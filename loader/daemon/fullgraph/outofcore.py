@@ -457,6 +457,7 @@ class StagedMode(_OutOfCoreMode):
         # spill files are rewritten by later superbatches, as staging files are (ScratchFiles)
         self.spill_files = ScratchFiles(where, direct_reads=config.io.direct_io, direct_writes=config.io.direct_io,
                                         keep=SUPERBATCHES_IN_FLIGHT + 1)
+        self.spill_reader = ThreadPoolExecutor(1, thread_name_prefix="megabatch-spill-read")
         # the staging pass waits on the disk most of its time (reads, writes): on a pool thread of the two it
         # left the publisher waiting for a thread (measured: publisher 53 ms a batch, 7 of them reading)
         self.planner_pool = ThreadPoolExecutor(1, thread_name_prefix="megabatch-stage")
@@ -469,7 +470,8 @@ class StagedMode(_OutOfCoreMode):
         whole superbatch is never in RAM, only its ids (a ``SpilledPass``, which the publisher reads like a
         ``SampledPass``)."""
         config = self.serving.config
-        spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io, files=self.spill_files)
+        spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io, files=self.spill_files,
+                          reader=self.spill_reader)
         group = config.exact.sample_group
 
         def spilled(parts: list[SpilledPass | SampledPass]) -> SpilledPass:
@@ -543,6 +545,7 @@ class StagedMode(_OutOfCoreMode):
         spill_files = getattr(self, "spill_files", None)
         if spill_files is not None:
             spill_files.close()
+            self.spill_reader.shutdown()
         if self.planner_pool is not None:
             self.planner_pool.shutdown()
 

@@ -1,6 +1,7 @@
 """Spilled superbatches: every batch read back equals the sampled pass's, from RAM and from disk, checked."""
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -25,12 +26,15 @@ def assert_same_batches(spilled: SpilledPass, sampled) -> None:
         assert np.array_equal(mine.num_sampled_edges, theirs.num_sampled_edges)
 
 
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["", "read-ahead"])
 @pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
-def test_spilled_batches_read_back_as_sampled(dataset, tmp_path, monkeypatch, on_disk):  # noqa: F811
+def test_spilled_batches_read_back_as_sampled(dataset, tmp_path, monkeypatch, on_disk, read_ahead):  # noqa: F811
+    """Read in order (each read asking for the next record ahead, when there is a reader for it) and out of order."""
     monkeypatch.setattr(spilled_pass, "SPILL_GROWTH", 8192)  # the file grows several times
     sampled = window(dataset, 12)
     ids = id_dtype(dataset.manifest.num_nodes)
-    spill = SpillFile(tmp_path if on_disk else None)
+    reader = ThreadPoolExecutor(1) if read_ahead else None
+    spill = SpillFile(tmp_path if on_disk else None, reader=reader)
     try:
         # spilled a group at a time, as the staged mode samples
         parts = [spill_batches(slice_pass(sampled, first, min(5, 12 - first)), spill, ids) for first in (0, 5, 10)]
@@ -38,9 +42,13 @@ def test_spilled_batches_read_back_as_sampled(dataset, tmp_path, monkeypatch, on
         assert spilled.nodes.dtype == np.int32 and spilled.ram_bytes < sampled.nodes.nbytes
         assert spill.records == 12 and spill.bytes_written % 4096 == 0
         assert_same_batches(spilled, sampled)
+        for b in (7, 3, 4, 11, 0):
+            assert np.array_equal(spilled.batch(b).edge_index, sampled.batch(b).edge_index)
         assert spill.bytes_read >= 8 * len(sampled.edge_src)
     finally:
         spill.close()
+        if reader is not None:
+            reader.shutdown()
     assert not list(tmp_path.iterdir())  # unnamed: nothing left behind
 
 
@@ -63,16 +71,22 @@ def test_an_empty_piece_joins_a_spilled_superbatch(dataset, tmp_path):  # noqa: 
 
 
 def test_a_corrupt_record_fails_its_batch_only(dataset, tmp_path):  # noqa: F811
+    """Read ahead or not, the corrupt record fails its own batch, and the batches around it are served."""
     sampled = window(dataset, 4)
-    spill = SpillFile(tmp_path, direct=False)
+    reader = ThreadPoolExecutor(1)
+    spill = SpillFile(tmp_path, direct=False, reader=reader)
     try:
         spilled = spill_batches(sampled, spill, np.dtype(np.int32))
         base = spill._base[2]
         os.pwrite(spill._fd, b"\xff\xff", base + 8)
+        assert np.array_equal(spilled.batch(1).edge_index, sampled.batch(1).edge_index)  # reads record 2 ahead
         with pytest.raises(CorruptData, match="spilled record 2"):
             spilled.batch(2)
-        assert np.array_equal(spilled.batch(1).edge_index, sampled.batch(1).edge_index)
+        assert np.array_equal(spilled.batch(3).edge_index, sampled.batch(3).edge_index)
+        with pytest.raises(CorruptData, match="spilled record 2"):
+            spilled.batch(2)  # read again, without a read ahead
         with pytest.raises(IndexError):
             spilled.batch(4)
     finally:
         spill.close()
+        reader.shutdown()
