@@ -29,12 +29,13 @@ import numpy as np
 from loader.staging.staging_kernels import keep_chunks, keep_distinct
 
 __all__ = ["WindowPlan", "plan_window", "plan_window_bytes", "batch_gather", "chunk_costs", "STAGING_ALIGN",
-           "PLAN_BYTES_PER_ROW", "PLAN_SLICE_BYTES_PER_ROW"]
+           "PLAN_BYTES_PER_ROW", "PLAN_SLICE_BYTES_PER_ROW", "PLAN_SLICE_ROWS"]
 
 STAGING_ALIGN = 4096
 """Alignment of every batch's region in the staging file (O_DIRECT's page), and the page of the cost model."""
-_SLICE = 1 << 16
-"""Keys handled at once where a temporary per key is needed (bounds the planner's peak)."""
+PLAN_SLICE_ROWS = _SLICE = 1 << 16
+"""Keys handled at once where a temporary per key is needed (bounds the planner's peak), and the rows whose
+offsets the planner asks for at once."""
 PLAN_BYTES_PER_ROW = 8
 """Bytes per row given that planning holds at its peak with ``offsets`` given as a function: the keys,
 sorted and filtered in place (an array of offsets adds its own 8 B); ``plan_window_bytes`` adds the

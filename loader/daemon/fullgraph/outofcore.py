@@ -72,7 +72,7 @@ from loader.sampling.sampling import SampledPass
 from loader.staging.scratch_files import ScratchFiles, takes_direct_writes
 from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype
 from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
-from loader.staging.window_plan import batch_gather, plan_window, plan_window_bytes
+from loader.staging.window_plan import PLAN_SLICE_ROWS, batch_gather, plan_window, plan_window_bytes
 from proto.errors import UserError
 from proto.sizes import format_size
 
@@ -90,8 +90,9 @@ ROW_READ_THREADS = 32
 """Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
 gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
 32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
-SPILLED_BATCH_BYTES = 256
-"""Mode staged: RAM per batch of a spilled superbatch besides its ids (pointers, counts, record, region, digest)."""
+SPILLED_BATCH_BYTES = 320
+"""Mode staged: RAM per batch of a spilled superbatch (its pointers and counts, its record's numbers in the spill
+file, 192 B as Python ints, and its staging region and digest)."""
 STAGING_CHUNK = 16 << 20
 """Mode staged: bytes of features.bin per read of the staging pass, where the budget allows (the scatter buffer is
 as large). A chunk's rows go out as one write per batch, so a larger chunk makes larger writes and fewer Python
@@ -157,10 +158,14 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     all_lists = 8 * n + index_itemsize * m.num_edges
     staging_chunk = 0
     if mode == "staged":
-        # a superbatch in flight is its ids and per-batch tables (its edges are spilled, its rows staged); the
-        # planner plans one at a time, the sampler holds one sample group before spilling it
-        in_flight = ex.superbatch * (batch_nodes * id_dtype(n).itemsize + SPILLED_BATCH_BYTES)
-        working += (SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(ex.superbatch * batch_nodes)
+        # a superbatch in flight is per-batch tables (its ids and edges are spilled, its rows staged); the planner
+        # plans one at a time, reading its ids back a slice at a time; the sampler holds one sample group before
+        # spilling it; the publisher holds a batch's record and the next one's, read ahead
+        ids = id_dtype(n).itemsize
+        id_slice = 2 * ids * (PLAN_SLICE_ROWS + 2 * batch_nodes)  # the records' pages and their concatenation
+        records = 2 * (batch_nodes * ids + batch_edges * 8)
+        working += (SUPERBATCHES_IN_FLIGHT * ex.superbatch * SPILLED_BATCH_BYTES
+                    + plan_window_bytes(ex.superbatch * batch_nodes) + id_slice + records
                     + ex.sample_group * sampled_batch)
         direct_writes = config.io.direct_io and _takes_direct_writes(ex.staging_dir)
 
@@ -500,8 +505,9 @@ class StagedMode(_OutOfCoreMode):
         """Stage one superbatch's rows the cache does not hold (the planner stage's work); its batches are
         then read back in order."""
         started = time.perf_counter()
-        nodes = sampled.nodes
-        plan = plan_window(sampled.node_ptr, lambda begin, end: self._staged_offsets(nodes[begin:end]),
+        # the ids come back from the spill file a slice at a time (a plain pass, an empty piece, holds them)
+        ids_of = sampled.node_ids if isinstance(sampled, SpilledPass) else lambda b, e: sampled.nodes[b:e]
+        plan = plan_window(sampled.node_ptr, lambda begin, end: self._staged_offsets(ids_of(begin, end)),
                            self._row_bytes, self.stager.chunk_bytes,
                            sequential_rate=self.serving.config.io.sequential_rate,
                            random_reads=self.serving.config.io.random_reads)

@@ -90,3 +90,48 @@ def test_a_corrupt_record_fails_its_batch_only(dataset, tmp_path):  # noqa: F811
     finally:
         spill.close()
         reader.shutdown()
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
+def test_node_ids_of_any_range_equal_the_sampled_ids(dataset, tmp_path, on_disk):  # noqa: F811
+    """The planner's slices (any begin:end, across records, empty ones, an empty batch among them) read back the
+    ids as sampled, in the spilled dtype."""
+    sampled = window(dataset, 9)
+    ids = np.dtype(np.int32)
+    spill = SpillFile(tmp_path if on_disk else None)
+    try:
+        spilled = concat_spilled([spill_batches(slice_pass(sampled, 0, 4), spill, ids),
+                                  spill_batches(empty_pass(1, sampled.num_hops), spill, ids),
+                                  spill_batches(slice_pass(sampled, 4, 5), spill, ids)], spill, ids)
+        expected = sampled.nodes
+        total = len(expected)
+        assert int(spilled.node_ptr[-1]) == total and spilled.ram_bytes < 4 * total
+        rng = np.random.default_rng(0)
+        bounds = [(0, total), (0, 0), (total, total), (int(spilled.node_ptr[4]), int(spilled.node_ptr[5]))]
+        bounds += [tuple(sorted(rng.integers(0, total + 1, 2).tolist())) for _ in range(40)]
+        for begin, end in bounds:
+            got = spilled.node_ids(begin, end)
+            assert got.dtype == np.int32 and np.array_equal(got, expected[begin:end])
+        with pytest.raises(IndexError):
+            spilled.node_ids(0, total + 1)
+    finally:
+        spill.close()
+
+
+def test_corrupt_ids_and_corrupt_edges_are_told_apart(dataset, tmp_path):  # noqa: F811
+    sampled = window(dataset, 3)
+    spill = SpillFile(tmp_path, direct=False)
+    try:
+        spilled = spill_batches(sampled, spill, np.dtype(np.int32))
+        n1 = int(np.diff(sampled.node_ptr)[1])
+        os.pwrite(spill._fd, b"\xff", spill._base[1] + 4 * n1 + 8 + 4)  # past the ids and their padding: an edge
+        os.pwrite(spill._fd, b"\xff", spill._base[2] + 4)  # an id
+        with pytest.raises(CorruptData, match="record 1 .* sampled edges"):
+            spilled.batch(1)
+        assert np.array_equal(spilled.node_ids(0, int(sampled.node_ptr[2])), sampled.nodes[:sampled.node_ptr[2]])
+        with pytest.raises(CorruptData, match="record 2 .* sampled ids"):
+            spilled.node_ids(0, int(sampled.node_ptr[3]))
+        with pytest.raises(CorruptData, match="record 2 .* sampled ids"):
+            spilled.batch(2)
+    finally:
+        spill.close()

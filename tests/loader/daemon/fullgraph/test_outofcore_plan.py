@@ -19,7 +19,7 @@ from loader.daemon.fullgraph.outofcore import (
 from loader.format.dataset import open_dataset
 from loader.staging.scratch_files import takes_direct_writes
 from loader.staging.stager import stager_buffer_bytes
-from loader.staging.window_plan import plan_window_bytes
+from loader.staging.window_plan import PLAN_SLICE_ROWS, plan_window_bytes
 from proto.errors import UserError
 from tests.daemon_harness import small_dataset
 
@@ -79,13 +79,16 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     assert staged.staging_chunk == STAGING_CHUNK and "staging chunks of 16 MiB" in staged.describe()
     stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
                                  scatter_bytes=STAGING_CHUNK, flush_bytes=STAGING_FLUSH, on_disk=True)
-    # a superbatch in flight is its ids (4 B per row) and per-batch tables instead of the sampled pass; one is
-    # planned at a time and one sample group is held before its spill
+    # a superbatch in flight is per-batch tables instead of the sampled pass (ids and edges are spilled); one is
+    # planned at a time, its ids read back a slice at a time (int32 here: pages and their concatenation), one
+    # sample group is held before its spill, and the publisher holds a batch's record and the next one's
     sampled_batch = 500 * BYTES_PER_SAMPLED_NODE + 1000 * BYTES_PER_SAMPLED_EDGE
-    in_flight = 4 * (500 * 4 + SPILLED_BATCH_BYTES)
+    in_flight = 4 * SPILLED_BATCH_BYTES
+    id_slice = 2 * 4 * (PLAN_SLICE_ROWS + 2 * 500)
+    records = 2 * (500 * 4 + 1000 * 8)
     assert staged.working_bytes == (exact.working_bytes - SUPERBATCHES_IN_FLIGHT * 4 * sampled_batch + stager
-                                    + SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(4 * 500)
-                                    + config("1M").exact.sample_group * sampled_batch)
+                                    + SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(4 * 500) + id_slice
+                                    + records + config("1M").exact.sample_group * sampled_batch)
     assert staged.total <= 256 << 20
     all_lists = 8 * m.num_nodes + 4 * m.num_edges
     small_stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK_SMALL,
