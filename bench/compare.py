@@ -71,6 +71,7 @@ from bench.harness import (  # noqa: E402
     warn,
 )
 from bench.read_check_bench import replay_read_checks, report_lines  # noqa: E402
+from loader.daemon.config import STAGED_SUPERBATCH  # noqa: E402
 from loader.format.dataset import open_dataset  # noqa: E402
 from proto.client import ControlClient, JobMember  # noqa: E402
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
@@ -421,9 +422,9 @@ def main() -> int:
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--superbatch", type=int, default=8)
     p.add_argument("--sample-group", type=int, default=8)
-    p.add_argument("--staged-superbatch", type=int, default=32,
+    p.add_argument("--staged-superbatch", type=int, default=STAGED_SUPERBATCH,
                    help="superbatch of mode staged, whose pass over the file the superbatch's batches share "
-                        "(default 32)")
+                        f"(default {STAGED_SUPERBATCH}, the daemon's)")
     p.add_argument("--batches", type=int, default=1200, help="loader-only batches per mode at most (default 1200)")
     p.add_argument("--seconds", type=float, default=120, help="loader-only seconds per mode at most (default 120)")
     p.add_argument("--warmup", type=int, default=8, help="loader-only batches not timed first (default 8)")

@@ -48,7 +48,8 @@ class ModeConfig:
 @dataclass(frozen=True)
 class ExactConfig:
     superbatch: int = 64
-    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes (default 64)."""
+    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes (default 64; 256 in mode "staged",
+    whose pass over the feature file a longer superbatch shares between more batches, ``STAGED_SUPERBATCH``)."""
     sample_group: int = 16
     """Batches whose frontiers share one neighbour-list fetch per hop (default 16)."""
     neighbor_cache: int | None = None
@@ -56,8 +57,15 @@ class ExactConfig:
     feature_cache: int | None = None
     """Bytes of the feature cache, or None ("auto": the rest of the budget; default auto)."""
     staging_dir: Path = Path("/var/tmp")
-    """Mode "staged": the directory its staging files go to (unnamed files, gone when closed; default /var/tmp,
-    on disk where /tmp may be RAM). Each superbatch in flight takes its batches' feature bytes there."""
+    """Mode "staged": the directory its staging files go to (unnamed files, kept for later superbatches and gone
+    when the daemon stops; default /var/tmp, on disk where /tmp may be RAM). Each superbatch in flight takes its
+    batches' feature bytes there."""
+
+
+STAGED_SUPERBATCH = 256
+"""``[exact] superbatch`` when unset in mode "staged": on bench/compare's 1M-node graph at 448M it ran 47.9
+batches/s against 45.6 at 128 (the pass over the file shared by twice the batches) and 46.8 at 512 (whose plan
+took the feature cache 29k rows); docs/PERFORMANCE.md."""
 
 
 @dataclass(frozen=True)
@@ -299,9 +307,9 @@ def _mode(t: Mapping[str, Any]) -> ModeConfig:
     return ModeConfig(mode=mode)
 
 
-def _exact(t: Mapping[str, Any], base: Path) -> ExactConfig:
+def _exact(t: Mapping[str, Any], base: Path, mode: str) -> ExactConfig:
     _check_keys("exact", t, ExactConfig)
-    d = ExactConfig()
+    d = ExactConfig(superbatch=STAGED_SUPERBATCH) if mode == "staged" else ExactConfig()
 
     def cache(key: str) -> int | None:
         value = t.get(key, "auto")
@@ -415,8 +423,9 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     if level not in ("debug", "info", "warning", "error"):
         raise _fail("log", "level", f"expected debug, info, warning or error, got {level!r}")
 
-    return LoaderConfig(dataset=dataset, loader=_mode(_table(data, "loader")),
-                        exact=_exact(_table(data, "exact"), base), memory=memory,
+    mode = _mode(_table(data, "loader"))
+    return LoaderConfig(dataset=dataset, loader=mode,
+                        exact=_exact(_table(data, "exact"), base, mode.mode), memory=memory,
                         hierarchy=_hierarchy(_table(data, "hierarchy")),
                         sampler=_sampler(_table(data, "sampler")), io=io, publisher=publisher,
                         server=_server(_table(data, "server"), base), metrics=metrics, log=LogConfig(level))

@@ -30,6 +30,14 @@ def test_mode_and_exact_tables():
     assert cfg.exact.neighbor_cache == 16 << 20 and cfg.exact.feature_cache == 0
 
 
+def test_superbatch_default_is_longer_in_mode_staged():
+    from loader.daemon.config import STAGED_SUPERBATCH
+
+    assert config_from_mapping(base(loader={"mode": "exact"})).exact.superbatch == 64
+    assert config_from_mapping(base(loader={"mode": "staged"})).exact.superbatch == STAGED_SUPERBATCH == 256
+    assert config_from_mapping(base(loader={"mode": "staged"}, exact={"superbatch": 32})).exact.superbatch == 32
+
+
 def test_exact_sample_group_default_is_the_samplers():
     # one default for the group size, whether the sampler is built by the daemon or directly
     from loader.sampling.exact_sampling import DEFAULT_GROUP_SIZE
