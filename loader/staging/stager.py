@@ -159,15 +159,16 @@ class WindowStager:
 
     block_sums / check_block: the file's read checks (``ReadChecks.feature_blocks`` and
     ``feature_block``), or None (unchecked); staging_dir: where staging files go (None: RAM);
-    direct: O_DIRECT for the file's chunks and the read-backs from disk (falls back to buffered where
-    refused); chunk_bytes, scatter_bytes, flush_bytes: the buffers (``stager_buffer_bytes`` sums what they
-    hold). ``stage`` calls are serialized, as are ``read_batch`` calls; one of each may run at once.
+    direct: O_DIRECT for the file's chunks (falls back to buffered where refused); direct_scratch:
+    O_DIRECT for the staging files' writes and read-backs where their filesystem takes it (default: as
+    ``direct``); chunk_bytes, scatter_bytes, flush_bytes: the buffers (``stager_buffer_bytes`` sums what
+    they hold). ``stage`` calls are serialized, as are ``read_batch`` calls; one of each may run at once.
     """
 
     def __init__(self, features_path: str | os.PathLike[str], *, row_bytes: int, staging_dir: Path | None,
                  block_sums: np.ndarray | None = None, check_block: int = 4096, direct: bool = True,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, scatter_bytes: int = DEFAULT_SCATTER_BYTES,
-                 flush_bytes: int = FLUSH_BYTES) -> None:
+                 direct_scratch: bool | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 scatter_bytes: int = DEFAULT_SCATTER_BYTES, flush_bytes: int = FLUSH_BYTES) -> None:
         if row_bytes <= 0:
             raise ValueError(f"row_bytes: {row_bytes} is not positive")
         if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
@@ -188,8 +189,8 @@ class WindowStager:
         self._read_lock = threading.Lock()
         self._fd = self._open(self.path, os.O_RDONLY)
         # staging files are rewritten by later windows (O_DIRECT writes into holes are slow; ScratchFiles)
-        self._files = ScratchFiles(staging_dir, direct_reads=self.direct, direct_writes=self.direct,
-                                   keep=KEPT_FILES)
+        scratch = direct if direct_scratch is None else direct_scratch
+        self._files = ScratchFiles(staging_dir, direct_reads=scratch, direct_writes=scratch, keep=KEPT_FILES)
         self.file_size = os.fstat(self._fd).st_size
         self._chunks = (aligned_buffer(chunk_bytes + self._tail), aligned_buffer(chunk_bytes + self._tail))
         self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")

@@ -167,7 +167,7 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         working += (SUPERBATCHES_IN_FLIGHT * ex.superbatch * SPILLED_BATCH_BYTES
                     + plan_window_bytes(ex.superbatch * batch_nodes) + id_slice + records
                     + ex.sample_group * sampled_batch)
-        direct_writes = config.io.direct_io and _takes_direct_writes(ex.staging_dir)
+        direct_writes = _takes_direct_writes(ex.staging_dir)  # scratch files: O_DIRECT wherever taken
 
         def stager_bytes(chunk: int) -> int:
             return stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=chunk,
@@ -456,12 +456,14 @@ class StagedMode(_OutOfCoreMode):
         self.stager = WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=where,
                                    block_sums=None if checks is None else checks.feature_blocks,
                                    check_block=m.feature_check_bytes, direct=config.io.direct_io,
+                                   direct_scratch=True,
                                    chunk_bytes=plan.staging_chunk, scatter_bytes=plan.staging_chunk,
                                    flush_bytes=STAGING_FLUSH)
         self._ids = id_dtype(m.num_nodes)
-        # spill files are rewritten by later superbatches, as staging files are (ScratchFiles)
-        self.spill_files = ScratchFiles(where, direct_reads=config.io.direct_io, direct_writes=config.io.direct_io,
-                                        keep=SUPERBATCHES_IN_FLIGHT + 1)
+        # spill files are rewritten by later superbatches, as staging files are (ScratchFiles); both are O_DIRECT
+        # wherever their filesystem takes it, whatever [io] direct_io says of the dataset's files: written once
+        # and read once, through the page cache they cost flushes, drops and cgroup reclaim and save nothing
+        self.spill_files = ScratchFiles(where, direct_reads=True, direct_writes=True, keep=SUPERBATCHES_IN_FLIGHT + 1)
         self.spill_reader = ThreadPoolExecutor(1, thread_name_prefix="megabatch-spill-read")
         # the staging pass waits on the disk most of its time (reads, writes): on a pool thread of the two it
         # left the publisher waiting for a thread (measured: publisher 53 ms a batch, 7 of them reading)
@@ -475,7 +477,7 @@ class StagedMode(_OutOfCoreMode):
         whole superbatch is never in RAM, only its ids (a ``SpilledPass``, which the publisher reads like a
         ``SampledPass``)."""
         config = self.serving.config
-        spill = SpillFile(config.exact.staging_dir, direct=config.io.direct_io, files=self.spill_files,
+        spill = SpillFile(config.exact.staging_dir, files=self.spill_files,
                           reader=self.spill_reader)
         group = config.exact.sample_group
 

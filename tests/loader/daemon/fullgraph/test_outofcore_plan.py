@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from loader.daemon.config import config_from_mapping
+from loader.daemon.fullgraph import outofcore
 from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT
 from loader.daemon.fullgraph.outofcore import (
     BYTES_PER_SAMPLED_EDGE,
@@ -32,11 +33,6 @@ def dataset(tmp_path_factory):
 def config(budget, mode="exact", **exact):
     return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": mode}, "memory": {"budget": budget},
                                 "exact": exact})
-
-
-def config_with_io(budget, mode="exact", **exact):
-    return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": mode}, "memory": {"budget": budget},
-                                "exact": exact, "io": {"direct_io": True}})
 
 
 def test_auto_split_uses_the_budget_and_gives_lists_at_most_half(dataset):
@@ -69,13 +65,14 @@ def test_a_budget_below_the_fixed_parts_is_refused_naming_what_to_lower(dataset)
         plan_outofcore(config("4M", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000, batch_edges=50000)
 
 
-def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(dataset):
+def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(dataset, monkeypatch):
     m = dataset.manifest
+    # a staging_dir that refuses O_DIRECT first: staging writes through the page cache, two flushes' worth
+    monkeypatch.setattr(outofcore, "_takes_direct_writes", lambda directory: False)
     exact = plan_outofcore(config("256M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
                            batch_edges=1000)
     staged = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
                             batch_edges=1000)
-    # [io] direct_io is off by default: staging writes go through the page cache, two flushes' worth
     assert staged.staging_chunk == STAGING_CHUNK and "staging chunks of 16 MiB" in staged.describe()
     stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
                                  scatter_bytes=STAGING_CHUNK, flush_bytes=STAGING_FLUSH, on_disk=True)
@@ -103,13 +100,15 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     roomier = plan_outofcore(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
                              fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     assert roomier.neighbor_cache_bytes == all_lists and roomier.feature_cache_rows == 100  # then the rows
-    # with it on and a staging_dir that takes O_DIRECT writes, a page per batch of a superbatch and a second
-    # scatter buffer (a chunk, a row's pages and two pages) instead
-    direct = plan_outofcore(config_with_io("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
-                            batch_nodes=500, batch_edges=1000)
-    assert takes_direct_writes(Path("/var/tmp"))  # ext4 here; a user's tmpfs would not
-    assert m.row_bytes <= 4096 and direct.staging_chunk == STAGING_CHUNK
-    assert direct.working_bytes == staged.working_bytes - 2 * STAGING_FLUSH + 4 * 4096 + STAGING_CHUNK + 3 * 4096
     with pytest.raises(UserError, match="too small for mode staged"):
         plan_outofcore(config(room - 1000, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
                        batch_nodes=500, batch_edges=1000)
+    # a staging_dir that takes O_DIRECT writes (whatever [io] direct_io says: off here): a page per batch of a
+    # superbatch and a second scatter buffer (a chunk, a row's pages and two pages) instead
+    monkeypatch.undo()
+    direct = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                            batch_nodes=500, batch_edges=1000)
+    assert not config("1M").io.direct_io
+    assert takes_direct_writes(Path("/var/tmp"))  # ext4 here; a user's tmpfs would not
+    assert m.row_bytes <= 4096 and direct.staging_chunk == STAGING_CHUNK
+    assert direct.working_bytes == staged.working_bytes - 2 * STAGING_FLUSH + 4 * 4096 + STAGING_CHUNK + 3 * 4096
