@@ -92,6 +92,9 @@ class DaemonMetrics:
         self.staging_written_bytes = Counter("megabatch_staging_written_bytes", "Bytes mode staged wrote to its "
                                              "staging files (kind: rows, or the sampled edges it spills)", ["kind"],
                                              registry=r)
+        self.staging_file_bytes = Gauge("megabatch_staging_file_bytes", "Bytes of disk mode staged's scratch files "
+                                        "take, in use and kept for later superbatches (kind: rows, or the spilled "
+                                        "ids and edges)", ["kind"], registry=r)
         self.stage_busy = Counter("megabatch_stage_busy_seconds", "Seconds a stage spent working (not waiting)",
                                   ["stage"], registry=r)
         self.static_nodes = Gauge("megabatch_static_cache_nodes", "Nodes in the static cache", registry=r)

@@ -142,6 +142,7 @@ class ScratchFiles:
         self._direct_reads, self._direct_writes = direct_reads, direct_writes
         self._keep = keep if directory is not None else 0
         self._free: list[ScratchFile] = []
+        self._open: dict[int, ScratchFile] = {}  # every file of this pool not yet closed (taken or kept), by id()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -152,11 +153,14 @@ class ScratchFiles:
         if kept is None:
             fd, read_fd, direct = open_scratch(self.directory, size, direct_reads=self._direct_reads,
                                                direct_writes=self._direct_writes)
-            return ScratchFile(fd, read_fd, direct, size)
+            file = ScratchFile(fd, read_fd, direct, size)
+            with self._lock:
+                self._open[id(file)] = file
+            return file
         try:
             kept.grow(size)
         except BaseException:
-            kept.close()
+            self._forget(kept)
             raise
         return kept
 
@@ -167,11 +171,22 @@ class ScratchFiles:
                 self._free.append(file)
                 self._free.sort(key=lambda f: f.size)  # take() pops the largest
                 return
+        self._forget(file)
+
+    def _forget(self, file: ScratchFile) -> None:
+        with self._lock:
+            self._open.pop(id(file), None)
         file.close()
 
     @property
     def kept(self) -> int:
         return len(self._free)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of disk (or RAM) this pool's files take: those in use and those kept."""
+        with self._lock:
+            return sum(f.size for f in self._open.values())
 
     def close(self) -> None:
         """Close the kept files; files given back later are closed then."""
@@ -179,4 +194,4 @@ class ScratchFiles:
             self._closed = True
             free, self._free = self._free, []
         for file in free:
-            file.close()
+            self._forget(file)

@@ -509,6 +509,11 @@ class WindowStager:
         read_exactly(staged.read_fd, back, base, aligned, "staging")
         return back
 
+    @property
+    def staging_file_bytes(self) -> int:
+        """Bytes the staging files take on disk: the windows' in use and those kept for later ones."""
+        return self._files.held_bytes
+
     def close(self) -> None:
         with self._stage_lock, self._read_lock:
             self._read_ahead.shutdown()

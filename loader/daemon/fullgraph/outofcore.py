@@ -501,6 +501,7 @@ class StagedMode(_OutOfCoreMode):
             spill.close()
             raise
         self._metrics.staging_written_bytes.labels("edges").inc(spill.bytes_written)
+        self._metrics.staging_file_bytes.labels("edges").set(self.spill_files.held_bytes)
         return sampled  # type: ignore[return-value]  # read like a SampledPass (spilled_pass's docstring)
 
     def stage(self, sampled: SampledPass) -> RowSource:
@@ -526,6 +527,7 @@ class StagedMode(_OutOfCoreMode):
         self._metrics.disk_bytes.labels("features").inc(staged.stats.file_bytes_read)
         self._metrics.disk_reads.labels("features").inc(staged.stats.chunks)
         self._metrics.staging_written_bytes.labels("rows").inc(staged.stats.staged_bytes)
+        self._metrics.staging_file_bytes.labels("rows").set(self.stager.staging_file_bytes)
         return _StagedRows(self, staged, getattr(sampled, "spill", None))
 
     def _staged_offsets(self, ids: np.ndarray) -> np.ndarray:

@@ -131,6 +131,9 @@ def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset
         rows = daemon.metrics.staging_written_bytes.labels("rows")._value.get()
         assert (rows == 0) == (choice == "all direct")
         assert daemon.metrics.staging_written_bytes.labels("edges")._value.get() > 0  # the edges are spilled
+        # the files are kept for later superbatches: the gauges say what they take on disk
+        assert daemon.metrics.staging_file_bytes.labels("edges")._value.get() > 0
+        assert (daemon.metrics.staging_file_bytes.labels("rows")._value.get() == 0) == (choice == "all direct")
 
 
 def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset, tmp_path):
