@@ -438,6 +438,62 @@ class WindowStager:
         self._flushing = self._flusher.submit(_start_writeback, fd)
         self._unflushed = 0
 
+    def read_rows(self, offsets: np.ndarray, out: np.ndarray, rows: np.ndarray) -> StagingStats:
+        """The rows at byte ``offsets`` of the file into ``out[rows]`` (2-D, C-contiguous rows of ``row_bytes``;
+        ``rows`` distinct) by one sequential pass over the chunks holding them, read ahead and checked as
+        ``stage`` reads them: how a cache of rows spread over the whole file loads in seconds instead of a
+        random read per row. ``offsets`` distinct, in any order. Returns what it read (``chunks``,
+        ``file_bytes_read``)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        rows = np.asarray(rows, dtype=np.int64)
+        if out.ndim != 2 or out.shape[1] * out.itemsize != self.row_bytes or not out.flags.c_contiguous:
+            raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes")
+        if offsets.shape != rows.shape or offsets.ndim != 1:
+            raise ValueError("offsets and rows: expected two 1-D arrays of one length")
+        stats = StagingStats()
+        if not len(offsets):
+            return stats
+        if offsets.min() < 0 or int(offsets.max()) + self.row_bytes > self.file_size:
+            raise ValueError(f"offsets: a row lies outside {self.path} ({self.file_size} bytes)")
+        if rows.min() < 0 or rows.max() >= len(out):
+            raise ValueError(f"rows: expected row numbers of out's {len(out)}")
+        order = np.argsort(offsets, kind="stable")
+        offsets, rows = offsets[order], rows[order]
+        if np.any(offsets[1:] == offsets[:-1]):  # a chunk's rows must fit the scatter buffer
+            raise ValueError("offsets: a row is asked for twice")
+        dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
+        # a chunk starts at a multiple of chunk_bytes and holds the rows starting in it (read past its end)
+        chunk_of = offsets // self.chunk_bytes
+        firsts = np.flatnonzero(np.concatenate(([True], chunk_of[1:] != chunk_of[:-1])))
+        ends = np.append(firsts[1:], len(offsets))
+        starts = (chunk_of[firsts] * self.chunk_bytes).tolist()
+        needs = (offsets[ends - 1] + self.row_bytes - chunk_of[firsts] * self.chunk_bytes).tolist()
+        with self._stage_lock:
+            if self._fd < 0:
+                raise ValueError(f"{self.path}: the stager is closed")
+            pending: Future[int] | None = None
+            try:
+                for i, (c0, need, lo, hi) in enumerate(zip(starts, needs, firsts.tolist(), ends.tolist())):
+                    buffer = self._chunks[i % 2]
+                    got = pending.result() if pending is not None else self._read_chunk(buffer, c0, need)
+                    pending = None
+                    if i + 1 < len(starts):
+                        pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], starts[i + 1],
+                                                          needs[i + 1])
+                    stats.chunks += 1
+                    stats.file_bytes_read += got
+                    chunk = np.frombuffer(buffer, dtype=np.uint8)
+                    if self.block_sums is not None:
+                        verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
+                                      np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
+                                      self.path)
+                    self._copy_rows(chunk, offsets[lo:hi] - c0, 0)  # into the scatter buffer, in file order
+                    dest[rows[lo:hi]] = self._scatter[:(hi - lo) * self.row_bytes].reshape(hi - lo, self.row_bytes)
+            finally:
+                if pending is not None:
+                    wait([pending])
+        return stats
+
     def read_batch(self, staged: StagedWindow, b: int, gather: np.ndarray, out: np.ndarray,
                    rows: np.ndarray | None = None) -> None:
         """Batch ``b``'s staged rows into ``out`` (2-D, C-contiguous, rows of ``row_bytes``): staged row

@@ -297,6 +297,10 @@ class _OutOfCoreMode(FullGraphMode):
         self._metrics.disk_bytes.labels("features").inc(stats.bytes)
         self._metrics.disk_reads.labels("features").inc(stats.reads)
 
+    def load_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Rows of dataset ids ``ids`` into ``out`` (a cache being filled at startup)."""
+        self.read_rows(ids, np.arange(len(ids), dtype=np.int64), out)
+
     @abstractmethod
     def eval_rows(self) -> RowSource:
         """Rows for evaluation batches (never the training stream's cache plan, whose state is the stream's)."""
@@ -386,7 +390,7 @@ class _DegreeCache:
         self.slot_of[cached] = np.arange(capacity, dtype=self.slot_of.dtype)
         self.rows = np.empty((capacity, m.feat_dim), dtype=mode.serving.feat_dtype)
         if capacity:
-            mode.read_rows(cached, np.arange(capacity, dtype=np.int64), self.rows)
+            mode.load_rows(cached, self.rows)
         self._words = row_words(self.rows)
         mode.serving.metrics.feature_cache_bytes.set(self.rows.nbytes)
         log.info("%s feature cache: %s rows of highest out-degree", mode.name, f"{capacity:,}")
@@ -540,6 +544,31 @@ class StagedMode(_OutOfCoreMode):
 
     def row_offsets(self, ids: np.ndarray) -> np.ndarray:
         return row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
+
+    def load_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """The feature cache's rows at startup: one sequential pass over the chunks holding them where that costs
+        less than a random read per page (by ``[io] sequential_rate`` and ``random_reads``), else as ``exact``
+        reads its misses. Measured on bench/compare's 1M-node graph: 160k rows of highest out-degree (16% of
+        the rows, in every chunk) took 9.1 s of row reads at startup."""
+        offsets = self.row_offsets(ids)
+        io, chunk = self.serving.config.io, self.stager.chunk_bytes
+        passed = len(np.unique(offsets // chunk)) * chunk / io.sequential_rate
+        pages = len(ids) * -(-self._row_bytes // 4096)
+        if passed >= pages / io.random_reads:
+            super().load_rows(ids, out)
+            return
+        started = time.perf_counter()
+        try:
+            stats = self.stager.read_rows(offsets, out, np.arange(len(ids), dtype=np.int64))
+        except OSError as err:  # the stager names the byte; one line, as read_rows says it
+            raise UserError(f"{err.filename}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
+                            ) from err
+        finally:
+            self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
+        self._metrics.disk_bytes.labels("features").inc(stats.file_bytes_read)
+        self._metrics.disk_reads.labels("features").inc(stats.chunks)
+        log.info("staged feature cache loaded by one pass over %d chunks (%s)", stats.chunks,
+                 format_size(stats.file_bytes_read))
 
     def start_stream(self) -> RowsFor:
         return self.stage

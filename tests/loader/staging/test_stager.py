@@ -308,6 +308,30 @@ def test_later_windows_rewrite_a_kept_staging_file(dataset, tmp_path, direct):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
+@pytest.mark.parametrize("which", ["dense", "sparse"])
+def test_read_rows_fills_any_rows_in_one_pass(dataset, word_dataset, chunk_bytes, which):
+    """A cache's rows by one pass over the chunks holding them (rows straddling chunks, 100-byte and 1 KiB rows),
+    into any places of ``out``, checked; the same bytes as the dataset's."""
+    for ds in (dataset, word_dataset):
+        m = ds.manifest
+        parts = ds.partitions()
+        rng = np.random.default_rng(chunk_bytes)
+        ids = rng.choice(m.num_nodes, m.num_nodes // (3 if which == "dense" else 50), replace=False)
+        offsets = row_offsets_for(ids, parts.node_begin, parts.feat_offset, m.row_bytes)
+        rows = rng.permutation(len(ids) + 7)[:len(ids)]  # places in out, some left as they were
+        out = np.full((len(ids) + 7, m.feat_dim), np.nan, dtype=np.float32)
+        with stager_for(ds, None, chunk_bytes=chunk_bytes) as stager:
+            stats = stager.read_rows(offsets, out, rows)
+            assert np.array_equal(out[rows].view(np.uint8), expected_rows(ds, ids))
+            assert np.isnan(out[np.setdiff1d(np.arange(len(out)), rows)]).all()
+            touched = len(np.unique(offsets // chunk_bytes))
+            assert stats.chunks == touched and stats.file_bytes_read <= touched * (chunk_bytes + 4096 + m.row_bytes)
+            with pytest.raises(ValueError, match="twice"):
+                stager.read_rows(np.repeat(offsets[:2], 2), out, np.arange(4))
+            assert stager.read_rows(offsets[:0], out, rows[:0]).chunks == 0
+
+
 def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(dataset.path, copy)
@@ -323,6 +347,9 @@ def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
         f.write(bytes([byte[0] ^ 0x40]))
     with stager_for(corrupt, None) as stager, pytest.raises(CorruptData, match="features.bin"):
         stager.stage(plan)
+    with stager_for(corrupt, None) as stager, pytest.raises(CorruptData, match="features.bin"):  # a cache's load
+        stager.read_rows(np.array([victim]),
+                         np.empty((1, FEAT_DIM), np.float32), np.zeros(1, np.int64))
     with stager_for(corrupt, None, checked=False) as stager:  # unchecked: served (what the checks prevent)
         stager.stage(plan).close()
 

@@ -1,5 +1,6 @@
 """The full-graph daemon modes serve exactly the batches of the in-memory reference (``--mode inmemory``)."""
 
+import logging
 from contextlib import contextmanager
 
 import numpy as np
@@ -108,9 +109,9 @@ def test_staged_mode_with_direct_io_serves_the_reference_bitwise(dataset, refere
 
 @pytest.mark.parametrize("choice", ["all direct", "every other chunk"])
 def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset, reference, tmp_path, monkeypatch,
-                                                                         choice):
+                                                                         choice, caplog):
     """Rows whose chunk the cost model does not stage are read at random at publish; cached, direct and staged
-    rows meet in one batch and it is still the reference's."""
+    rows meet in one batch and it is still the reference's. The cache is loaded by one pass over the file."""
     from loader.daemon.fullgraph import outofcore
     from loader.staging import window_plan
 
@@ -125,7 +126,8 @@ def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
                            exact={"superbatch": 4, "feature_cache": "20K", "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
-    with running_daemon(config) as daemon:
+    with caplog.at_level(logging.INFO, logger="megabatch.outofcore"), running_daemon(config) as daemon:
+        assert "staged feature cache loaded by one pass" in caplog.text
         with credited_client(config) as client:
             assert_same_as_reference(consume_epoch(client, 0), reference, 0)
         rows = daemon.metrics.staging_written_bytes.labels("rows")._value.get()
