@@ -32,8 +32,9 @@ import mmap
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,32 +247,15 @@ class WindowStager:
         self._tails = np.zeros((plan.num_batches if staged.direct_writes else 0, STAGING_ALIGN), dtype=np.uint8)
         self._tail_len = np.zeros(plan.num_batches, dtype=np.int64)
         starts, los, his = plan.chunk_runs()  # only the chunks holding a staged row are read
-        # the next chunk is read while this one is scattered and written: the disk and the copies overlap
-        pending: Future[int] | None = None
+        needs = [self._need(plan, lo, hi) for lo, hi in zip(los.tolist(), his.tolist())]
         try:
-            for i, (c0, lo, hi) in enumerate(zip(starts.tolist(), los.tolist(), his.tolist())):
-                buffer = self._chunks[i % 2]
-                batch, source = plan.fields(lo, hi)
-                got = pending.result() if pending is not None else \
-                    self._read_chunk(buffer, c0, self._need(plan, lo, hi))
-                pending = None
-                if i + 1 < len(starts):
-                    after, a_lo, a_hi = int(starts[i + 1]), int(los[i + 1]), int(his[i + 1])
-                    pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], after,
-                                                      self._need(plan, a_lo, a_hi))
-                stats.chunks += 1
-                stats.file_bytes_read += got
-                chunk = np.frombuffer(buffer, dtype=np.uint8)
-                if self.block_sums is not None:
-                    verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
-                                  np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
-                                  self.path)
-                self._scatter_chunk(staged, hashers, chunk, batch, source)
+            with closing(self._read_pass(starts.tolist(), needs, stats)) as chunks:
+                for (_, chunk), lo, hi in zip(chunks, los.tolist(), his.tolist()):
+                    batch, source = plan.fields(lo, hi)
+                    self._scatter_chunk(staged, hashers, chunk, batch, source)
             self._settle(0)
             self._settle(1)
         finally:
-            if pending is not None:  # a read in flight writes into a chunk buffer: let it land first
-                wait([pending])
             # writes in flight read the scatter buffers and write the file, which a failed window gives back
             wait(self._writing[0] + self._writing[1])
             self._writing = [[], []]
@@ -298,6 +282,33 @@ class WindowStager:
             self._flushing.result()
             self._flushing = None
         staged.plan = plan.without_keys()  # read-back needs the regions only
+
+    def _read_pass(self, starts: list[int], needs: list[int], stats: StagingStats
+                   ) -> Generator[tuple[int, np.ndarray], None, None]:
+        """(start, bytes) of each chunk at ``starts`` (page aligned, ascending; at least ``needs`` bytes each), read
+        in order, counted in ``stats`` and checked against the block sums. The next chunk is read while the
+        caller copies out of this one, so the disk and the copies overlap; close the iterator
+        (``contextlib.closing``) so that a read in flight lands before its buffer is used again."""
+        pending: Future[int] | None = None
+        try:
+            for i, (c0, need) in enumerate(zip(starts, needs)):
+                buffer = self._chunks[i % 2]
+                got = pending.result() if pending is not None else self._read_chunk(buffer, c0, need)
+                pending = None
+                if i + 1 < len(starts):
+                    pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], starts[i + 1],
+                                                      needs[i + 1])
+                stats.chunks += 1
+                stats.file_bytes_read += got
+                chunk = np.frombuffer(buffer, dtype=np.uint8)
+                if self.block_sums is not None:
+                    verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
+                                  np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
+                                  self.path)
+                yield c0, chunk
+        finally:
+            if pending is not None:
+                wait([pending])
 
     def _need(self, plan: WindowPlan, lo: int, hi: int) -> int:
         """Bytes of a chunk to read: up to the end of the last row starting in it that the pass wants."""
@@ -471,27 +482,10 @@ class WindowStager:
         with self._stage_lock:
             if self._fd < 0:
                 raise ValueError(f"{self.path}: the stager is closed")
-            pending: Future[int] | None = None
-            try:
-                for i, (c0, need, lo, hi) in enumerate(zip(starts, needs, firsts.tolist(), ends.tolist())):
-                    buffer = self._chunks[i % 2]
-                    got = pending.result() if pending is not None else self._read_chunk(buffer, c0, need)
-                    pending = None
-                    if i + 1 < len(starts):
-                        pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], starts[i + 1],
-                                                          needs[i + 1])
-                    stats.chunks += 1
-                    stats.file_bytes_read += got
-                    chunk = np.frombuffer(buffer, dtype=np.uint8)
-                    if self.block_sums is not None:
-                        verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
-                                      np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
-                                      self.path)
+            with closing(self._read_pass(starts, needs, stats)) as chunks:
+                for (c0, chunk), lo, hi in zip(chunks, firsts.tolist(), ends.tolist()):
                     self._copy_rows(chunk, offsets[lo:hi] - c0, 0)  # into the scatter buffer, in file order
                     dest[rows[lo:hi]] = self._scatter[:(hi - lo) * self.row_bytes].reshape(hi - lo, self.row_bytes)
-            finally:
-                if pending is not None:
-                    wait([pending])
         return stats
 
     def read_batch(self, staged: StagedWindow, b: int, gather: np.ndarray, out: np.ndarray,

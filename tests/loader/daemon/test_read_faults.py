@@ -10,6 +10,7 @@ gone, is whole and correct.
 import errno
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -146,11 +147,15 @@ def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_
     space back, is whole and correct."""
     left = [1]
     real = getattr(os, call)
+    counting = threading.Lock()  # the stager's writes come from several threads at once: exactly one fails
 
     def failing(fd, data, offset):
-        if left[0] > 0 and os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "staging")):
-            left[0] -= 1
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "staging")):
+            with counting:
+                fail = left[0] > 0
+                left[0] -= fail
+            if fail:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd, data, offset)
 
     (tmp_path / "staging").mkdir()
