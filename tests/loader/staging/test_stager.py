@@ -59,6 +59,15 @@ def expected_rows(dataset: Dataset, nodes: np.ndarray) -> np.ndarray:
     return data[offsets[:, None] + np.arange(m.row_bytes)]
 
 
+def assert_reads_back(stager: WindowStager, staged, sampled: SampledPass, dataset: Dataset, order=None) -> None:
+    """Every batch of ``staged`` (in ``order``, default ascending) read back equals the dataset's rows of its nodes."""
+    out = np.full((int(np.diff(sampled.node_ptr).max()), dataset.manifest.feat_dim), np.nan, dtype=np.float32)
+    for b in order if order is not None else range(sampled.num_batches):
+        nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
+        stager.read_batch(staged, b, gather_of(dataset, nodes), out)
+        assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(dataset, nodes))
+
+
 def stager_for(dataset: Dataset, staging_dir: Path | None, checked: bool = True, **kwargs) -> WindowStager:
     m = dataset.manifest
     checks = load_read_checks(dataset, blocks=True) if checked else None
@@ -242,11 +251,7 @@ def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, where, chunk_b
             assert staged.stats.staged_bytes == plan.staged_rows * m.row_bytes
             assert staged.stats.file_bytes_read >= staged.stats.chunks * 4096
             assert len(staged.plan.keys) == 0  # the pass's keys are dropped once it is done
-            out = np.full((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), np.nan, dtype=np.float32)
-            for b in reversed(range(plan.num_batches)):  # any order
-                nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
-                stager.read_batch(staged, b, gather_of(dataset, nodes), out)
-                assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(dataset, nodes))
+            assert_reads_back(stager, staged, sampled, dataset, reversed(range(plan.num_batches)))  # any order
         finally:
             staged.close()
     assert not list(tmp_path.iterdir())  # the staging file has no name to leave behind
@@ -270,11 +275,7 @@ def test_word_rows_staged_on_disk_equal_the_dataset_rows(word_dataset, tmp_path,
         staged = stager.stage(plan)
         try:
             assert staged.direct_writes == direct
-            out = np.full((int(np.diff(sampled.node_ptr).max()), m.feat_dim), np.nan, dtype=np.float32)
-            for b in range(plan.num_batches):
-                nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
-                stager.read_batch(staged, b, gather_of(word_dataset, nodes), out)
-                assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(word_dataset, nodes))
+            assert_reads_back(stager, staged, sampled, word_dataset)
         finally:
             staged.close()
 
@@ -295,11 +296,7 @@ def test_later_windows_rewrite_a_kept_staging_file(dataset, tmp_path, direct):
             staged = stager.stage(plan)
             try:
                 files.append((staged.file, staged.file.size))
-                out = np.full((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), np.nan, dtype=np.float32)
-                for b in range(plan.num_batches):
-                    nodes = sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]]
-                    stager.read_batch(staged, b, gather_of(dataset, nodes), out)
-                    assert np.array_equal(out[:len(nodes)].view(np.uint8), expected_rows(dataset, nodes))
+                assert_reads_back(stager, staged, sampled, dataset)
             finally:
                 staged.close()
         assert files[1][0] is files[0][0] and files[2][0] is files[0][0]  # one file, rewritten
