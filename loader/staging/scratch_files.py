@@ -129,11 +129,12 @@ class ScratchFiles:
 
     On ext4 an O_DIRECT write into a hole waits for its blocks to be allocated and their extent converted,
     and closing a file of a gigabyte frees its extents for half a second to two seconds on the thread that
-    closes it. Rewriting blocks a file already holds does neither: 128 interleaved streams of 100 KiB
-    O_DIRECT writes, 8 at a time, ran at 795 MB/s into a written file against 420-530 MB/s into a sparse
-    or fallocated one (this machine, docs/PERFORMANCE.md). So a window's staging file and a superbatch's
-    spill file go back here when they are done, and the next one rewrites them. Files in RAM (``directory``
-    None, memfds) are never kept: their pages are memory the budget does not charge between windows.
+    closes it. Rewriting blocks a file already holds does neither: 128 interleaved streams of 96 KiB
+    O_DIRECT writes, 8 at a time, ran at 820 MB/s into a written file against 456 MB/s into a sparse one
+    and 569 MB/s into a fallocated one (``bench/scratch_write_bench.py``, docs/PERFORMANCE.md). So a
+    window's staging file and a superbatch's spill file go back here when they are done, and the next one
+    rewrites them. Files in RAM (``directory`` None, memfds) are never kept: their pages are memory the
+    budget does not charge between windows.
     Thread-safe: ``take`` and ``give`` may come from different threads.
     """
 

@@ -127,6 +127,12 @@ class StagedWindow:
         self._closer()
 
 
+def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, end) positions of each run of equal values in ``keys`` (non-empty)."""
+    first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return first, np.append(first[1:], len(keys))
+
+
 def _start_writeback(fd: int) -> None:
     """Start writing back ``fd``'s dirty pages without waiting for them (``fdatasync`` where the libc lacks
     ``sync_file_range``)."""
@@ -268,12 +274,10 @@ class WindowStager:
                 group = last[g:g + per]
                 pages = self._scatter[:len(group) * STAGING_ALIGN].reshape(-1, STAGING_ALIGN)
                 pages[:] = self._tails[group]
-                writes = [self._writers.submit(self._pwrite, staged.fd, pages[k].data,
-                                               int(plan.batch_base[b]) + int(self._written_to[b]))
-                          for k, b in enumerate(group.tolist())]
-                wait(writes)
-                for write in writes:
-                    write.result()
+                self._writing[0] = self._submit_writes(staged.fd, [
+                    (pages[k].data, int(plan.batch_base[b]) + int(self._written_to[b]))
+                    for k, b in enumerate(group.tolist())])
+                self._settle(0)
             self._tails = self._tails[:0]
         elif self.staging_dir is not None:
             self._flush(staged)
@@ -334,8 +338,7 @@ class WindowStager:
                        batch: np.ndarray, source: np.ndarray) -> None:
         """Copy the chunk's rows (``source``: their offsets in it, grouped by ``batch``) into the scatter buffer
         batch by batch and write each batch's run out at the end of what its region holds so far."""
-        first = np.flatnonzero(np.concatenate(([True], batch[1:] != batch[:-1])))
-        end = np.append(first[1:], len(batch))
+        first, end = _runs(batch)
         if staged.direct_writes:
             self._scatter_direct(staged, hashers, chunk, batch, source, first, end)
             return
@@ -402,11 +405,14 @@ class WindowStager:
                     self._written_to[b] += w
                 stats.staged_bytes += n
             stats.writes += len(writes)
-            # the writes in WRITE_THREADS runs, one task each (a future per write cost more than the copies); the
-            # next group fills the other buffer meanwhile
-            self._writing[k] = [self._writers.submit(self._pwrite_all, staged.fd, writes[r::WRITE_THREADS])
-                                for r in range(min(WRITE_THREADS, len(writes)))]
+            self._writing[k] = self._submit_writes(staged.fd, writes)  # the next group fills the other buffer
             i = j
+
+    def _submit_writes(self, fd: int, writes: list[tuple[memoryview, int]]) -> list[Future[None]]:
+        """``writes`` (data, offset) in ``WRITE_THREADS`` runs, one task each: a future per write cost more than
+        the copies."""
+        return [self._writers.submit(self._pwrite_all, fd, writes[r::WRITE_THREADS])
+                for r in range(min(WRITE_THREADS, len(writes)))]
 
     def _settle(self, k: int) -> None:
         """Wait for scatter buffer ``k``'s writes; raises the first failure (ENOSPC, EIO)."""
@@ -475,8 +481,7 @@ class WindowStager:
         dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
         # a chunk starts at a multiple of chunk_bytes and holds the rows starting in it (read past its end)
         chunk_of = offsets // self.chunk_bytes
-        firsts = np.flatnonzero(np.concatenate(([True], chunk_of[1:] != chunk_of[:-1])))
-        ends = np.append(firsts[1:], len(offsets))
+        firsts, ends = _runs(chunk_of)
         starts = (chunk_of[firsts] * self.chunk_bytes).tolist()
         needs = (offsets[ends - 1] + self.row_bytes - chunk_of[firsts] * self.chunk_bytes).tolist()
         with self._stage_lock:
