@@ -10,18 +10,19 @@ process dies, and rewritten by later windows meanwhile, ``ScratchFiles``; O_DIRE
 filesystem takes it, else written through the page cache and flushed every ``flush_bytes``), or in
 RAM (a memfd) without one. A read-ahead thread reads the next chunk while the stager copies the current one's
 rows out and writes them, so the disk and the copies overlap. At publish, ``read_batch`` reads a
-batch's region back in one sequential read and gathers its rows into the sampled order. The batches are the
-exact mode's, so their features equal the in-memory sampler's bitwise; only where they come from
-changes. This is DiskGNN's packed per-batch layout (arXiv 2405.05231) built online per window, with
-AGNES's block reads (arXiv 2601.01473) as the way in.
+batch's region back sequentially, in pieces of at most ``READ_BACK_BYTES``, and gathers its rows into the
+sampled order. The batches are the exact mode's, so their features equal the in-memory sampler's
+bitwise; only where they come from changes. This is DiskGNN's packed per-batch layout (arXiv
+2405.05231) built online per window, with AGNES's block reads (arXiv 2601.01473) as the way in.
 
 Every byte is checked where it is read: the file's chunks against the dataset's block checksums
 (format 1.2, as the row reader does), each batch's region against the XXH3-64 of what was written
 into it (a staging file is ours, but the disk under it is not).
 
 Memory held (``stager_buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
-aligned), a scatter buffer (``scatter_bytes``), two read-back buffers of the largest batch (the next
-batch's region is read ahead while one is gathered), and, with O_DIRECT writes, a second scatter buffer
+aligned), a scatter buffer (``scatter_bytes``), two read-back buffers of a piece of a region each
+(``READ_BACK_BYTES`` at most: the next piece is read ahead while one is gathered), and, with O_DIRECT writes, a
+second scatter buffer
 and a partial page per batch of the window, else about twice ``flush_bytes`` of staging writes in the
 page cache (dirty, or written back and not yet dropped).
 """
@@ -66,6 +67,11 @@ WRITE_THREADS = 8
 """O_DIRECT staging writes in flight: each waits for the disk, and one at a time (a batch's run of a chunk, tens
 of KiB) left the pass at 0.45x the disk's sequential rate, 52 ms a batch (bench/compare, 192M, 64 batches)."""
 
+READ_BACK_BYTES = 4 << 20
+"""Most bytes of a batch's region read back at once. A region is a batch's uncached rows (6.6 MB a batch on
+bench/compare's 1M-node graph), and buffers sized for a whole batch's rows took 27 MiB of a 448M budget
+that the feature cache now gets; 4 MiB O_DIRECT reads keep the disk at its sequential rate."""
+
 KEPT_FILES = 3
 """Staging files kept for later windows: one is read back while the next is staged, and a third may wait staged
 between them (the pipeline's superbatches in flight)."""
@@ -100,7 +106,7 @@ class StagedWindow:
     release: Callable[[ScratchFile], None] = ScratchFile.close
     """What ``close`` does with the file (``ScratchFiles.give``)."""
     stats: StagingStats = field(default_factory=StagingStats)
-    reading: "Future[mmap.mmap] | None" = None
+    reading: "Future[tuple[mmap.mmap, int]] | None" = None
     """A read ahead of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
 
     def __post_init__(self) -> None:
@@ -127,6 +133,17 @@ class StagedWindow:
         self._closer()
 
 
+def _piece_rows(row_bytes: int) -> int:
+    """Rows of a region read back at once (``READ_BACK_BYTES``, at least one row)."""
+    return max(1, READ_BACK_BYTES // row_bytes)
+
+
+def _piece_buffer_bytes(row_bytes: int, rows: int) -> int:
+    """Most bytes an O_DIRECT read of ``rows`` consecutive rows of a region takes: their pages, and one more where
+    their first row starts inside a page."""
+    return -(-rows * row_bytes // STAGING_ALIGN) * STAGING_ALIGN + (STAGING_ALIGN if rows else 0)
+
+
 def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first, end) positions of each run of equal values in ``keys`` (non-empty)."""
     first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
@@ -143,7 +160,8 @@ def _start_writeback(fd: int) -> None:
 def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
                         on_disk: bool, direct_writes: bool = False, window_batches: int = 0) -> int:
     """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
-    of a batch of ``batch_rows`` distinct rows (one read ahead) and, staging on disk, either a second scatter
+    of a piece of a region, at most ``READ_BACK_BYTES`` or a batch of ``batch_rows`` distinct rows (one read
+    ahead) and, staging on disk, either a second scatter
     buffer and a partial page per batch of a window of ``window_batches`` (``direct_writes``: O_DIRECT, nothing in
     the page cache) or twice
     ``flush_bytes`` of the page cache (the writes since the last flush, and those it sent to the disk, dropped
@@ -151,7 +169,7 @@ def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, sc
     tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
     chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
     scatter = -(-max(scatter_bytes, chunk_bytes + tail + 2 * STAGING_ALIGN) // STAGING_ALIGN) * STAGING_ALIGN
-    back = 2 * (-(-batch_rows * row_bytes // STAGING_ALIGN) * STAGING_ALIGN)
+    back = 2 * _piece_buffer_bytes(row_bytes, min(batch_rows, _piece_rows(row_bytes)))
     if not on_disk:
         pages = 0
     elif direct_writes:
@@ -210,10 +228,13 @@ class WindowStager:
         self._scatter = self._scatters[0]  # the buffered path's, and the last pages'
         self._writing: list[list[Future[None]]] = [[], []]
         self._turn = 0
-        # two read-back buffers: batch b + 1's region is read ahead while batch b's is gathered
+        # two read-back buffers: the next piece (of this batch's region or the next batch's) is read ahead while
+        # one is gathered
+        self._piece_rows = _piece_rows(row_bytes)
         self._backs: list[mmap.mmap | None] = [None, None]
+        self._back_turn = 0
         self._read_back = ThreadPoolExecutor(1, thread_name_prefix="megabatch-readback")
-        self._ahead: tuple[StagedWindow, int, Future[mmap.mmap]] | None = None
+        self._ahead: tuple[StagedWindow, int, int, Future[tuple[mmap.mmap, int]]] | None = None
         self._unflushed = 0
 
     def _open(self, path: Path, flags: int) -> int:
@@ -525,44 +546,78 @@ class WindowStager:
                      rows: np.ndarray | None) -> None:
         plan = staged.plan
         base, nbytes = plan.region(b)
-        aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
-        ahead, self._ahead = self._ahead, None
-        back = None
-        if ahead is not None:
-            if ahead[0] is staged and ahead[1] == b:
-                back = ahead[2].result()
-            else:  # read out of order: the read ahead lands in a buffer, let it finish first
-                wait([ahead[2]])
-        if back is None:
-            back = self._load(staged, b)
-        if b + 1 < plan.num_batches:
-            # the next region is read while this one is checked and gathered (batches are published in order)
-            staged.reading = self._read_back.submit(self._load, staged, b + 1)
-            self._ahead = (staged, b + 1, staged.reading)
-        region = np.frombuffer(back, dtype=np.uint8, count=nbytes)
-        if xxhash.xxh3_64_intdigest(region.data) != int(staged.digests[b]):
+        per = self._piece_rows
+        pieces = [(lo, min(lo + per, nbytes // self.row_bytes)) for lo in range(0, nbytes // self.row_bytes, per)]
+        dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
+        words = self.row_bytes % 8 == 0 and dest.ctypes.data % 8 == 0  # words: 4x a byte-wise copy
+        if words:
+            dest = dest.view(np.uint64)
+        targets = np.arange(len(gather), dtype=np.int64) if rows is None else rows
+        piece_of = gather // per if len(pieces) > 1 else None
+        hasher = xxhash.xxh3_64()
+        for k, (lo, hi) in enumerate(pieces):
+            back, skip = self._take_piece(staged, b, k)
+            self._read_ahead_after(staged, b, k, len(pieces))
+            piece = np.frombuffer(back, dtype=np.uint8, count=(hi - lo) * self.row_bytes, offset=skip)
+            hasher.update(piece.data)
+            source = piece.reshape(-1, self.row_bytes)
+            if words:
+                source = source.view(np.uint64)
+            if piece_of is None:
+                copy_rows(source, gather - lo, dest, targets)
+            else:
+                mine = np.flatnonzero(piece_of == k)
+                copy_rows(source, gather[mine] - lo, dest, targets[mine])
+        if not pieces:  # an empty region: the read ahead goes on to the next batch's
+            self._read_ahead_after(staged, b, 0, 0)
+        # checked as it streams by (a region's pieces are never all in RAM at once); a mismatch fails the batch,
+        # whose slot is then never published
+        if hasher.intdigest() != int(staged.digests[b]):
             # named "staging" (the metric's file label): the staging file has no name of its own
             raise CorruptData(Path(self.staging_dir or "") / "staging", base,
                               f"batch {b}'s staged rows ({nbytes} bytes)")
         if self.staging_dir is not None and not staged.direct_writes:
             # the region's pages in the page cache (written back by now) are never read again
-            os.posix_fadvise(staged.fd, base, aligned, os.POSIX_FADV_DONTNEED)
-        dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
-        source = region.reshape(-1, self.row_bytes)
-        if self.row_bytes % 8 == 0 and dest.ctypes.data % 8 == 0:  # words: 4x a byte-wise copy
-            dest, source = dest.view(np.uint64), source.view(np.uint64)
-        copy_rows(source, gather, dest, np.arange(len(gather), dtype=np.int64) if rows is None else rows)
+            os.posix_fadvise(staged.fd, base, -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN, os.POSIX_FADV_DONTNEED)
 
-    def _load(self, staged: StagedWindow, b: int) -> mmap.mmap:
-        """Batch ``b``'s region read into read-back buffer ``b % 2`` (grown as needed)."""
+    def _take_piece(self, staged: StagedWindow, b: int, k: int) -> tuple[mmap.mmap, int]:
+        """Piece ``k`` of batch ``b``'s region, from the read ahead where it is that one: (buffer, offset of its
+        first row in it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] is staged and ahead[1:3] == (b, k):
+                return ahead[3].result()
+            wait([ahead[3]])  # read out of order: the read ahead lands in a buffer, let it finish first
+        return self._load(staged, b, k)
+
+    def _read_ahead_after(self, staged: StagedWindow, b: int, k: int, pieces: int) -> None:
+        """Start reading the piece after piece ``k`` of batch ``b`` (of ``pieces``): the region's next, else the
+        first of the window's next batch with staged rows (batches are published in order)."""
+        if k + 1 < pieces:
+            b, k = b, k + 1
+        else:
+            later = np.flatnonzero(staged.plan.staged_counts[b + 1:])
+            if not len(later):
+                return
+            b, k = b + 1 + int(later[0]), 0
+        staged.reading = self._read_back.submit(self._load, staged, b, k)
+        self._ahead = (staged, b, k, staged.reading)
+
+    def _load(self, staged: StagedWindow, b: int, k: int) -> tuple[mmap.mmap, int]:
+        """Piece ``k`` of batch ``b``'s region read into the next read-back buffer (grown as needed): (buffer,
+        offset of the piece's first row in it)."""
         base, nbytes = staged.plan.region(b)
-        aligned = -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
-        back = self._backs[b % 2]
-        if back is None or len(back) < aligned:
-            back = self._backs[b % 2] = aligned_buffer(max(aligned, 2 * len(back or b"")))
+        begin = k * self._piece_rows * self.row_bytes
+        end = min(nbytes, begin + self._piece_rows * self.row_bytes)
+        first = begin // STAGING_ALIGN * STAGING_ALIGN
         # O_DIRECT reads whole pages: the region's last page is zero-padded on disk
-        read_exactly(staged.read_fd, back, base, aligned, "staging")
-        return back
+        size = -(-end // STAGING_ALIGN) * STAGING_ALIGN - first
+        turn, self._back_turn = self._back_turn, self._back_turn ^ 1
+        back = self._backs[turn]
+        if back is None or len(back) < size:
+            back = self._backs[turn] = aligned_buffer(max(size, len(back or b"")))
+        read_exactly(staged.read_fd, back, base + first, size, "staging")
+        return back, begin - first
 
     @property
     def staging_file_bytes(self) -> int:

@@ -19,7 +19,7 @@ They differ in the feature cache:
   rows (``loader.staging``): one
   sequential O_DIRECT pass over the chunks of ``features.bin`` its batches use, each batch's rows
   written to its region of a staging file under ``[exact] staging_dir``, which the publisher reads
-  back in one read per batch. A chunk holding too few of the superbatch's rows to pay for its pass
+  back sequentially (in reads of at most 4 MiB). A chunk holding too few of the superbatch's rows to pay for its pass
   (``choose_staged``, fed ``[io] sequential_rate`` and ``random_reads``) is not staged: its rows are
   read at random at publish, as in ``exact``. Sequential bytes instead of random reads: the disk moves the file's
   share (1/superbatch of the file per batch, at most) plus each batch's rows twice (written, read

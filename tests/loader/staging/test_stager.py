@@ -16,6 +16,7 @@ from loader.format.partition_table import row_offsets_for
 from loader.format.read_checks import CorruptData, load_read_checks
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass, slice_pass
+from loader.staging import stager as stager_module
 from loader.staging.stager import DEFAULT_CHUNK_BYTES, WindowStager
 from loader.staging.staging_kernels import copy_rows_from, keep_chunks, keep_distinct, scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, batch_gather, plan_window, plan_window_bytes
@@ -373,6 +374,49 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
             stager.read_batch(staged, 2, gather_of(dataset, nodes[0]), out)  # the others are still served
         finally:
             staged.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_regions_read_back_in_pieces(dataset, word_dataset, tmp_path, monkeypatch, direct):
+    """Regions larger than ``READ_BACK_BYTES`` come back in pieces (100-byte rows straddling pages, 1 KiB rows),
+    the next piece read ahead across batches and past empty regions, in order and out of it, into two buffers
+    of a piece each; a flipped byte in a region's last piece still fails its batch."""
+    for ds in (dataset, word_dataset):
+        m = ds.manifest
+        monkeypatch.setattr(stager_module, "READ_BACK_BYTES", 7 * m.row_bytes)
+        sampled = window(ds, 8)
+        parts = ds.partitions()
+        offsets = row_offsets_for(sampled.nodes, parts.node_begin, parts.feat_offset, m.row_bytes)
+        empty = [2, 3, 7]  # batches whose rows are all cached: empty regions, the last batch's among them
+        for b in empty:
+            offsets[sampled.node_ptr[b]:sampled.node_ptr[b + 1]] = -1
+        plan = plan_window(sampled.node_ptr, offsets, m.row_bytes, DEFAULT_CHUNK_BYTES)
+        assert (plan.staged_counts[empty] == 0).all() and plan.staged_counts.max() > 3 * 7
+        out = np.full((int(np.diff(sampled.node_ptr).max()), m.feat_dim), np.nan, dtype=np.float32)
+        with stager_for(ds, tmp_path, scatter_bytes=8192, flush_bytes=16384, direct=direct) as stager:
+            staged = stager.stage(plan)
+            try:
+                for order in (range(8), [5, 1, 0, 6, 4]):
+                    for b in order:
+                        at = slice(sampled.node_ptr[b], sampled.node_ptr[b + 1])
+                        staged_here = np.flatnonzero(offsets[at] >= 0)
+                        stager.read_batch(staged, b, batch_gather(offsets[at][staged_here]), out, staged_here)
+                        assert np.array_equal(out[staged_here].view(np.uint8),
+                                              expected_rows(ds, sampled.nodes[at][staged_here]))
+                assert all(len(back) <= stager_module._piece_buffer_bytes(m.row_bytes, 7) for back in stager._backs)
+                b = int(np.argmax(plan.staged_counts))
+                base, nbytes = plan.region(b)
+                fd = os.open(f"/proc/self/fd/{staged.fd}", os.O_WRONLY)
+                try:
+                    os.pwrite(fd, b"\xff", base + nbytes - 1)
+                finally:
+                    os.close(fd)
+                at = slice(sampled.node_ptr[b], sampled.node_ptr[b + 1])
+                with pytest.raises(CorruptData, match=f"batch {b}"):
+                    stager.read_batch(staged, b, batch_gather(offsets[at][offsets[at] >= 0]), out,
+                                      np.flatnonzero(offsets[at] >= 0))
+            finally:
+                staged.close()
 
 
 def test_bad_arguments_are_refused(dataset):
