@@ -568,7 +568,7 @@ class WindowStager:
             else:
                 mine = np.flatnonzero(piece_of == k)
                 copy_rows(source, gather[mine] - lo, dest, targets[mine])
-        if not pieces:  # an empty region: the read ahead goes on to the next batch's
+        if not pieces and self._ahead is None:  # an empty region: a read ahead in flight is already past it
             self._read_ahead_after(staged, b, 0, 0)
         # checked as it streams by (a region's pieces are never all in RAM at once); a mismatch fails the batch,
         # whose slot is then never published

@@ -395,8 +395,17 @@ def test_regions_read_back_in_pieces(dataset, word_dataset, tmp_path, monkeypatc
         out = np.full((int(np.diff(sampled.node_ptr).max()), m.feat_dim), np.nan, dtype=np.float32)
         with stager_for(ds, tmp_path, scatter_bytes=8192, flush_bytes=16384, direct=direct) as stager:
             staged = stager.stage(plan)
+            loads: list[tuple[int, int]] = []
+
+            def counted(staged_window, b, k, load=stager._load, loads=loads):  # each piece read once, in order
+                loads.append((b, k))
+                return load(staged_window, b, k)
+
+            stager._load = counted
             try:
                 for order in (range(8), [5, 1, 0, 6, 4]):
+                    if order == [5, 1, 0, 6, 4]:
+                        assert loads == [(b, k) for b in range(8) for k in range(-(-int(plan.staged_counts[b]) // 7))]
                     for b in order:
                         at = slice(sampled.node_ptr[b], sampled.node_ptr[b + 1])
                         staged_here = np.flatnonzero(offsets[at] >= 0)
