@@ -21,10 +21,9 @@ into it (a staging file is ours, but the disk under it is not).
 
 Memory held (``stager_buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
 aligned), a scatter buffer (``scatter_bytes``), two read-back buffers of a piece of a region each
-(``READ_BACK_BYTES`` at most: the next piece is read ahead while one is gathered), and, with O_DIRECT writes, a
-second scatter buffer
-and a partial page per batch of the window, else about twice ``flush_bytes`` of staging writes in the
-page cache (dirty, or written back and not yet dropped).
+(``READ_BACK_BYTES`` at most: the next piece is read ahead while one is gathered), and, with O_DIRECT
+writes, a second scatter buffer and a partial page per batch of the window, else about twice
+``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
 """
 
 import ctypes
@@ -107,7 +106,7 @@ class StagedWindow:
     """What ``close`` does with the file (``ScratchFiles.give``)."""
     stats: StagingStats = field(default_factory=StagingStats)
     reading: "Future[tuple[mmap.mmap, int]] | None" = None
-    """A read ahead of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
+    """A read ahead of a piece of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
 
     def __post_init__(self) -> None:
         # a window a stopped stream drops unread still gives its file back when it is collected
@@ -161,11 +160,9 @@ def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, sc
                         on_disk: bool, direct_writes: bool = False, window_batches: int = 0) -> int:
     """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
     of a piece of a region, at most ``READ_BACK_BYTES`` or a batch of ``batch_rows`` distinct rows (one read
-    ahead) and, staging on disk, either a second scatter
-    buffer and a partial page per batch of a window of ``window_batches`` (``direct_writes``: O_DIRECT, nothing in
-    the page cache) or twice
-    ``flush_bytes`` of the page cache (the writes since the last flush, and those it sent to the disk, dropped
-    at the next)."""
+    ahead) and, staging on disk, either a second scatter buffer and a partial page per batch of a window of
+    ``window_batches`` (``direct_writes``: O_DIRECT, nothing in the page cache) or twice ``flush_bytes`` of the
+    page cache (the writes since the last flush, and those it sent to the disk, dropped at the next)."""
     tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
     chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
     scatter = -(-max(scatter_bytes, chunk_bytes + tail + 2 * STAGING_ALIGN) // STAGING_ALIGN) * STAGING_ALIGN
