@@ -48,7 +48,7 @@ class ModeConfig:
 @dataclass(frozen=True)
 class ExactConfig:
     superbatch: int = 64
-    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes (default 64; 256 in mode "staged",
+    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes (default 64; 512 in mode "staged",
     whose pass over the feature file a longer superbatch shares between more batches, ``STAGED_SUPERBATCH``)."""
     sample_group: int = 16
     """Batches whose frontiers share one neighbour-list fetch per hop (default 16)."""
@@ -62,10 +62,12 @@ class ExactConfig:
     batches' feature bytes there."""
 
 
-STAGED_SUPERBATCH = 256
-"""``[exact] superbatch`` when unset in mode "staged": on bench/compare's 1M-node graph at 448M it ran 47.9
-batches/s against 45.6 at 128 (the pass over the file shared by twice the batches) and 46.8 at 512 (whose plan
-took the feature cache 29k rows); docs/PERFORMANCE.md."""
+STAGED_SUPERBATCH = 512
+"""``[exact] superbatch`` when unset in mode "staged": its pass over the feature file is shared by more batches the
+longer it is, and since its plan is charged for 256 batches' rows at most (``STAGED_PLAN_BATCHES``), a superbatch
+of 512 costs the feature cache nothing where its uncached rows fit that. On bench/compare's 1M-node graph at 448M,
+256 had run 47.9 batches/s against 45.6 at 128 and 46.8 at 512 when the plan was charged for every row of the
+superbatch (29k rows of cache lost at 512); docs/PERFORMANCE.md."""
 
 
 @dataclass(frozen=True)

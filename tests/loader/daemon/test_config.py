@@ -34,7 +34,7 @@ def test_superbatch_default_is_longer_in_mode_staged():
     from loader.daemon.config import STAGED_SUPERBATCH
 
     assert config_from_mapping(base(loader={"mode": "exact"})).exact.superbatch == 64
-    assert config_from_mapping(base(loader={"mode": "staged"})).exact.superbatch == STAGED_SUPERBATCH == 256
+    assert config_from_mapping(base(loader={"mode": "staged"})).exact.superbatch == STAGED_SUPERBATCH == 512
     assert config_from_mapping(base(loader={"mode": "staged"}, exact={"superbatch": 32})).exact.superbatch == 32
 
 

@@ -107,6 +107,46 @@ def test_staged_mode_with_direct_io_serves_the_reference_bitwise(dataset, refere
     assert not list((tmp_path / "staging").iterdir())
 
 
+@pytest.mark.parametrize("plan_batches, feature_cache", [(1, 0), (2, "40K"), (3, 0)])
+def test_staged_superbatches_whose_misses_exceed_the_plan_are_staged_in_windows(
+        dataset, reference, tmp_path, monkeypatch, plan_batches, feature_cache):
+    """A superbatch whose uncached rows exceed the plan's charge (``STAGED_PLAN_BATCHES`` batches' worth) is staged
+    in windows of consecutive batches, each within the charge (or a single batch), a pass each; its batches are the
+    reference's all the same, and every window's staging file goes back. Every chunk is staged (windows of a
+    batch or two would leave them to direct reads by the cost model), in chunks of 8 KiB."""
+    from loader.daemon.fullgraph import outofcore
+    from loader.staging import window_plan
+
+    monkeypatch.setattr(window_plan, "chunk_costs", lambda keys, shift, chunks, *args: (np.zeros(chunks),
+                                                                                        np.ones(chunks)))
+    monkeypatch.setattr(outofcore, "STAGING_CHUNK", 8192)
+    windows: list[tuple[int, int, int]] = []  # (batches, staged rows, the plan's charge in rows)
+    stage_window = outofcore.StagedMode._stage_window
+
+    def recorded(self, plan):
+        windows.append((plan.num_batches, plan.staged_rows, self.budget_plan.plan_rows))
+        return stage_window(self, plan)
+
+    monkeypatch.setattr(outofcore, "STAGED_PLAN_BATCHES", plan_batches)
+    monkeypatch.setattr(outofcore.StagedMode, "_stage_window", recorded)
+    (tmp_path / "staging").mkdir()
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
+                           exact={"superbatch": 7, "feature_cache": feature_cache,
+                                  "staging_dir": str(tmp_path / "staging")},
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
+    with running_daemon(config) as daemon, credited_client(config) as client:
+        epochs = [consume_epoch(client, epoch) for epoch in (0, 1)]
+        assert daemon.mode.stager.staging_file_bytes > 0
+    for epoch, batches in enumerate(epochs):
+        assert_same_as_reference(batches, reference, epoch)
+    superbatches = 2 * -(-len(epochs[0]) // 7)
+    assert len(windows) > superbatches  # split
+    assert all(rows <= charge or count == 1 for count, rows, charge in windows)
+    assert all(rows > 0 for count, rows, charge in windows if count)
+    assert max(count for count, _, _ in windows) > 1 or plan_batches == 1  # not one batch a window
+    assert not list((tmp_path / "staging").iterdir())
+
+
 @pytest.mark.parametrize("choice", ["all direct", "every other chunk"])
 def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset, reference, tmp_path, monkeypatch,
                                                                          choice, caplog):
