@@ -129,14 +129,16 @@ def batch_gather(offsets: np.ndarray) -> np.ndarray:
 
 
 def plan_window(node_ptr: np.ndarray, offsets: np.ndarray | OffsetsOf, row_bytes: int, chunk_bytes: int, *,
-                sequential_rate: float | None = None, random_reads: float | None = None) -> WindowPlan:
+                sequential_rate: float | None = None, random_reads: float | None = None,
+                max_rows: int | None = None) -> WindowPlan:
     """The staging layout of the batches whose rows lie at ``offsets[node_ptr[b]:node_ptr[b + 1]]`` (byte offsets
     in a ``features.bin`` of ``row_bytes`` rows, ``row_offsets_for`` of the nodes; negative: not staged).
     ``offsets`` may be a function of ``(begin, end)`` giving those nodes' offsets: the planner then never holds
     them all (8 B per row less at its peak).
 
     With both rates, a chunk is staged only where the cost model finds it worth its pass (``chunk_costs``);
-    without, every chunk holding a row is."""
+    without, every chunk holding a row is. ``max_rows``: at most that many offsets are non-negative (the caller
+    counted them), so the keys take 8 B for each of those instead of each node; ValueError where more are."""
     if row_bytes <= 0:
         raise ValueError(f"row_bytes: {row_bytes} is not positive")
     if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
@@ -154,7 +156,8 @@ def plan_window(node_ptr: np.ndarray, offsets: np.ndarray | OffsetsOf, row_bytes
     count = len(node_ptr) - 1
     off_bits = (chunk_bytes - 1).bit_length()
     batch_bits = max(1, (count - 1).bit_length())
-    keys, last = _keys(node_ptr, offsets_of, chunk_bytes, off_bits, off_bits + batch_bits)
+    keys, last = _keys(node_ptr, offsets_of, chunk_bytes, off_bits, off_bits + batch_bits,
+                       nodes if max_rows is None else min(nodes, max_rows))
     chunks = last // chunk_bytes + 1
     if off_bits + batch_bits + max(1, chunks.bit_length()) > 64:
         raise ValueError(f"a window of {count} batches over {chunks} chunks of {chunk_bytes} bytes does not fit "
@@ -205,12 +208,12 @@ def chunk_costs(keys: np.ndarray, shift: np.uint64, chunks: int, entries: np.nda
     return (chunk_bytes + 2.0 * entries * row_bytes) / sequential_rate, pages / random_reads
 
 
-def _keys(node_ptr: np.ndarray, offsets_of: OffsetsOf, chunk_bytes: int, off_bits: int, chunk_shift: int
-          ) -> tuple[np.ndarray, int]:
-    """(the sorted, distinct keys of every non-negative offset, the largest offset): built in slices, in place,
-    8 B per row given and a slice's temporaries."""
+def _keys(node_ptr: np.ndarray, offsets_of: OffsetsOf, chunk_bytes: int, off_bits: int, chunk_shift: int,
+          size: int) -> tuple[np.ndarray, int]:
+    """(the sorted, distinct keys of every non-negative offset, at most ``size`` of them, the largest offset): built in
+    slices, in place, 8 B per key and a slice's temporaries."""
     nodes = int(node_ptr[-1])
-    keys = np.empty(nodes, dtype=np.uint64)
+    keys = np.empty(size, dtype=np.uint64)
     at, last = 0, 0
     for s in range(0, nodes, _SLICE):
         off = np.asarray(offsets_of(s, min(nodes, s + _SLICE)), dtype=np.int64)
@@ -218,6 +221,8 @@ def _keys(node_ptr: np.ndarray, offsets_of: OffsetsOf, chunk_bytes: int, off_bit
         if not len(keep):
             continue
         batch = np.searchsorted(node_ptr, keep + s, side="right") - 1
+        if at + len(keep) > size:
+            raise ValueError(f"offsets: more than max_rows ({size}) are non-negative")
         off = off[keep]
         last = max(last, int(off.max()))
         piece = keys[at:at + len(keep)]

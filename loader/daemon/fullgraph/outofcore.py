@@ -529,7 +529,7 @@ class StagedMode(_OutOfCoreMode):
         node_ptr = sampled.node_ptr
         windows: list[tuple[int, StagedWindow]] = []
         try:
-            bounds = self._window_bounds(node_ptr, ids_of)
+            bounds, misses = self._window_bounds(node_ptr, ids_of)
             for b0, b1 in zip(bounds, bounds[1:]):
                 base = int(node_ptr[b0])
 
@@ -538,7 +538,8 @@ class StagedMode(_OutOfCoreMode):
 
                 plan = plan_window(node_ptr[b0:b1 + 1] - base, offsets_of, self._row_bytes, self.stager.chunk_bytes,
                                    sequential_rate=self.serving.config.io.sequential_rate,
-                                   random_reads=self.serving.config.io.random_reads)
+                                   random_reads=self.serving.config.io.random_reads,
+                                   max_rows=None if misses is None else int(misses[b0:b1].sum()))
                 windows.append((b0, self._stage_window(plan)))
         except BaseException:
             for _, staged in windows:
@@ -553,13 +554,14 @@ class StagedMode(_OutOfCoreMode):
         self._metrics.staging_file_bytes.labels("rows").set(self.stager.staging_file_bytes)
         return _StagedRows(self, windows, len(node_ptr) - 1, getattr(sampled, "spill", None))
 
-    def _window_bounds(self, node_ptr: np.ndarray, ids_of: Callable[[int, int], np.ndarray]) -> list[int]:
-        """Where the staging windows of a superbatch start, and its end: one window where its rows fit the plan's
-        ``plan_rows``, else as many consecutive batches per window as their uncached rows fit (at least one), counted
-        by one more pass over the ids."""
+    def _window_bounds(self, node_ptr: np.ndarray, ids_of: Callable[[int, int], np.ndarray]
+                       ) -> tuple[list[int], np.ndarray | None]:
+        """(where the staging windows of a superbatch start, and its end; each batch's uncached rows, or None): one
+        window where all its rows fit the plan's ``plan_rows``, else as many consecutive batches per window as their
+        uncached rows fit (at least one), counted by one more pass over the ids."""
         count, total, capacity = len(node_ptr) - 1, int(node_ptr[-1]), self.budget_plan.plan_rows
         if total <= capacity:
-            return [0, count]
+            return [0, count], None
         misses = np.zeros(count, dtype=np.int64)
         for begin in range(0, total, PLAN_SLICE_ROWS):
             end = min(total, begin + PLAN_SLICE_ROWS)
@@ -571,7 +573,7 @@ class StagedMode(_OutOfCoreMode):
             b0 = bounds[-1]
             before = int(through[b0 - 1]) if b0 else 0
             bounds.append(max(b0 + 1, int(np.searchsorted(through, before + capacity, side="right"))))
-        return bounds
+        return bounds, misses
 
     def _stage_window(self, plan: WindowPlan) -> StagedWindow:
         try:
