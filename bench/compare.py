@@ -79,7 +79,7 @@ from proto.sizes import format_size, parse_size  # noqa: E402
 
 PY = sys.executable
 RESULTS = ROOT / "bench" / "results"
-MODES = ("hierarchical", "exact", "static", "staged", "mmap", "inmemory")
+MODES = ("hierarchical", "exact", "static", "staged", "hybrid", "mmap", "inmemory")
 CHECKED_MODES = ("hierarchical", "exact", "static")
 """The modes that verify what they read (format 1.1 read checks); ``--read-checks both`` runs each unchecked too."""
 UNCHECKED = "-unchecked"

@@ -28,7 +28,7 @@ class DatasetConfig:
     """Directory written by ``megabatch prepare`` (required)."""
 
 
-MODES = ("hierarchical", "exact", "static", "staged", "mmap", "inmemory")
+MODES = ("hierarchical", "exact", "static", "staged", "hybrid", "mmap", "inmemory")
 
 SCHEDULES = ("balanced", "random")
 """How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
@@ -42,6 +42,8 @@ class ModeConfig:
     "static" (Ali+PG: full-graph sampling, static neighbour and degree-ranked feature caches),
     "staged" (the exact mode's batches, each superbatch's rows staged by one sequential pass over the
     feature file into per-batch regions of a staging file under ``[exact] staging_dir``),
+    "hybrid" (the exact mode's batches, each superbatch's densest partitions loaded whole by one sequential
+    pass, its other rows from a Belady cache and row reads),
     "mmap" (PyG+: full-graph sampling over memory maps, readahead off), "inmemory" (all in RAM)."""
 
 

@@ -162,6 +162,7 @@ class DaemonMetrics:
             self.feature_cache_lookups.labels(result)
             self.neighbor_cache_lookups.labels(result)
         self.feature_cache_lookups.labels("fill")
+        self.feature_cache_lookups.labels("resident")
         for result in ("filled", "lost"):
             self.neighbour_slots.labels(result)
         for kind in ("coverage", "skew"):

@@ -6,6 +6,7 @@ The one place that knows every mode: the daemon calls ``open_mode`` and from the
 
 from loader.daemon.config import LoaderConfig
 from loader.daemon.fullgraph.fullgraph_modes import InMemoryMode, MmapMode
+from loader.daemon.fullgraph.hybrid import HybridMode
 from loader.daemon.fullgraph.outofcore import ExactMode, StagedMode, StaticMode, plan_outofcore
 from loader.daemon.hierarchical.mode import HierarchicalMode
 from loader.daemon.mode import ModeSetup, TrainingMode
@@ -46,4 +47,6 @@ def open_mode(setup: ModeSetup) -> TrainingMode:
         return StaticMode(setup.serving, setup.dataset, plan)
     if mode == "staged":
         return StagedMode(setup.serving, setup.dataset, plan)
+    if mode == "hybrid":
+        return HybridMode(setup.serving, setup.dataset, plan)
     raise AssertionError(f"config validation let mode {mode!r} through")

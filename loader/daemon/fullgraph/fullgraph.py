@@ -1,6 +1,6 @@
 """The full-graph training modes: every mini-batch sampled over the whole graph, as in ``--mode inmemory``.
 
-The modes ("exact", "static", "staged", "mmap", "inmemory") share the batch plan of the in-memory
+The modes ("exact", "static", "staged", "hybrid", "mmap", "inmemory") share the batch plan of the in-memory
 reference (``epoch_batches_inmemory``: every training node once per epoch, same seeds, same
 keys) and its sampler semantics, so their batches are identical; they differ only in where
 neighbour lists and feature rows come from. A ``FullGraphMode`` supplies exactly that:

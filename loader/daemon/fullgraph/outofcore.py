@@ -78,9 +78,11 @@ from loader.staging.window_plan import PLAN_SLICE_ROWS, WindowPlan, batch_gather
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["OutOfCoreBudget", "plan_outofcore", "ExactMode", "StaticMode", "StagedMode", "out_degree_ranking",
+__all__ = ["OutOfCoreBudget", "plan_outofcore", "OutOfCoreMode", "DiskRows", "ExactMode", "StaticMode", "StagedMode",
+           "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "SPILLED_BATCH_BYTES", "STAGING_CHUNK",
-           "STAGING_CHUNK_SMALL", "STAGING_FLUSH", "STAGED_PLAN_BATCHES"]
+           "STAGING_CHUNK_SMALL", "STAGING_FLUSH", "STAGED_PLAN_BATCHES", "HYBRID_RESIDENT_SHARE",
+           "HYBRID_BYTES_PER_SAMPLED_NODE"]
 
 log = logging.getLogger("megabatch.outofcore")
 
@@ -105,6 +107,15 @@ STAGING_CHUNK_SMALL = 4 << 20
 they did: 17.4 batches/s against 21.1, the sampler reading lists)."""
 STAGING_FLUSH = 8 << 20
 """Mode staged: staging writes between two flushes (the page cache holds about twice this)."""
+HYBRID_RESIDENT_SHARE = 0.5
+"""Mode hybrid: the share of the feature bytes (``[exact] feature_cache``) that goes to the superbatches' resident
+partitions, split evenly between the ``SUPERBATCHES_IN_FLIGHT`` of them; the rest is the Belady cache. A design
+default, not a measured optimum: bench/hybrid_bench found Belady serving more accesses per byte (0.52 of them at 10%
+of the 1M-node graph's file, the best partitions 0.13), so the partitions pay only by loading sequentially what
+the row path would read at random."""
+HYBRID_BYTES_PER_SAMPLED_NODE = 16
+"""Mode hybrid: per sampled node of a superbatch in flight beyond ``BYTES_PER_SAMPLED_NODE``: the id of a row the
+resident partitions miss (the plan's trace, 8) and the running count that cuts it into batches (8)."""
 STAGED_PLAN_BATCHES = 256
 """Mode staged: the staging plan (8 B per staged row) is charged for the rows of at most this many batches, not a
 whole superbatch's: only the rows the feature cache misses are planned, and a superbatch whose misses do not fit is
@@ -133,6 +144,8 @@ class OutOfCoreBudget(BudgetPlan):
     """Mode staged: bytes of ``features.bin`` per read of the staging pass (and of its scatter buffer)."""
     plan_rows: int = 0
     """Mode staged: most rows a staging window's plan holds (``STAGED_PLAN_BATCHES`` batches' worth)."""
+    resident_bytes: int = 0
+    """Mode hybrid: bytes of whole partitions each superbatch in flight holds (``SUPERBATCHES_IN_FLIGHT`` of them)."""
 
     @property
     def feature_cache_bytes(self) -> int:
@@ -141,24 +154,30 @@ class OutOfCoreBudget(BudgetPlan):
     @property
     def total(self) -> int:
         return (self.fixed_bytes + self.graph_bytes + self.working_bytes + self.neighbor_cache_bytes
-                + self.feature_cache_bytes)
+                + self.feature_cache_bytes + SUPERBATCHES_IN_FLIGHT * self.resident_bytes)
 
     def describe(self) -> str:
         return (f"memory plan ({self.mode}): budget {format_size(self.budget)} = node arrays and slots "
                 f"{format_size(self.fixed_bytes)} + indptr, scratch and read checks {format_size(self.graph_bytes)} + "
                 f"superbatches in flight and read buffers {format_size(self.working_bytes)} + neighbour cache "
                 f"{format_size(self.neighbor_cache_bytes)} + feature cache {self.feature_cache_rows:,} rows "
-                f"{format_size(self.feature_cache_bytes)} = {format_size(self.total)} used"
+                f"{format_size(self.feature_cache_bytes)}"
+                + (f" + resident partitions {SUPERBATCHES_IN_FLIGHT} x {format_size(self.resident_bytes)}"
+                   if self.resident_bytes else "")
+                + f" = {format_size(self.total)} used"
                 + (f" (staging chunks of {format_size(self.staging_chunk)})" if self.staging_chunk else ""))
 
 
 def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, batch_nodes: int, batch_edges: int
                    ) -> OutOfCoreBudget:
-    """Split ``[memory] budget`` for ``[loader] mode`` = exact or static; UserError when it cannot fit."""
+    """Split ``[memory] budget`` for ``[loader] mode`` = exact, static, staged or hybrid; UserError when it cannot
+    fit."""
     m, ex, mode = dataset.manifest, config.exact, config.loader.mode
     n = m.num_nodes
     index_itemsize = np.dtype(m.index_dtype.value).itemsize
     scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
+    if mode == "hybrid":
+        scratch += 1  # the map of a superbatch's distinct nodes (which partitions are worth their pass)
     # the read checks' block tables (8 B per block of features.bin and page of indices.npy) live as long as the mode
     graph_bytes = 8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
     sampled_batch = batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE
@@ -190,6 +209,13 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         fits = config.memory.budget - fixed_bytes - graph_bytes - working - stager_bytes(STAGING_CHUNK) >= all_lists
         staging_chunk = STAGING_CHUNK if fits else STAGING_CHUNK_SMALL
         working += stager_bytes(staging_chunk)
+    elif mode == "hybrid":
+        # each superbatch in flight also holds the ids its resident partitions do not serve (the Belady plan's
+        # trace), and the partitions' pass has the stager's chunk buffers (nothing staged, nothing read back)
+        per_batch = sampled_batch + HYBRID_BYTES_PER_SAMPLED_NODE * batch_nodes
+        working += (SUPERBATCHES_IN_FLIGHT * ex.superbatch * per_batch
+                    + stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=1, chunk_bytes=STAGING_CHUNK_SMALL,
+                                          scatter_bytes=STAGING_CHUNK_SMALL, flush_bytes=0, on_disk=False))
     else:
         working += SUPERBATCHES_IN_FLIGHT * ex.superbatch * sampled_batch
     left = config.memory.budget - fixed_bytes - graph_bytes - working
@@ -207,9 +233,13 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     if neighbor + feature > left:
         raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
                         f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
+    resident = 0
+    if mode == "hybrid":  # the feature bytes split between the superbatches' partitions and the Belady cache
+        resident = int(feature * HYBRID_RESIDENT_SHARE) // SUPERBATCHES_IN_FLIGHT
+        feature -= SUPERBATCHES_IN_FLIGHT * resident
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
     return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes,
-                           staging_chunk, plan_rows)
+                           staging_chunk, plan_rows, resident)
 
 
 def _takes_direct_writes(directory: Path) -> bool:
@@ -242,7 +272,7 @@ def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
     return np.argsort(-degree, kind="stable")
 
 
-class _OutOfCoreMode(FullGraphMode):
+class OutOfCoreMode(FullGraphMode):
     """What both out-of-core modes share: the exact sampler and the row reader for missed rows."""
 
     def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
@@ -259,6 +289,7 @@ class _OutOfCoreMode(FullGraphMode):
         direct = config.io.direct_io
         indptr = dataset.read("indptr", np.int64, 1)
         checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
+        self.read_checks = checks
         # O_DIRECT reads whole pages anyway; buffered reads gain nothing from reading gaps between lists
         reader = NeighborReader(indptr, Path(dataset.file("indices")), gap_bytes=4096 if direct else 0,
                                 read_threads=max(8, config.io.read_threads), direct_io=direct,
@@ -326,17 +357,17 @@ class _OutOfCoreMode(FullGraphMode):
         self.rows.close()
 
 
-class _DiskRows(RowSource):
+class DiskRows(RowSource):
     """Every row read from disk."""
 
-    def __init__(self, mode: _OutOfCoreMode) -> None:
+    def __init__(self, mode: OutOfCoreMode) -> None:
         self._mode = mode
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
         self._mode.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
 
 
-class ExactMode(_OutOfCoreMode):
+class ExactMode(OutOfCoreMode):
     """Ginex: Belady-optimal feature cache from per-superbatch changesets."""
 
     name = "exact"
@@ -352,7 +383,7 @@ class ExactMode(_OutOfCoreMode):
         return _BeladyStream(self).rows_for
 
     def eval_rows(self) -> RowSource:
-        return _DiskRows(self)
+        return DiskRows(self)
 
 
 class _BeladyStream:
@@ -394,7 +425,7 @@ class _BeladyRows(RowSource):
 class _DegreeCache:
     """The ``capacity`` rows of highest out-degree (PaGraph's choice), read once at startup, never changed."""
 
-    def __init__(self, mode: _OutOfCoreMode, dataset: Dataset, capacity: int) -> None:
+    def __init__(self, mode: OutOfCoreMode, dataset: Dataset, capacity: int) -> None:
         m = dataset.manifest
         cached = np.sort(out_degree_ranking(dataset)[:capacity])
         # int32 like exact's planner scratch, so the modes get the same caches from the same budget
@@ -415,7 +446,7 @@ class _DegreeCache:
         return np.flatnonzero(slots < 0)
 
 
-class StaticMode(_OutOfCoreMode):
+class StaticMode(OutOfCoreMode):
     """Ali+PG: the highest out-degree rows cached once (PaGraph), the Aligraph-style neighbour cache."""
 
     name = "static"
@@ -454,7 +485,7 @@ class _StaticRows(RowSource):
             lookups.labels("miss").inc(misses)
 
 
-class StagedMode(_OutOfCoreMode):
+class StagedMode(OutOfCoreMode):
     """The exact mode's batches, each superbatch's rows staged by one sequential pass (``loader.staging``), its
     sampled structure spilled beside them so that RAM holds 4 B per row of a superbatch in flight."""
 
@@ -468,7 +499,7 @@ class StagedMode(_OutOfCoreMode):
         if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
             self.close()
             raise UserError(f"[exact] staging_dir: {where} is not a writable directory")
-        checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
+        checks = self.read_checks
         self.stager = WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=where,
                                    block_sums=None if checks is None else checks.feature_blocks,
                                    check_block=m.feature_check_bytes, direct=config.io.direct_io,
@@ -625,7 +656,7 @@ class StagedMode(_OutOfCoreMode):
         return self.stage
 
     def eval_rows(self) -> RowSource:
-        return _DiskRows(self)
+        return DiskRows(self)
 
     def close(self) -> None:
         super().close()

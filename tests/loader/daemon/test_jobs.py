@@ -61,7 +61,8 @@ def seeds_of(arrays) -> np.ndarray:
     return arrays["n_id"][:int(arrays["nodes_per_hop"][0])]
 
 
-@pytest.mark.parametrize("mode, exact", [("exact", {}), ("staged", {"superbatch": 5, "feature_cache": 0})])
+@pytest.mark.parametrize("mode, exact", [("exact", {}), ("staged", {"superbatch": 5, "feature_cache": 0}),
+                                        ("hybrid", {"superbatch": 5, "feature_cache": "600K"})])
 def test_the_full_graph_modes_deal_each_rank_the_in_memory_ranks_batches(dataset, reference, tmp_path, mode, exact):
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact)
     train = reference.splits["train"]

@@ -27,6 +27,8 @@ MODES = {
     "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
     # every row through the staging pass (its chunk reads), every list from disk
     "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
+    # room for every partition: rows through the partitions' pass where they are worth it, the rest read
+    "hybrid": {"loader": {"mode": "hybrid"}, "exact": {"neighbor_cache": 0, "feature_cache": "64M"}},
 }
 
 

@@ -245,6 +245,7 @@ MODES = {
     "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
     "static": {"loader": {"mode": "static"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
     "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
+    "hybrid": {"loader": {"mode": "hybrid"}, "exact": {"neighbor_cache": 0, "feature_cache": "64M"}},
 }
 
 

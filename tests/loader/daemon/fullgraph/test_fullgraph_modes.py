@@ -80,6 +80,9 @@ def assert_same_as_reference(batches, ref, epoch):
     ("staged", {"superbatch": 6, "neighbor_cache": 0, "feature_cache": 0}),  # every row staged, every list read
     ("staged", {"superbatch": 5, "feature_cache": "40K"}),  # the cache's rows copied, the others staged
     ("staged", {"superbatch": 64, "feature_cache": 0}),  # an epoch in one superbatch
+    ("hybrid", {"superbatch": 4, "neighbor_cache": 0, "feature_cache": 0}),  # nothing resident, every row read
+    ("hybrid", {"superbatch": 5, "feature_cache": "600K"}),  # some partitions resident, a Belady cache beside them
+    ("hybrid", {"superbatch": 64, "feature_cache": "64M"}),  # an epoch in one superbatch, all of it resident
 ])
 def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path, mode, exact):
     if mode == "staged":
@@ -185,18 +188,18 @@ def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset, tmp_path):
         pass
 
 
-def _lookups(daemon, family):
+def _lookups(daemon, family, results=("hit", "miss")):
     counter = getattr(daemon.metrics, family)
-    return {r: counter.labels(r)._value.get() for r in ("hit", "miss")}
+    return {r: counter.labels(r)._value.get() for r in results}
 
 
-def _epoch_lookups(dataset, tmp_path, mode, exact):
+def _epoch_lookups(dataset, tmp_path, mode, exact, results=("hit", "miss")):
     config = daemon_config(dataset, tmp_path / f"{mode}.sock", loader={"mode": mode}, exact=exact,
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config) as daemon:
         with credited_client(config) as client:
             batches = consume_epoch(client, 0)
-        return sum(len(b["n_id"]) for b in batches), _lookups(daemon, "feature_cache_lookups"), \
+        return sum(len(b["n_id"]) for b in batches), _lookups(daemon, "feature_cache_lookups", results), \
             _lookups(daemon, "neighbor_cache_lookups")
 
 
@@ -206,6 +209,17 @@ def test_belady_cache_misses_no_more_than_the_static_cache_of_the_same_size(data
     rows_static, static, _ = _epoch_lookups(dataset, tmp_path, "static", caches)
     assert rows == rows_static == exact["hit"] + exact["miss"] == static["hit"] + static["miss"]
     assert 0 < exact["miss"] <= static["miss"] and exact["hit"] > 0
+
+
+def test_hybrid_serves_rows_from_resident_partitions_and_its_belady_cache(dataset, tmp_path):
+    results = ("resident", "hit", "miss", "fill")
+    # 600K of feature bytes: 100K of partitions per superbatch in flight (1,600 of the 2,500 rows), 300K of cache
+    rows, features, _ = _epoch_lookups(dataset, tmp_path, "hybrid", {"superbatch": 5, "feature_cache": "600K"},
+                                       results)
+    assert features["resident"] + features["hit"] + features["miss"] == rows
+    assert features["resident"] > 0 and features["hit"] > 0 and features["fill"] == 0
+    rows, features, _ = _epoch_lookups(dataset, tmp_path, "hybrid", {"superbatch": 5, "feature_cache": 0}, results)
+    assert features == {"resident": 0, "hit": 0, "miss": rows, "fill": 0}
 
 
 def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset, tmp_path):
@@ -242,7 +256,8 @@ def physics(tmp_path_factory):
 @pytest.mark.parametrize("mode, exact", [
     ("exact", {"superbatch": 6, "neighbor_cache": "256K", "feature_cache": "512K"}),
     # the same batches, so GraphSAGE trains to the reference's accuracy through it, digit for digit
-    ("staged", {"superbatch": 24, "neighbor_cache": "256K", "feature_cache": "512K"})])
+    ("staged", {"superbatch": 24, "neighbor_cache": "256K", "feature_cache": "512K"}),
+    ("hybrid", {"superbatch": 8, "neighbor_cache": "256K", "feature_cache": "1M"})])
 def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physics, tmp_path, mode, exact):
     ref = load_in_memory(open_dataset(physics))
     (tmp_path / "staging").mkdir()
@@ -256,7 +271,8 @@ def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physi
 @pytest.mark.parametrize("mode, exact", [
     ("hierarchical", {}), ("inmemory", {}), ("mmap", {}), ("exact", {"neighbor_cache": "16K", "feature_cache": "8K"}),
     ("static", {"neighbor_cache": 0, "feature_cache": "40K"}),
-    ("staged", {"neighbor_cache": 0, "feature_cache": "40K"})])
+    ("staged", {"neighbor_cache": 0, "feature_cache": "40K"}),
+    ("hybrid", {"neighbor_cache": 0, "feature_cache": "600K"})])
 def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
     from loader.sampling.inmemory import STREAM_VAL, eval_split_batches
     from proto.messages import EvalEnd, EvalRequest

@@ -1,4 +1,4 @@
-"""The exact/static/staged modes' memory split: every part charged, auto caches fill what is left, bad sizes
+"""The exact/static/staged/hybrid modes' memory split: every part charged, auto caches fill what is left, bad sizes
 refused."""
 
 from pathlib import Path
@@ -11,6 +11,8 @@ from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT
 from loader.daemon.fullgraph.outofcore import (
     BYTES_PER_SAMPLED_EDGE,
     BYTES_PER_SAMPLED_NODE,
+    HYBRID_BYTES_PER_SAMPLED_NODE,
+    HYBRID_RESIDENT_SHARE,
     SPILLED_BATCH_BYTES,
     STAGING_CHUNK,
     STAGING_CHUNK_SMALL,
@@ -112,3 +114,27 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     assert takes_direct_writes(Path("/var/tmp"))  # ext4 here; a user's tmpfs would not
     assert m.row_bytes <= 4096 and direct.staging_chunk == STAGING_CHUNK
     assert direct.working_bytes == staged.working_bytes - 2 * STAGING_FLUSH + 4 * 4096 + STAGING_CHUNK + 3 * 4096
+
+
+def test_hybrid_charges_its_partitions_per_superbatch_in_flight_and_splits_the_feature_bytes(dataset):
+    m = dataset.manifest
+    exact = plan_outofcore(config("64M", superbatch=4, neighbor_cache=0, feature_cache="96K"), dataset,
+                           fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    hybrid = plan_outofcore(config("64M", mode="hybrid", superbatch=4, neighbor_cache=0, feature_cache="96K"), dataset,
+                            fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    assert hybrid.graph_bytes == exact.graph_bytes + m.num_nodes  # the map of a superbatch's distinct nodes
+    reader = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=1, chunk_bytes=STAGING_CHUNK_SMALL,
+                                 scatter_bytes=STAGING_CHUNK_SMALL, flush_bytes=0, on_disk=False)
+    assert hybrid.working_bytes == (exact.working_bytes + reader
+                                    + SUPERBATCHES_IN_FLIGHT * 4 * HYBRID_BYTES_PER_SAMPLED_NODE * 500)
+    feature = 96 << 10
+    assert hybrid.resident_bytes == int(feature * HYBRID_RESIDENT_SHARE) // SUPERBATCHES_IN_FLIGHT
+    assert hybrid.feature_cache_rows == (feature - SUPERBATCHES_IN_FLIGHT * hybrid.resident_bytes) // m.row_bytes
+    assert 0 < hybrid.feature_cache_rows < m.num_nodes
+    assert hybrid.total == (hybrid.fixed_bytes + hybrid.graph_bytes + hybrid.working_bytes
+                            + hybrid.feature_cache_rows * m.row_bytes + SUPERBATCHES_IN_FLIGHT * hybrid.resident_bytes)
+    assert hybrid.total <= 64 << 20
+    assert "resident partitions 3 x" in hybrid.describe()
+    with pytest.raises(UserError, match="too small for mode hybrid"):
+        plan_outofcore(config("4M", mode="hybrid", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000,
+                       batch_edges=50000)
