@@ -234,6 +234,7 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
             feat_hit = delta(after, before, 'megabatch_feature_cache_lookups_total{result="hit"}')
             feat_miss = delta(after, before, 'megabatch_feature_cache_lookups_total{result="miss"}')
             feat_fill = delta(after, before, 'megabatch_feature_cache_lookups_total{result="fill"}')
+            feat_resident = delta(after, before, 'megabatch_feature_cache_lookups_total{result="resident"}')
             nb_hit = delta(after, before, 'megabatch_neighbor_cache_lookups_total{result="hit"}')
             nb_miss = delta(after, before, 'megabatch_neighbor_cache_lookups_total{result="miss"}')
             sampler = delta(after, before, 'megabatch_stage_busy_seconds_total{stage="sampler"}')
@@ -260,9 +261,11 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "staging_written_mb_s": staged_written / seconds / 1e6 if mode == "staged" and seconds > 0 else None,
                 "ranks": ranks,
                 "disk_bytes_per_batch": (io_after - io_before) / batches if batches else None,
-                # rows read from disk per row delivered: misses plus the exact mode's read-ahead fills
-                "feature_miss_ratio": (feat_miss + feat_fill) / (feat_hit + feat_miss) if feat_hit + feat_miss
-                else None,
+                # rows read from disk per row delivered: misses plus the exact mode's read-ahead fills (the hybrid
+                # mode's rows from resident partitions are delivered, not missed)
+                "feature_miss_ratio": (feat_miss + feat_fill) / (feat_hit + feat_miss + feat_resident)
+                if feat_hit + feat_miss else None,
+                "resident_ratio": feat_resident / (feat_hit + feat_miss + feat_resident) if feat_resident else None,
                 "neighbor_hit_ratio": nb_hit / (nb_hit + nb_miss) if nb_hit + nb_miss else None,
                 "sampler_seconds_per_batch": sampler / batches if batches else None,
                 "planner_over_sampler": planner / sampler if mode == "exact" and sampler > 0 else None,
