@@ -35,14 +35,13 @@ from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import FeatureCache, row_words
 from loader.daemon.fullgraph.fullgraph import RowsFor
-from loader.daemon.fullgraph.outofcore import STAGING_CHUNK_SMALL, DiskRows, OutOfCoreBudget, OutOfCoreMode
+from loader.daemon.fullgraph.outofcore import STAGING_CHUNK_SMALL, OutOfCoreBudget, OutOfCoreMode
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
 from loader.format.partition_table import PartitionTable
 from loader.sampling.sampling import SampledPass
 from loader.staging.stager import WindowStager
-from proto.errors import UserError
 
 __all__ = ["HybridMode", "ResidentPartitions", "choose_resident"]
 
@@ -135,31 +134,20 @@ class HybridMode(OutOfCoreMode):
         # every row of the chosen partitions: partition p's k-th row at feat_offset[p] + k * row_bytes
         first = np.repeat(parts.feat_offset[which] - base[which] * row_bytes, sizes)
         offsets = first + np.arange(total, dtype=np.int64) * row_bytes
-        try:
-            stats = self.partition_reader.read_rows(offsets, rows, np.arange(total, dtype=np.int64))
-        except OSError as err:  # the reader names the byte; one line, as read_rows says it
-            raise UserError(f"{err.filename}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
-                            ) from err
-        finally:
-            self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
-        self._metrics.disk_bytes.labels("features").inc(stats.file_bytes_read)
-        self._metrics.disk_reads.labels("features").inc(stats.chunks)
+        # the choice's time here; the pass charges its own
+        self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
+        self.read_by_pass(self.partition_reader, offsets, rows)
         return ResidentPartitions(rows, base, parts.node_begin, parts)
 
     def start_stream(self) -> RowsFor:
         self.cache.reset()
         return _HybridStream(self).rows_for
 
-    def eval_rows(self) -> RowSource:
-        return DiskRows(self)
-
     def close(self) -> None:
         super().close()
         reader = getattr(self, "partition_reader", None)
         if reader is not None:
             reader.close()
-        if self.planner_pool is not None:
-            self.planner_pool.shutdown()
 
 
 class _HybridStream:

@@ -45,7 +45,6 @@ import bisect
 import logging
 import os
 import time
-from abc import abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,7 +72,7 @@ from loader.sampling.ranks import Pieces, sample_pieces
 from loader.sampling.sampling import SampledPass
 from loader.staging.scratch_files import ScratchFiles, takes_direct_writes
 from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype
-from loader.staging.stager import StagedWindow, WindowStager, stager_buffer_bytes
+from loader.staging.stager import StagedWindow, StagingStats, WindowStager, stager_buffer_bytes
 from loader.staging.window_plan import PLAN_SLICE_ROWS, WindowPlan, batch_gather, plan_window, plan_window_bytes
 from proto.errors import UserError
 from proto.sizes import format_size
@@ -344,9 +343,29 @@ class OutOfCoreMode(FullGraphMode):
         """Rows of dataset ids ``ids`` into ``out`` (a cache being filled at startup)."""
         self.read_rows(ids, np.arange(len(ids), dtype=np.int64), out)
 
-    @abstractmethod
+    def count_pass(self, stats: StagingStats) -> None:
+        """A sequential pass over ``features.bin`` (staging, or a cache or partitions loaded) into the disk metrics."""
+        self._metrics.disk_bytes.labels("features").inc(stats.file_bytes_read)
+        self._metrics.disk_reads.labels("features").inc(stats.chunks)
+
+    def read_by_pass(self, reader: WindowStager, offsets: np.ndarray, out: np.ndarray) -> StagingStats:
+        """The rows at ``offsets`` into ``out``, in that order, by ``reader``'s one sequential, checked pass (its
+        time charged to the staging stage, its reads counted); a disk error as one line."""
+        started = time.perf_counter()
+        try:
+            stats = reader.read_rows(offsets, out, np.arange(len(offsets), dtype=np.int64))
+        except OSError as err:  # the reader names the byte; one line, as read_rows says it
+            raise UserError(f"{err.filename}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
+                            ) from err
+        finally:
+            self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
+        self.count_pass(stats)
+        return stats
+
     def eval_rows(self) -> RowSource:
-        """Rows for evaluation batches (never the training stream's cache plan, whose state is the stream's)."""
+        """Rows for evaluation batches (never the training stream's cache plan, whose state is the stream's): read
+        from disk, unless the mode has a cache that evaluation may share."""
+        return DiskRows(self)
 
     def eval_access(self) -> EvalAccess:
         """Evaluation through the same sampler and row reads."""
@@ -355,6 +374,8 @@ class OutOfCoreMode(FullGraphMode):
     def close(self) -> None:
         self.sampler.close()
         self.rows.close()
+        if self.planner_pool is not None:
+            self.planner_pool.shutdown()
 
 
 class DiskRows(RowSource):
@@ -381,9 +402,6 @@ class ExactMode(OutOfCoreMode):
     def start_stream(self) -> RowsFor:
         self.cache.reset()
         return _BeladyStream(self).rows_for
-
-    def eval_rows(self) -> RowSource:
-        return DiskRows(self)
 
 
 class _BeladyStream:
@@ -579,8 +597,7 @@ class StagedMode(OutOfCoreMode):
         finally:
             self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
         for _, staged in windows:
-            self._metrics.disk_bytes.labels("features").inc(staged.stats.file_bytes_read)
-            self._metrics.disk_reads.labels("features").inc(staged.stats.chunks)
+            self.count_pass(staged.stats)
             self._metrics.staging_written_bytes.labels("rows").inc(staged.stats.staged_bytes)
         self._metrics.staging_file_bytes.labels("rows").set(self.stager.staging_file_bytes)
         return _StagedRows(self, windows, len(node_ptr) - 1, getattr(sampled, "spill", None))
@@ -639,24 +656,12 @@ class StagedMode(OutOfCoreMode):
         if passed >= pages / io.random_reads:
             super().load_rows(ids, out)
             return
-        started = time.perf_counter()
-        try:
-            stats = self.stager.read_rows(offsets, out, np.arange(len(ids), dtype=np.int64))
-        except OSError as err:  # the stager names the byte; one line, as read_rows says it
-            raise UserError(f"{err.filename}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
-                            ) from err
-        finally:
-            self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
-        self._metrics.disk_bytes.labels("features").inc(stats.file_bytes_read)
-        self._metrics.disk_reads.labels("features").inc(stats.chunks)
+        stats = self.read_by_pass(self.stager, offsets, out)
         log.info("staged feature cache loaded by one pass over %d chunks (%s)", stats.chunks,
                  format_size(stats.file_bytes_read))
 
     def start_stream(self) -> RowsFor:
         return self.stage
-
-    def eval_rows(self) -> RowSource:
-        return DiskRows(self)
 
     def close(self) -> None:
         super().close()
@@ -667,8 +672,6 @@ class StagedMode(OutOfCoreMode):
         if spill_files is not None:
             spill_files.close()
             self.spill_reader.shutdown()
-        if self.planner_pool is not None:
-            self.planner_pool.shutdown()
 
 
 class _StagedRows(RowSource):
