@@ -43,17 +43,22 @@ def reference(dataset):
 
 
 class Faults:
-    """How many reads of ``file`` still fail with EIO (shared by the injected wrappers)."""
+    """How many reads of ``file`` still fail with EIO (shared by the injected wrappers, which the daemon's read
+    threads call at once: the count is taken under a lock, or two reads could both take the last fault)."""
 
     def __init__(self, file: str, count: int) -> None:
         self.file, self.left, self.hits = file, count, 0
+        self._lock = threading.Lock()
 
     def take(self, fd: int) -> bool:
-        if self.left > 0 and os.readlink(f"/proc/self/fd/{fd}").endswith(self.file):
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(self.file):
+            return False
+        with self._lock:
+            if self.left <= 0:
+                return False
             self.left -= 1
             self.hits += 1
             return True
-        return False
 
 
 def inject_eio(monkeypatch, faults: Faults) -> None:
