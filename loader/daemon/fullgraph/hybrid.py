@@ -31,11 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
-from loader.caches.feature_cache import FeatureCache, row_words
-from loader.daemon.fullgraph.fullgraph import RowsFor
-from loader.daemon.fullgraph.outofcore import STAGING_CHUNK_SMALL, OutOfCoreBudget, OutOfCoreMode
+from loader.caches.feature_cache import row_words
+from loader.daemon.fullgraph.outofcore import (
+    STAGING_CHUNK_SMALL,
+    BeladyRows,
+    BeladyStream,
+    ExactMode,
+    OutOfCoreBudget,
+)
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
@@ -73,19 +77,18 @@ class ResidentPartitions:
 
     rows: np.ndarray
     base: np.ndarray
-    node_begin: np.ndarray
     partitions: PartitionTable
 
     def positions(self, nodes: np.ndarray) -> np.ndarray:
         """Each node's row in ``rows``, or -1 where its partition is not resident."""
         part = self.partitions.partition_of(nodes)
         base = self.base[part]
-        return np.where(base >= 0, base + nodes - self.node_begin[part], -1)
+        return np.where(base >= 0, base + nodes - self.partitions.node_begin[part], -1)
 
 
-class HybridMode(OutOfCoreMode):
-    """Exact batches; per superbatch, the partitions worth a pass loaded whole, the rest from a Belady cache and
-    row reads (the module docstring)."""
+class HybridMode(ExactMode):
+    """Exact batches; per superbatch, the partitions worth a pass loaded whole, the rest from the exact mode's
+    Belady cache and row reads (the module docstring)."""
 
     name = "hybrid"
 
@@ -100,15 +103,12 @@ class HybridMode(OutOfCoreMode):
                                                  check_block=m.feature_check_bytes, direct=serving.config.io.direct_io,
                                                  chunk_bytes=STAGING_CHUNK_SMALL, scatter_bytes=STAGING_CHUNK_SMALL)
             self.partitions = dataset.partitions()
-            self.cache = FeatureCache.empty(plan.feature_cache_rows, serving.feat_dim, serving.feat_dtype)
-            self.planner = CachePlanner(m.num_nodes, plan.feature_cache_rows)
             self._seen = np.zeros(m.num_nodes, dtype=bool)
             # the partitions' pass waits on the disk most of its time: a thread of its own, as staged's stager
             self.planner_pool = ThreadPoolExecutor(1, thread_name_prefix="megabatch-hybrid")
         except BaseException:
             self.close()
             raise
-        self._metrics.feature_cache_bytes.set(self.cache.rows.nbytes)
         log.info("hybrid: up to %s of whole partitions per superbatch, a Belady cache of %s rows",
                  f"{plan.resident_bytes:,} B", f"{plan.feature_cache_rows:,}")
 
@@ -137,11 +137,10 @@ class HybridMode(OutOfCoreMode):
         # the choice's time here; the pass charges its own
         self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
         self.read_by_pass(self.partition_reader, offsets, rows)
-        return ResidentPartitions(rows, base, parts.node_begin, parts)
+        return ResidentPartitions(rows, base, parts)
 
-    def start_stream(self) -> RowsFor:
-        self.cache.reset()
-        return _HybridStream(self).rows_for
+    def stream(self) -> BeladyStream:
+        return _HybridStream(self)
 
     def close(self) -> None:
         super().close()
@@ -150,52 +149,40 @@ class HybridMode(OutOfCoreMode):
             reader.close()
 
 
-class _HybridStream:
+class _HybridStream(BeladyStream):
     """One training stream's plans: each superbatch's partitions, and its Belady plan over the rest from the state
     the previous one left."""
 
     def __init__(self, mode: HybridMode) -> None:
-        self._mode = mode
-        self._state = CacheState()
+        super().__init__(mode)
+        self._hybrid = mode
 
     def rows_for(self, sampled: SampledPass) -> RowSource:
-        mode = self._mode
-        resident = mode.load_resident(sampled)
+        resident = self._hybrid.load_resident(sampled)
         elsewhere = resident.positions(sampled.nodes) < 0
         through = np.zeros(len(elsewhere) + 1, dtype=np.int64)
         np.cumsum(elsewhere, out=through[1:])
-        cache_plan = mode.planner.plan(through[sampled.node_ptr], sampled.nodes[elsewhere], prior=self._state,
-                                       prefetch=False)
-        self._state = cache_plan.final_state
-        return _HybridRows(mode, resident, cache_plan)
+        return _HybridRows(self._hybrid, resident, self.plan(through[sampled.node_ptr], sampled.nodes[elsewhere]))
 
 
 class _HybridRows(RowSource):
     """A superbatch's rows: resident ones copied from its partitions, the others gathered as ``exact`` gathers them
-    (cache hits copied, misses read, the cache updated as ``cache_plan`` says)."""
+    (``BeladyRows``: cache hits copied, misses read, the cache updated as its plan says)."""
 
     fills_any_subset = False
 
-    def __init__(self, mode: HybridMode, resident: ResidentPartitions, cache_plan: CachePlan) -> None:
-        self._mode, self._resident, self._plan = mode, resident, cache_plan
+    def __init__(self, mode: HybridMode, resident: ResidentPartitions, cached: BeladyRows) -> None:
+        self._mode, self._resident, self._cached = mode, resident, cached
         self._resident_words = row_words(resident.rows)
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        mode, cache_plan = self._mode, self._plan
-        lookups = mode.serving.metrics.feature_cache_lookups
         positions = self._resident.positions(nodes)
         here = np.flatnonzero(positions >= 0)
         x_words = row_words(x)
         copy_rows(self._resident_words, positions[here], x_words, here)
-        # batches are published in order, after the previous superbatch's last: the cache is in this plan's prior
-        if b == 0:
-            mode.cache.fill(cache_plan, mode.read_rows)
-            lookups.labels("fill").inc(cache_plan.num_fill)
+        self._mode.serving.metrics.feature_cache_lookups.labels("resident").inc(len(here))
+        # the plan's batch b is this batch's other rows, in order; gathered whole, then put in their places
         elsewhere = np.flatnonzero(positions < 0)
         gathered = np.empty((len(elsewhere), x.shape[1]), dtype=x.dtype)
-        mode.cache.gather(cache_plan, b, gathered, mode.read_rows)
+        self._cached.fill(b, nodes[elsewhere], gathered)
         copy_rows(row_words(gathered), np.arange(len(elsewhere), dtype=np.int64), x_words, elsewhere)
-        hits = int(np.count_nonzero(cache_plan.hit_slots(b) >= 0))
-        lookups.labels("resident").inc(len(here))
-        lookups.labels("hit").inc(hits)
-        lookups.labels("miss").inc(len(elsewhere) - hits)

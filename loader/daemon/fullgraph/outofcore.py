@@ -77,8 +77,8 @@ from loader.staging.window_plan import PLAN_SLICE_ROWS, WindowPlan, batch_gather
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["OutOfCoreBudget", "plan_outofcore", "OutOfCoreMode", "DiskRows", "ExactMode", "StaticMode", "StagedMode",
-           "out_degree_ranking",
+__all__ = ["OutOfCoreBudget", "plan_outofcore", "OutOfCoreMode", "DiskRows", "ExactMode", "BeladyStream",
+           "BeladyRows", "StaticMode", "StagedMode", "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "SPILLED_BATCH_BYTES", "STAGING_CHUNK",
            "STAGING_CHUNK_SMALL", "STAGING_FLUSH", "STAGED_PLAN_BATCHES", "HYBRID_RESIDENT_SHARE",
            "HYBRID_BYTES_PER_SAMPLED_NODE"]
@@ -401,23 +401,32 @@ class ExactMode(OutOfCoreMode):
 
     def start_stream(self) -> RowsFor:
         self.cache.reset()
-        return _BeladyStream(self).rows_for
+        return self.stream().rows_for
+
+    def stream(self) -> "BeladyStream":
+        """A new training stream's plans (the cache was just reset)."""
+        return BeladyStream(self)
 
 
-class _BeladyStream:
+class BeladyStream:
     """One training stream's cache plans: each superbatch's starts from the state the previous one left."""
 
     def __init__(self, mode: ExactMode) -> None:
         self._mode = mode
         self._state = CacheState()
 
-    def rows_for(self, sampled: SampledPass) -> RowSource:
-        cache_plan = self._mode.planner.plan(sampled.node_ptr, sampled.nodes, prior=self._state, prefetch=False)
+    def plan(self, trace_ptr: np.ndarray, trace_ids: np.ndarray) -> "BeladyRows":
+        """The next superbatch's plan over the rows its batches take from the cache (``trace_ptr`` cuts
+        ``trace_ids`` into batches), and the rows they are gathered by."""
+        cache_plan = self._mode.planner.plan(trace_ptr, trace_ids, prior=self._state, prefetch=False)
         self._state = cache_plan.final_state
-        return _BeladyRows(self._mode, cache_plan)
+        return BeladyRows(self._mode, cache_plan)
+
+    def rows_for(self, sampled: SampledPass) -> RowSource:
+        return self.plan(sampled.node_ptr, sampled.nodes)
 
 
-class _BeladyRows(RowSource):
+class BeladyRows(RowSource):
     """A superbatch's rows: cache hits copied, misses read, the cache updated as ``cache_plan`` says."""
 
     fills_any_subset = False

@@ -54,6 +54,6 @@ def test_resident_positions_follow_each_chosen_partition_from_its_base():
     table = np.zeros((4, len(PARTITION_COLUMNS)), dtype=np.int64)
     table[:, 0], table[:, 1] = node_begin, node_end
     parts = PartitionTable(table)
-    resident = ResidentPartitions(np.empty((8, 2)), np.array([-1, -1, 0, 5], dtype=np.int64), node_begin, parts)
+    resident = ResidentPartitions(np.empty((8, 2)), np.array([-1, -1, 0, 5], dtype=np.int64), parts)
     nodes = np.array([0, 3, 4, 8, 9, 11, 5], dtype=np.int64)
     np.testing.assert_array_equal(resident.positions(nodes), [-1, -1, 0, 4, 5, 7, 1])
