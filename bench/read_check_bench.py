@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
 from loader.caches.row_reader import RowReader  # noqa: E402
-from loader.daemon.fullgraph.outofcore import ROW_READ_THREADS  # noqa: E402
+from loader.daemon.disk_graph import ROW_READ_THREADS  # noqa: E402
 from loader.format.dataset import Dataset, open_dataset  # noqa: E402
 from loader.format.partition_table import row_offsets_for  # noqa: E402
 from loader.format.read_checks import load_read_checks  # noqa: E402

@@ -38,7 +38,7 @@ def open_mode(setup: ModeSetup) -> TrainingMode:
     if mode == "inmemory":
         return InMemoryMode(setup.serving, setup.dataset, fixed)
     if mode == "mmap":
-        return MmapMode(setup.serving, setup.dataset, setup.resident.partitions, fixed)
+        return MmapMode(setup.serving, setup.dataset, setup.resident.partitions, fixed, setup.pilot.eval)
     batch = setup.pilot.train_or_zero
     plan = plan_outofcore(config, setup.dataset, fixed, batch.nodes, batch.edges)
     if mode == "exact":

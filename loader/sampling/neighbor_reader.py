@@ -245,8 +245,9 @@ class NeighborReader:
                     raise read_failed(self.path, length - done, offset + done, err) from err
                 calls += 1
                 if got == 0:
-                    raise UserError(f"{self.path}: file ends early (wanted {need} bytes at offset {offset}); "
-                                    f"run 'megabatch verify'")
+                    # the size was checked at open: a short read now means the file shrank under the reader
+                    raise UserError(f"{self.path}: file ends early (wanted {need} bytes at byte {offset}; it shrank "
+                                    f"after it was opened?); run 'megabatch verify'")
                 done += got
             total += done
         return calls, total

@@ -36,7 +36,7 @@ from loader.sampling.inmemory import shuffle_key
 from loader.sampling.ranks import LocalRanks, Pieces, deal_pieces, piece_keys, sample_pieces
 from loader.sampling.sampling import SampledPass, shuffle
 
-__all__ = ["FullGraphMode", "RowsFor", "ModeEval", "SampledSuperbatch", "start_fullgraph_pipeline",
+__all__ = ["FullGraphMode", "RowsFor", "SampledSuperbatch", "start_fullgraph_pipeline",
            "SUPERBATCHES_IN_FLIGHT"]
 
 SUPERBATCHES_IN_FLIGHT = 3
@@ -162,16 +162,3 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
     pipeline.add_stage("planner", _planner(ctx, mode, rows_for, tokens, sampled, output))
     return pipeline
 
-
-@dataclass
-class ModeEval:
-    """An ``EvalAccess`` made of a mode's sampler and a row source that need no closing."""
-
-    source: SlotSource
-    sampler: Callable[[np.ndarray, int, tuple[int, ...], np.ndarray], SampledPass]
-
-    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
-        return self.sampler(seeds, batch_size, fanouts, keys)
-
-    def close(self) -> None:
-        pass

@@ -6,25 +6,38 @@ do (Ginex's "PyG+" baseline): each mini-batch is sampled on its own over a memor
 its rows are gathered from the memory-mapped feature file, with readahead disabled
 (``MADV_RANDOM``) because readahead multiplies the bytes read for scattered rows. The kernel's
 page cache is the only cache; under a cgroup memory limit it is charged to the daemon.
+
+Those training reads are the one place the daemon maps the dataset after startup: they are
+unchecked, and a file that shrinks under the daemon kills it with SIGBUS (it says so at startup).
+Its evaluation goes through a checked ``DiskGraph`` like the hierarchical mode's, opened at the
+first evaluation so that a run that never evaluates (bench/compare) holds exactly what PyG+ holds.
 """
 
+import logging
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from loader.daemon.budget_plan import BudgetPlan
-from loader.daemon.eval_stream import EvalAccess, EvalData, MemmapEval, open_eval_data
-from loader.daemon.fullgraph.fullgraph import FullGraphMode, ModeEval, RowsFor
+from loader.daemon.disk_graph import DiskGraph, eval_graph_bytes
+from loader.daemon.eval_stream import EvalAccess, ModeEval
+from loader.daemon.fullgraph.fullgraph import FullGraphMode, RowsFor
+from loader.daemon.mapped_graph import MappedGraph, map_graph
 from loader.daemon.serving import ServingContext
+from loader.daemon.slot_sizing import BatchBound
 from loader.daemon.slot_source import DenseRows, FileRows, RowSource
 from loader.format.dataset import Dataset
 from loader.format.partition_table import PartitionTable
+from loader.format.read_checks import load_read_checks
 from loader.sampling.inmemory import load_in_memory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 from proto.errors import UserError
 from proto.sizes import format_size
 
 __all__ = ["InMemoryMode", "MmapMode", "HeldBudget", "inmemory_bytes"]
+
+log = logging.getLogger("megabatch.mmap")
 
 
 def inmemory_bytes(dataset: Dataset) -> int:
@@ -87,25 +100,53 @@ class InMemoryMode(FullGraphMode):
 
 
 class MmapMode(FullGraphMode):
-    """Per-mini-batch sampling and gathering over memory maps (readahead off)."""
+    """Per-mini-batch sampling and gathering over memory maps (readahead off); evaluation through checked reads."""
 
     name = "mmap"
     superbatch = 1
     """PyG+ samples each mini-batch on its own, just before it is trained on."""
 
-    def __init__(self, serving: ServingContext, dataset: Dataset, partitions: PartitionTable, fixed_bytes: int
-                 ) -> None:
+    def __init__(self, serving: ServingContext, dataset: Dataset, partitions: PartitionTable, fixed_bytes: int,
+                 eval_batch: BatchBound | None) -> None:
         super().__init__(serving)
-        self._data: EvalData = open_eval_data(dataset, partitions)
-        self._dataset, self._partitions = dataset, partitions
+        config = serving.config
+        eval_bytes = eval_graph_bytes(dataset, config.io, 0 if eval_batch is None else eval_batch.nodes,
+                                      config.sampler.eval_fanouts)
+        if eval_bytes > config.memory.budget - fixed_bytes:
+            raise UserError(f"[loader] mode = \"mmap\" reads evaluation batches through a reader of "
+                            f"{format_size(eval_bytes)} (indptr, read checks, buffers), more than [memory] budget "
+                            f"{format_size(config.memory.budget)} leaves after node arrays and slots; raise the budget")
+        self._data: MappedGraph = map_graph(dataset, partitions)
+        self._dataset = dataset
         self.graph: CSCGraph = self._data.graph
-        self.budget_plan = HeldBudget(self.name, fixed_bytes, 0, "nothing cached by the daemon; the kernel's page "
-                                                               "cache holds what it reads")
+        self.budget_plan = HeldBudget(self.name, fixed_bytes, eval_bytes,
+                                      f"evaluation reads (indptr, read checks, buffers) {format_size(eval_bytes)} "
+                                      f"from the first evaluation; the kernel's page cache holds what training reads")
         d = self._data
         self.rows: RowSource = FileRows(d.features, d.row_bytes, d.node_begin, d.feat_offset)
+        self._eval_graph: DiskGraph | None = None
+        self._eval_lock = threading.Lock()
+        log.warning("mode mmap: training batches are read through memory maps of %s, unchecked: a changed byte "
+                    "is served, and a file that shrinks under the daemon kills it (SIGBUS); a baseline, use another "
+                    "mode in production", dataset.path)
+
+    def eval_graph(self) -> DiskGraph:
+        """The evaluation reader, opened by the first evaluation (on a pool thread: it reads indptr and the read
+        checks' block tables, which the event loop must not wait for)."""
+        with self._eval_lock:
+            if self._eval_graph is None:
+                io = self.serving.config.io
+                checks = load_read_checks(self._dataset, blocks=True) if io.check_reads else None
+                self._eval_graph = DiskGraph(self._dataset, io, self.serving.metrics, checks=checks,
+                                             count_cache=False)
+            return self._eval_graph
 
     def eval_access(self) -> EvalAccess:
-        return MemmapEval(self._dataset, self._partitions, self.serving.labels)
+        return ModeEval(self.slot_source(_EvalRows(self)), self._eval_sample)
+
+    def _eval_sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray
+                     ) -> SampledPass:
+        return self.eval_graph().sample(seeds, batch_size, fanouts, keys)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
@@ -115,3 +156,16 @@ class MmapMode(FullGraphMode):
 
     def close(self) -> None:
         self._data.close()
+        with self._eval_lock:
+            if self._eval_graph is not None:
+                self._eval_graph.close()
+
+
+class _EvalRows(RowSource):
+    """Every evaluation row read by the mode's evaluation reader (a batch is sampled, so it is open, first)."""
+
+    def __init__(self, mode: MmapMode) -> None:
+        self._mode = mode
+
+    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        self._mode.eval_graph().read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)

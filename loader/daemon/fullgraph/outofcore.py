@@ -55,19 +55,16 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import FeatureCache, row_words
-from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
+from loader.caches.row_reader import DEFAULT_MAX_SPAN
 from loader.daemon.budget_plan import BudgetPlan
 from loader.daemon.config import LoaderConfig
-from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, FullGraphMode, ModeEval, RowsFor
+from loader.daemon.disk_graph import ROW_READ_THREADS, DiskGraph, DiskRows, expanded_share
+from loader.daemon.eval_stream import EvalAccess, ModeEval
+from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, FullGraphMode, RowsFor
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
-from loader.format.partition_table import row_offsets_for
 from loader.format.read_checks import block_table_bytes, load_read_checks
-from loader.sampling.exact_sampling import ExactSampler
-from loader.sampling.neighbor_cache import NeighborCache
-from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.ranks import Pieces, sample_pieces
 from loader.sampling.sampling import SampledPass
 from loader.staging.scratch_files import ScratchFiles, takes_direct_writes
@@ -77,7 +74,7 @@ from loader.staging.window_plan import PLAN_SLICE_ROWS, WindowPlan, batch_gather
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["OutOfCoreBudget", "plan_outofcore", "OutOfCoreMode", "DiskRows", "ExactMode", "BeladyStream",
+__all__ = ["OutOfCoreBudget", "plan_outofcore", "OutOfCoreMode", "ExactMode", "BeladyStream",
            "BeladyRows", "StaticMode", "StagedMode", "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "SPILLED_BATCH_BYTES", "STAGING_CHUNK",
            "STAGING_CHUNK_SMALL", "STAGING_FLUSH", "STAGED_PLAN_BATCHES", "HYBRID_RESIDENT_SHARE",
@@ -89,10 +86,6 @@ BYTES_PER_SAMPLED_NODE = 40
 """Node id (8) + plan: next access (4), hit slot (4), worst-case update record (24)."""
 BYTES_PER_SAMPLED_EDGE = 16
 """Source and target positions, int64 each."""
-ROW_READ_THREADS = 32
-"""Preads in flight for missed rows. Exact mode is bound by random reads: on bench/compare 16 threads
-gave 1.96 batches/s, 32 gave 2.24-2.37 and 64 gave 2.43 (~70k 4 KiB reads/s at 16 in flight, ~78k at
-32 on this virtual disk); 32 takes most of the gain for 8 MiB of bounce buffers."""
 SPILLED_BATCH_BYTES = 320
 """Mode staged: RAM per batch of a spilled superbatch (its pointers and counts, its record's numbers in the spill
 file, 192 B as Python ints, and its staging region and digest)."""
@@ -181,7 +174,7 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     graph_bytes = 8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
     sampled_batch = batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE
     mean_degree = m.num_edges / max(1, n)
-    list_staging = int(ex.sample_group * batch_nodes * _expanded_share(config.sampler.fanouts) * mean_degree
+    list_staging = int(ex.sample_group * batch_nodes * expanded_share(config.sampler.fanouts) * mean_degree
                        * index_itemsize)
     working = list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
     all_lists = 8 * n + index_itemsize * m.num_edges
@@ -250,17 +243,6 @@ def _takes_direct_writes(directory: Path) -> bool:
         return False
 
 
-def _expanded_share(fanouts: tuple[int, ...]) -> float:
-    """Share of a batch's nodes whose lists are fetched (all but the last hop's), from the fanout bound."""
-    if any(f < 0 for f in fanouts):
-        return 1.0
-    level, total = 1, 1
-    for f in fanouts:
-        level *= f
-        total += level
-    return (total - level) / total
-
-
 def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
     """Node ids by decreasing out-degree (ties to the lower id), counting ``indices.npy`` in chunks."""
     m = dataset.manifest
@@ -272,72 +254,27 @@ def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
 
 
 class OutOfCoreMode(FullGraphMode):
-    """What both out-of-core modes share: the exact sampler and the row reader for missed rows."""
+    """What both out-of-core modes share: the graph on disk (``DiskGraph``: the exact sampler over the neighbour
+    cache, the row reader for missed rows, both checked)."""
 
     def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving)
         config = serving.config
-        m = dataset.manifest
         self.budget_plan: OutOfCoreBudget = plan
         self.superbatch = config.exact.superbatch
         self._metrics = serving.metrics
-        self._row_bytes = m.row_bytes
-        partitions = dataset.partitions()
-        self._node_begin = partitions.node_begin
-        self._feat_offset = partitions.feat_offset
-        direct = config.io.direct_io
-        indptr = dataset.read("indptr", np.int64, 1)
-        checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
-        self.read_checks = checks
-        # O_DIRECT reads whole pages anyway; buffered reads gain nothing from reading gaps between lists
-        reader = NeighborReader(indptr, Path(dataset.file("indices")), gap_bytes=4096 if direct else 0,
-                                read_threads=max(8, config.io.read_threads), direct_io=direct,
-                                page_sums=None if checks is None else checks.index_pages)
-        try:
-            if plan.neighbor_cache_bytes:
-                cache = NeighborCache.build(dataset.read("neighbor_rank", np.int64, 1), reader,
-                                            plan.neighbor_cache_bytes)
-            else:
-                cache = NeighborCache.empty(indptr, np.dtype(m.index_dtype.value))
-            self.sampler = ExactSampler(indptr, cache, reader, group_size=config.exact.sample_group, owns_reader=True)
-        except BaseException:
-            reader.close()
-            raise
-        self.rows = RowReader(dataset.file("features"), row_bytes=m.row_bytes, direct=direct,
-                              threads=ROW_READ_THREADS,
-                              block_sums=None if checks is None else checks.feature_blocks,
-                              check_block=m.feature_check_bytes)
-        self._metrics.neighbor_cache_bytes.set(cache.nbytes)
-        self._sampled_stats = self.sampler.stats
+        self._row_bytes = dataset.manifest.row_bytes
+        self.read_checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
+        self.disk = DiskGraph(dataset, config.io, serving.metrics, checks=self.read_checks,
+                              neighbor_cache_bytes=plan.neighbor_cache_bytes, group_size=config.exact.sample_group)
+        self._metrics.neighbor_cache_bytes.set(self.disk.cache_bytes)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
-        sampled = self.sampler.sample_pass(seeds, batch_size, fanouts, keys)
-        before, after = self._sampled_stats, self.sampler.stats
-        self._sampled_stats = after
-        m = self._metrics
-        m.neighbor_cache_lookups.labels("hit").inc(after.lists_from_cache - before.lists_from_cache)
-        m.neighbor_cache_lookups.labels("miss").inc(after.lists_from_disk - before.lists_from_disk)
-        m.disk_bytes.labels("indices").inc(after.bytes_read - before.bytes_read)
-        m.disk_reads.labels("indices").inc(after.read_calls - before.read_calls)
-        return sampled
+        return self.disk.sample(seeds, batch_size, fanouts, keys)
 
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowFetcher``)."""
-        offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
-        started = time.perf_counter()
-        try:
-            stats = self.rows.read_rows(offsets, out, positions)
-        except OSError as err:  # RowReader's message names the byte; the stream's error should too, on one line
-            raise UserError(f"{self.rows.path}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
-                            ) from err
-        except ValueError as err:
-            # the offsets come from the manifest's partitions: one past the end means the file shrank
-            raise UserError(f"{err} (the file shrank after the daemon started?); run 'megabatch verify'") from err
-        finally:
-            # part of the publisher's (or an evaluation's) time: what the batch waits on the disk for
-            self._metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
-        self._metrics.disk_bytes.labels("features").inc(stats.bytes)
-        self._metrics.disk_reads.labels("features").inc(stats.reads)
+        self.disk.read_rows(ids, positions, out)
 
     def load_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Rows of dataset ids ``ids`` into ``out`` (a cache being filled at startup)."""
@@ -365,27 +302,16 @@ class OutOfCoreMode(FullGraphMode):
     def eval_rows(self) -> RowSource:
         """Rows for evaluation batches (never the training stream's cache plan, whose state is the stream's): read
         from disk, unless the mode has a cache that evaluation may share."""
-        return DiskRows(self)
+        return DiskRows(self.disk)
 
     def eval_access(self) -> EvalAccess:
         """Evaluation through the same sampler and row reads."""
-        return ModeEval(self.slot_source(self.eval_rows()), self.sampler.sample_pass)
+        return ModeEval(self.slot_source(self.eval_rows()), self.sample)
 
     def close(self) -> None:
-        self.sampler.close()
-        self.rows.close()
+        self.disk.close()
         if self.planner_pool is not None:
             self.planner_pool.shutdown()
-
-
-class DiskRows(RowSource):
-    """Every row read from disk."""
-
-    def __init__(self, mode: OutOfCoreMode) -> None:
-        self._mode = mode
-
-    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        self._mode.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
 
 
 class ExactMode(OutOfCoreMode):
@@ -651,7 +577,7 @@ class StagedMode(OutOfCoreMode):
         return offsets
 
     def row_offsets(self, ids: np.ndarray) -> np.ndarray:
-        return row_offsets_for(ids, self._node_begin, self._feat_offset, self._row_bytes)
+        return self.disk.row_offsets(ids)
 
     def load_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """The feature cache's rows at startup: one sequential pass over the chunks holding them where that costs

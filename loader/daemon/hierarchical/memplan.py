@@ -5,13 +5,17 @@ i+1 overlaps training on i: 2 (r_s + r_d)(A + B) <= C. We hold the static *featu
 buffers gather from the same static region) and only the per-mega-batch parts twice, so the
 bound we enforce is
 
-    node arrays + static features + 2 x buffer(N_d) + 3 sampled passes + clients x slots x slot_bytes
-        <= budget
+    node arrays + static features + 2 x buffer(N_d) + 3 sampled passes + evaluation reader
+        + clients x slots x slot_bytes <= budget
 
 where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest of each kind),
-so no shuffle can overflow it. ``megabatch_fraction = "auto"`` picks the largest N_d that fits, up to
-every partition: at the same bytes read per epoch, a larger mega-batch keeps more neighbours and mixes
-more labels (docs/PERFORMANCE.md, "Training quality of the hierarchical mode").
+so no shuffle can overflow it. The evaluation reader (``loader.daemon.disk_graph.eval_graph_bytes``) is
+what validation and test batches are read through, beside training: indptr and the sampler's maps (16 B
+per node), the read checks' block tables (8 B per check block of features.bin and per page of
+indices.npy: 0.2% to 1.6% of the feature file) and its read buffers. ``megabatch_fraction = "auto"``
+picks the largest N_d that fits, up to every partition: at the same bytes read per epoch, a larger
+mega-batch keeps more neighbours and mixes more labels (docs/PERFORMANCE.md, "Training quality of the
+hierarchical mode").
 
 ``static_cache = "auto"`` (``plan_with_static``) also chooses how many of the prepared static nodes to
 hold: static rows are held once but cost budget that could hold a larger N_d, and both keep cut
@@ -85,6 +89,8 @@ class HierarchicalBudget(BudgetPlan):
     static_bytes: int
     buffer: BufferSizes
     sessions: SessionSizing
+    eval_bytes: int = 0
+    """The evaluation reader: indptr, the sampler's maps, the read checks' block tables, its read buffers."""
 
     @property
     def slots_bytes(self) -> int:
@@ -93,7 +99,7 @@ class HierarchicalBudget(BudgetPlan):
     @property
     def total(self) -> int:
         return (self.node_array_bytes + self.static_bytes + 2 * self.buffer.total
-                + PASSES_IN_FLIGHT * self.buffer.pass_bytes + self.slots_bytes)
+                + PASSES_IN_FLIGHT * self.buffer.pass_bytes + self.eval_bytes + self.slots_bytes)
 
     def describe(self) -> str:
         return (f"memory plan: budget {format_size(self.budget)} = node arrays {format_size(self.node_array_bytes)}"
@@ -101,6 +107,7 @@ class HierarchicalBudget(BudgetPlan):
                 f" + 2 x mega-batch buffer ({self.buffer.partitions} partitions, "
                 f"{format_size(self.buffer.total)} each)"
                 f" + {PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}"
+                f" + evaluation reads (indptr, read checks, buffers) {format_size(self.eval_bytes)}"
                 f" + {self.sessions.describe()}"
                 f" = {format_size(self.total)} used")
 
@@ -131,8 +138,9 @@ def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static
 def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
                 sessions: SessionSizing, train_counts: np.ndarray | None = None,
-                batch_size: int = 1, batch_bytes: int = 0) -> HierarchicalBudget:
-    """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``."""
+                batch_size: int = 1, batch_bytes: int = 0, eval_bytes: int = 0) -> HierarchicalBudget:
+    """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``
+    (``eval_bytes``: the evaluation reader, held whatever N_d is)."""
     num_partitions = len(partitions)
     node_bytes = num_nodes * NODE_ARRAY_BYTES
     static_bytes = round_up(static_nodes * static_row_bytes)
@@ -141,7 +149,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
         return HierarchicalBudget(budget, node_bytes, static_nodes, static_bytes,
                           buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize, train_counts,
                                        batch_size, batch_bytes),
-                          sessions)
+                          sessions, eval_bytes)
 
     if fraction is not None:
         n_d = min(num_partitions, max(1, round(fraction * num_partitions)))

@@ -3,7 +3,9 @@
 ``HierarchicalMode`` sizes the static cache and the mega-batch (``memplan``), owns the feature
 arena and the partition reader for the daemon's life, and starts the scheduler -> reader ->
 assembler -> sampler stages of a training stream (``pipeline``). Evaluation batches are sampled
-over the whole graph through memory maps (``MemmapEval``): they must see every neighbour.
+over the whole graph (they must see every neighbour) through checked preads of ``indices.npy`` and
+``features.bin`` (``DiskGraph``, no neighbour cache), opened at startup and charged to the memory plan:
+a memory map would serve a flipped byte unchecked and kill the daemon when the file shrinks.
 """
 
 import logging
@@ -11,7 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from loader.daemon.eval_stream import EvalAccess, MemmapEval
+from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
+from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
@@ -39,17 +42,25 @@ class HierarchicalMode(TrainingMode):
         cfg, m = serving.config, dataset.manifest
         plan, resident = _plan_budget(setup)
         self.budget_plan: HierarchicalBudget = plan
-        self._dataset, self._labels = dataset, serving.labels
+        self._serving = serving
         parts, train = resident.partitions, resident.split_ids["train"]
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         static_rows = resident.static.num_nodes
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
         try:
-            checks = load_read_checks(dataset, blocks=False) if cfg.io.check_reads else None
+            # the block tables are the evaluation reader's: training reads whole partitions, checked per partition
+            checks = load_read_checks(dataset, blocks=True) if cfg.io.check_reads else None
             reader = PartitionReader(dataset, arena, parts, serving.metrics, direct_io=cfg.io.direct_io,
                                      threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
         except BaseException:
+            arena.close()
+            raise
+        try:
+            # no neighbour cache: the budget goes to the mega-batches, and evaluation runs once an epoch
+            self.eval_graph = DiskGraph(dataset, cfg.io, serving.metrics, checks=checks, count_cache=False)
+        except BaseException:
+            reader.close()
             arena.close()
             raise
         self.context = PipelineContext(cfg, resident, arena, reader, serving.metrics, serving.cpu_pool,
@@ -65,9 +76,10 @@ class HierarchicalMode(TrainingMode):
         return start_train_pipeline(self.context, start_epoch, local)
 
     def eval_access(self) -> EvalAccess:
-        return MemmapEval(self._dataset, self.context.resident.partitions, self._labels)
+        return disk_eval(self.eval_graph, self._serving)
 
     def close(self) -> None:
+        self.eval_graph.close()
         self.context.reader.close()
         self.context.arena.close()
 
@@ -79,6 +91,9 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
     index_itemsize = np.dtype(m.index_dtype.value).itemsize
     # a pass's batches are bounded by full-graph batches (a mega-batch only has fewer neighbours)
     batch = setup.pilot.train_or_zero
+    evaluation = setup.pilot.eval
+    eval_bytes = eval_graph_bytes(setup.dataset, cfg.io, 0 if evaluation is None else evaluation.nodes,
+                                  cfg.sampler.eval_fanouts)
     parts = resident.partitions
     train_counts = parts.count_in(resident.split_ids["train"])
 
@@ -87,7 +102,8 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
                            static_row_bytes=m.row_bytes, static_edges=static_edges,
                            index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
-                           batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges)
+                           batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges,
+                           eval_bytes=eval_bytes)
 
     cut, cut_edges = m.edge_cut.fraction, m.edge_cut.edges
     static = resident.static

@@ -4,21 +4,29 @@ EIO comes from a fault-injecting layer at the read call: ``os.preadv`` (the hier
 the neighbour-list reader) wrapped to fail on one file's descriptor, and the row reader's numba kernel
 wrapped to report EIO, the way ``pread`` does. Each fault must fail only the stream that needed the
 bytes, with one line naming the file and byte, and leave the daemon serving: the next epoch, the fault
-gone, is whole and correct.
+gone, is whole and correct. Files changed under the daemon are changed in place, as an operator's
+mistake would (``os.truncate``, a write into the file), for training and evaluation streams alike.
 """
 
 import errno
+import logging
 import os
+import re
 import shutil
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from loader.caches import row_reader_kernels as kernels
 from loader.format.dataset import open_dataset
+from loader.format.npyio import NpyReader
 from loader.sampling.inmemory import load_in_memory
-from proto.messages import EpochEnd, StartEpoch
+from proto.client import ControlClient
+from proto.errors import RemoteError
+from proto.messages import BatchReady, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset, train_until_error
 
 MODES = {
@@ -30,6 +38,22 @@ MODES = {
     # room for every partition: rows through the partitions' pass where they are worth it, the rest read
     "hybrid": {"loader": {"mode": "hybrid"}, "exact": {"neighbor_cache": 0, "feature_cache": "64M"}},
 }
+
+CHANGED_MODES = ("hierarchical", "exact", "staged", "hybrid")
+"""The modes the files-changed-under-the-daemon matrix runs, one per kind of read path: whole partitions, rows and
+lists at random, staging passes, partitions loaded whole beside a row cache (mode static reads as exact does)."""
+
+STREAMS = {"train": (lambda: StartEpoch(epoch=0), EpochEnd), "val": (lambda: EvalRequest(split="val"), EvalEnd)}
+
+
+def changed_config(dataset: Path, sock: Path, mode: str):
+    """``mode`` where both files are still read after a stream's first batch has arrived, until the client releases
+    it: the full-graph modes sample superbatches of 2 batches, 3 in flight (batches 8 on are sampled and staged
+    after a release), the hierarchical mode loads its third mega-batch of 4 once the first one's batches are out,
+    and evaluation batches hold 8 seeds (75 validation batches, sampled 32 at a time, rows read per batch)."""
+    tables = MODES[mode]
+    return daemon_config(dataset, sock, **{**tables, "exact": {**tables.get("exact", {}), "superbatch": 2},
+                                           "sampler": {"eval_batch_size": 8}})
 
 
 @pytest.fixture(scope="module")
@@ -119,16 +143,88 @@ def test_a_file_overwritten_in_place_under_the_daemon_is_caught_by_the_read_chec
         assert err.code == "data_corrupt" and "features.bin" in err.message
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_a_file_truncated_under_the_daemon_fails_the_stream_in_one_line(dataset, tmp_path, mode):
+def stream_until_error(client: ControlClient, request: Message, after_first: Callable[[], None]
+                       ) -> tuple[list[dict[str, np.ndarray]], RemoteError]:
+    """Run one stream, calling ``after_first`` once its first batch has arrived (before releasing it), until the
+    daemon's ``Error`` ends it: the batches received (copies) and that error. A stream that ends well fails here."""
+    client.send(request)
+    batches: list[dict[str, np.ndarray]] = []
+    try:
+        while True:
+            msg = client.recv(timeout=60)
+            assert isinstance(msg, BatchReady), f"the stream ended without an error after {len(batches)} batches"
+            batches.append({k: np.array(v) for k, v in client.read_batch(msg).arrays.items()})
+            if len(batches) == 1:
+                after_first()
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+    except RemoteError as err:
+        return batches, err
+
+
+@pytest.mark.parametrize("file", ["features.bin", "indices.npy"])
+@pytest.mark.parametrize("stream", list(STREAMS))
+@pytest.mark.parametrize("mode", CHANGED_MODES)
+def test_a_file_truncated_mid_stream_fails_that_stream_in_one_line_and_the_daemon_serves_on(
+        dataset, reference, tmp_path, mode, stream, file):
     copy = shutil.copytree(dataset, tmp_path / "ds")
+    original = (copy / file).read_bytes()
+    config = changed_config(copy, tmp_path / "s.sock", mode)
+    with running_daemon(config):
+        with connect(config) as client:
+            received, err = stream_until_error(client, STREAMS[stream][0](), lambda: os.truncate(copy / file, 4096))
+        assert len(received) >= 1
+        assert err.code == "internal" and "\n" not in err.message
+        assert str(copy / file) in err.message and re.search(r"\bat (?:byte |offset )?\d+", err.message), err.message
+        with open(copy / file, "r+b") as handle:  # repaired in place: the daemon still holds the file open
+            handle.write(original)
+        assert_whole_epoch(config, reference)  # another client, served whole and correct
+
+
+def flip_offset(dataset: Path, file: str, split: str) -> int:
+    """A byte of ``file`` that a stream over ``split`` reads: its first node's feature row, or the first node's
+    in-neighbour list (of at most 3 entries, so that every sampler takes all of it)."""
+    ds = open_dataset(dataset)
+    nodes = ds.read(split)
+    if file == "features.bin":
+        parts = ds.partitions()
+        p = int(parts.partition_of(nodes[:1])[0])
+        return int(parts.feat_offset[p] + (nodes[0] - parts.node_begin[p]) * ds.manifest.row_bytes)
+    indptr = ds.read("indptr")
+    degree = indptr[nodes + 1] - indptr[nodes]
+    node = nodes[np.flatnonzero((degree >= 1) & (degree <= 3))[0]]
+    with NpyReader(ds.file("indices")) as header:
+        return header.data_offset + int(indptr[node]) * header.dtype.itemsize
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """Change the byte at ``at`` in place, as another process writing into the file would."""
+    with open(path, "r+b") as handle:
+        handle.seek(at)
+        byte = handle.read(1)[0]
+        handle.seek(at)
+        handle.write(bytes([byte ^ 0x5A]))
+
+
+@pytest.mark.parametrize("file", ["features.bin", "indices.npy"])
+@pytest.mark.parametrize("stream", list(STREAMS))
+@pytest.mark.parametrize("mode", CHANGED_MODES)
+def test_a_flipped_byte_reaches_no_batch_of_any_stream(dataset, tmp_path, mode, stream, file):
+    """A byte the stream reads, flipped after a clean run of it: the stream fails with ``data_corrupt`` naming the
+    file, and every batch served before that is the clean run's."""
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    request, end = STREAMS[stream]
     config = daemon_config(copy, tmp_path / "s.sock", **MODES[mode])
     with running_daemon(config):
-        os.truncate(copy / "features.bin", 4096)
         with connect(config) as client:
-            err = train_until_error(client)
-        assert err.code == "internal" and "features.bin" in err.message and "shrank" in err.message
-        assert "\n" not in err.message
+            clean, _ = consume(client, request(), end)
+        flip_byte(copy / file, flip_offset(copy, file, "train" if stream == "train" else "val"))
+        with connect(config) as client:
+            served, err = stream_until_error(client, request(), lambda: None)
+    assert err.code == "data_corrupt" and str(copy / file) in err.message, err.message
+    for arrays, (_, want) in zip(served, clean):
+        assert arrays.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(arrays[name], want[name], err_msg=name)
 
 
 def test_a_file_replaced_by_rename_under_the_daemon_keeps_serving_the_open_one(dataset, reference, tmp_path):
@@ -176,3 +272,17 @@ def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_
         assert err.code == "internal" and "\n" not in err.message
         assert names.format(dir=tmp_path / "staging") in err.message and "No space left on device" in err.message
         assert_whole_epoch(config, reference)
+
+
+def test_mode_mmap_warns_its_training_reads_are_mapped_and_checks_its_evaluation(dataset, tmp_path, caplog):
+    """Mode mmap maps the files for training (a baseline, by definition) and says so; its evaluation reads are
+    checked like every other mode's."""
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": "mmap"})
+    caplog.set_level(logging.WARNING, logger="megabatch.mmap")
+    with running_daemon(config):
+        assert any("memory maps" in r.getMessage() and "SIGBUS" in r.getMessage() for r in caplog.records)
+        flip_byte(copy / "features.bin", flip_offset(copy, "features.bin", "val"))
+        with connect(config) as client:
+            _, err = stream_until_error(client, EvalRequest(split="val"), lambda: None)
+    assert err.code == "data_corrupt" and str(copy / "features.bin") in err.message, err.message

@@ -75,6 +75,17 @@ def test_sampled_passes_in_flight_are_charged():
     assert "3 sampled passes" in charged.describe()
 
 
+def test_the_evaluation_reader_is_charged_whatever_n_d():
+    plain = plan_memory(**kwargs())
+    charged = plan_memory(**kwargs(eval_bytes=3 << 20))
+    assert charged.total == plain.total + (3 << 20) and charged.buffer == plain.buffer
+    assert "evaluation reads (indptr, read checks, buffers) 3 MiB" in charged.describe()
+    with pytest.raises(UserError, match="evaluation reads"):  # what held the plan before no longer does
+        plan_memory(**kwargs(budget=plain.total, eval_bytes=1))
+    assert plan_memory(**kwargs(fraction=None, budget=plain.total)).buffer.partitions == 2
+    assert plan_memory(**kwargs(fraction=None, budget=plain.total, eval_bytes=1)).buffer.partitions == 1
+
+
 def static_plans(**over):
     """plan_memory with its static arguments left to plan_with_static (the harness's small table)."""
     return lambda k, e: plan_memory(**kwargs(static_nodes=k, static_edges=e, **over))
