@@ -1,10 +1,10 @@
-"""Human byte sizes: parse ``--memory-budget 512M`` and print ``1.5 GiB``."""
+"""Human sizes and counts: parse ``--memory-budget 512M``, print ``1.5 GiB`` and ``1 mega-batch``."""
 
 import re
 
 from proto.errors import UserError
 
-__all__ = ["parse_size", "format_size"]
+__all__ = ["parse_size", "format_size", "counted"]
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -32,3 +32,13 @@ def format_size(nbytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, in the plural unless it is 1: "1 client", "3 clients", "1 mega-batch",
+    "2 mega-batches" (``plural`` default: the noun + "es" after s, x, ch or sh, else + "s")."""
+    if count == 1:
+        return f"1 {noun}"
+    if plural is None:
+        plural = noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
+    return f"{count:,} {plural}"

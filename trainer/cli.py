@@ -6,8 +6,9 @@ exits 70.
 
 Stopping: SIGTERM (``systemctl stop``) finishes the current step, stops, prints one line saying which
 checkpoint the file holds (checkpoints are written at epoch boundaries only: the cut epoch is replayed
-whole by ``--resume``) and exits 0; a second SIGTERM interrupts at once. Ctrl-C (SIGINT) interrupts
-at once and exits 130; its line says what the checkpoint holds too.
+whole by ``--resume``) and exits 0; a trainer queued behind another for the daemon's training pipeline
+has no step to finish and stops at once. A second SIGTERM interrupts at once and exits 130, as Ctrl-C
+(SIGINT) does; its line says what the checkpoint holds too.
 
 Several ranks (DDP): under torchrun (WORLD_SIZE > 1 in the environment) each process is one rank;
 ``--nproc-per-node N`` starts N ranks on this machine itself (``trainer.launch``). With ``--socket`` every
@@ -17,6 +18,7 @@ and the checkpoint; every rank prints its own error lines, prefixed with "rank R
 """
 
 import argparse
+import atexit
 import contextlib
 import json
 import logging
@@ -219,13 +221,20 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         raise io_error(err, f"writing {path}") from err
 
 
+class _StoppedWhileQueued(BaseException):
+    """SIGTERM while the daemon queued this trainer: no step is under way, so the run ends at once (exit 0).
+    Not an ``Exception``: nothing on the way out may take it for a failure and handle it."""
+
+
 class _SigtermStop:
     """The SIGTERM handler: the first signal asks the run to stop at the next step boundary, a second
-    one interrupts at once (``KeyboardInterrupt``). It exists before torch is imported; ``attach`` hands
-    it the run's ``StopControl`` once there is one."""
+    one interrupts at once (``KeyboardInterrupt``). While the daemon queues the run (``queued``) there is
+    no step boundary to wait for: the first signal ends the wait at once (``_StoppedWhileQueued``). It
+    exists before torch is imported; ``attach`` hands it the run's ``StopControl`` once there is one."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.waiting = False
         self.control: StopControl | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
@@ -234,7 +243,16 @@ class _SigtermStop:
         self.requested = True
         if self.control is not None:
             self.control.requested = True
+        if self.waiting:
+            raise _StoppedWhileQueued
         log.warning("SIGTERM: stopping after the current step (send it again to stop at once)")
+
+    def queued(self, waiting: bool) -> None:
+        """``DaemonSource``'s ``on_queued``. A stop asked for between the epoch's start and the daemon's
+        ``Queued`` would otherwise wait for the whole queue."""
+        self.waiting = waiting
+        if waiting and self.requested:
+            raise _StoppedWhileQueued
 
     def attach(self, control: "StopControl") -> None:
         control.requested = self.requested
@@ -299,7 +317,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         except ImportError as err:
             raise UserError(f"daemon mode is not available in this installation ({err})") from None
         source = DaemonSource(args.socket, connect_timeout=args.connect_timeout,
-                              feature_cache_bytes=args.feature_cache, ranks=ranks)
+                              feature_cache_bytes=args.feature_cache, ranks=ranks, on_queued=stop.queued)
         if args.feature_cache and not source.info.feature_cache_rows:
             log.warning("--feature-cache %s: the daemon plans no feature cache (an older daemon, or less than "
                         "one feature row); every row is shipped", args.feature_cache)
@@ -410,16 +428,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quiet:
         args.progress = False
     stop = _SigtermStop()
+    _STOPS.append(stop)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         return _run(args, argv, ranks, stop)
-    except (Exception, KeyboardInterrupt) as err:
+    except (Exception, KeyboardInterrupt, _StoppedWhileQueued) as err:
         if ranks.distributed:
             _FAILED.append(err)  # its traceback holds the run, DDP's reducer and the process group: see exit_program
         return _report(err, args, ranks, stop.control)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
+
+_STOPS: list[_SigtermStop] = []
+"""Each ``main`` call's SIGTERM handler: ``exit_program`` asks the last one whether a SIGTERM came already."""
 
 _FAILED: list[BaseException] = []
 """Under several ranks, the error that ended the run, kept (with everything its traceback holds) until
@@ -429,6 +451,10 @@ _FAILED: list[BaseException] = []
 def _report(err: BaseException, args: argparse.Namespace, ranks: Ranks, control: "StopControl | None") -> int:
     """Print the one line for ``err``; the exit status."""
     who = f"{ranks.label()}: " if ranks.distributed else ""
+    if isinstance(err, _StoppedWhileQueued):
+        print(f"{PROG}: {who}stopped while queued for the loader daemon's training pipeline; "
+              f"{checkpoint_note(args.checkpoint, control)}", flush=True)
+        return 0
     if isinstance(err, UserError):
         print(error_line(f"{PROG}: error: {who}{err}"), file=sys.stderr)
         return 1
@@ -453,26 +479,44 @@ def _report(err: BaseException, args: argparse.Namespace, ranks: Ranks, control:
 
 
 def exit_program(code: int) -> NoReturn:
-    """End the ``megabatch train`` process with ``code``: ``sys.exit``, except in one rank of several.
+    """End the ``megabatch train`` process with ``code``, with ``os._exit`` once its output is flushed.
 
-    A rank leaves with ``os._exit`` once its output is flushed, without freeing what a failed run left
-    (``_FAILED``). After a failed collective, freeing DDP's reducer frees the process group, whose
-    destructor joins gloo's worker threads while holding the GIL, and a worker still finishing the
-    failed collective waits for the GIL to release its tensors: a deadlock (seen with gdb, now and
-    then, in a rank whose peer had been killed), which is the very hang ``--dist-timeout`` is there
-    to prevent. Nothing is lost: the JSON result and the checkpoint are written atomically before
-    this, the metrics server is closed, and no rank relies on an exit handler.
+    One process runs its exit handlers first. The interpreter's own teardown is skipped: after torch and
+    PyG it takes seconds, and it hands every signal back to its default action first, so a second
+    SIGTERM then (systemd's, a user's) killed the process with 143 instead of the documented 130. Until
+    the process is gone a SIGTERM or Ctrl-C ends it at once: 130 for a Ctrl-C or a second SIGTERM, else
+    ``code`` (the run is over: a first SIGTERM has nothing left to stop).
+
+    A rank of several runs no exit handler and frees nothing a failed run left (``_FAILED``). After a
+    failed collective, freeing DDP's reducer frees the process group, whose destructor joins gloo's
+    worker threads while holding the GIL, and a worker still finishing the failed collective waits for
+    the GIL to release its tensors: a deadlock (seen with gdb, now and then, in a rank whose peer had
+    been killed), which is the very hang ``--dist-timeout`` is there to prevent. Nothing is lost: the
+    JSON result and the checkpoint are written atomically before this, the metrics server is closed,
+    and no rank relies on an exit handler.
     """
     try:
         several = ranks_from_env().distributed
     except UserError:
         several = False  # main reported it already
-    if several:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    stopped = bool(_STOPS) and _STOPS[-1].requested
+
+    def at_once(signum: int, frame: object) -> None:
+        _flush_and_exit(130 if stopped or signum == signal.SIGINT else code)
+
+    signal.signal(signal.SIGTERM, at_once)
+    signal.signal(signal.SIGINT, at_once)
+    if not several:
+        atexit._run_exitfuncs()
+    logging.shutdown()
+    _flush_and_exit(code)
+
+
+def _flush_and_exit(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe must not turn the exit into a traceback
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -26,13 +26,15 @@ from proto.messages import (
     Message,
     Queued,
     Release,
+    SlotLayout,
     StartEpoch,
 )
+from proto.sizes import counted, format_size
 from trainer.batch import Batch, DeviceCachePlan
 from trainer.ranks import SINGLE, Ranks
 from trainer.source import BatchSource, SourceInfo
 
-__all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS"]
+__all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS", "describe_slots"]
 
 CONNECT_RETRY_SECONDS = 0.2
 
@@ -41,6 +43,11 @@ log = logging.getLogger("megabatch.trainer")
 # Slots are mapped read-only on purpose (the trainer must never write into the daemon's memory);
 # torch warns about every non-writable array it wraps, so silence exactly that warning.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def describe_slots(slots: SlotLayout) -> str:
+    """"4 slots of 788 KiB": slots are often under a MiB, which whole MiB rounded to 0."""
+    return f"{counted(slots.count, 'slot')} of {format_size(slots.slot_bytes)}"
 
 
 class DaemonError(RuntimeError):
@@ -57,13 +64,20 @@ class DaemonSource(BatchSource):
     ranks (default: a process training alone): this process's place in a job of several ranks; the
     session joins the job on the daemon, which deals each epoch to the job's ranks (every batch then
     says how many seeds its global batch holds) and gives each rank its share of an evaluation.
+
+    on_queued (default None): called with True when the daemon queues an epoch's ``StartEpoch`` (another
+    trainer holds its training pipeline) and with False when the wait ends; ``megabatch train`` stops at
+    once on SIGTERM meanwhile, since no step is under way to finish. It may raise, and the stream then ends.
     """
 
     def __init__(self, socket_path: str, credits: int | None = None, timeout: float | None = 60.0,
-                 connect_timeout: float = 0.0, feature_cache_bytes: int = 0, ranks: Ranks = SINGLE) -> None:
+                 connect_timeout: float = 0.0, feature_cache_bytes: int = 0, ranks: Ranks = SINGLE,
+                 on_queued: Callable[[bool], None] | None = None) -> None:
         if feature_cache_bytes < 0:
             raise ValueError(f"feature_cache_bytes must be >= 0, got {feature_cache_bytes}")
         self._ranks = ranks
+        self._on_queued = on_queued
+        self._waiting = False
         job = JobMember(ranks.job, ranks.rank, ranks.world_size, ranks.local_world_size) if ranks.distributed \
             else None
         # connect_timeout > 0: wait for a daemon that is still starting (its socket appears when it is ready)
@@ -89,7 +103,7 @@ class DaemonSource(BatchSource):
         self._info = SourceInfo(num_features=d.num_features, num_classes=d.num_classes, num_hops=d.num_hops,
                                 batch_size=d.batch_size, train_nodes=d.train_nodes,
                                 description=f"daemon {socket_path} (session {w.session}, dataset {d.name}, "
-                                            f"{w.slots.count} slots of {w.slots.slot_bytes >> 20} MiB)",
+                                            f"{describe_slots(w.slots)})",
                                 feature_dtype=d.feature_dtype, feature_cache_rows=w.feature_cache_rows,
                                 dealing=w.dealing)
         self._next_seq = 0
@@ -114,7 +128,10 @@ class DaemonSource(BatchSource):
 
     def train_batches(self, epoch: int) -> Iterator[Batch]:
         self._send(StartEpoch(epoch=epoch))
-        yield from self._stream("train", EpochEnd)
+        try:
+            yield from self._stream("train", EpochEnd)
+        finally:
+            self._queued(False)  # the stream ended, or failed, while queued: the wait is over either way
 
     def eval_batches(self, split: str) -> Iterator[Batch]:
         self._send(EvalRequest(split=split))
@@ -125,6 +142,8 @@ class DaemonSource(BatchSource):
         last_position = 0
         while True:
             msg = self._recv()
+            if not isinstance(msg, Queued):
+                self._queued(False)
             if isinstance(msg, BatchReady):
                 if msg.seq != self._next_seq:
                     raise DaemonError(f"batch sequence gap: expected seq {self._next_seq}, got {msg.seq}")
@@ -139,6 +158,7 @@ class DaemonSource(BatchSource):
                 return
             elif isinstance(msg, Queued) and kind == "train" and received == 0:
                 # another trainer holds the daemon's training pipeline: wait for it (the daemon keeps telling)
+                self._queued(True)  # before the line: a stop asked for on reading it finds the wait begun
                 if msg.position != last_position:
                     log.info("waiting for the loader daemon's training pipeline: place %d in its queue, %s is "
                              "training", msg.position, msg.holder)
@@ -147,6 +167,12 @@ class DaemonSource(BatchSource):
                 raise DaemonError(f"the loader daemon closed the session ({msg.reason or 'no reason given'})")
             else:
                 raise DaemonError(f"unexpected {msg.TAG} message during a {kind} stream")
+
+    def _queued(self, waiting: bool) -> None:
+        if waiting != self._waiting:
+            self._waiting = waiting
+            if self._on_queued is not None:
+                self._on_queued(waiting)
 
     def _batch(self, ready: BatchReady) -> Batch:
         views = self._client.read_batch(ready).arrays

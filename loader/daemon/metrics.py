@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loader import __version__
+from proto.errors import UserError
 
 __all__ = ["DaemonMetrics", "QueueProbe", "READ_LATENCY_BUCKETS", "STAGES", "REFUSAL_REASONS", "EVICTION_REASONS"]
 
@@ -24,20 +25,20 @@ READ_LATENCY_BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 STAGES = ("scheduler", "reader", "assembler", "sampler", "planner", "publisher", "eval", "rows", "staging")
-"""Stage labels of ``megabatch_stage_busy_seconds``. "rows" is the full-graph modes' feature-row reads from
-disk (checks included; in mode staged, the read-back of a batch's staged region), a part of "publisher"
-(and of "eval") time: the breakdown of a batch's time. "staging" is mode staged's pass over the feature file
-and its staging writes, a part of "planner" time."""
+"""Stage labels of ``megabatch_stage_busy_seconds``. "rows" is the feature-row reads from disk of the full-graph
+modes and of evaluation in the hierarchical and mmap modes (checks included; in mode staged, the read-back of a
+batch's staged region), a part of "publisher" (and of "eval") time: the breakdown of a batch's time. "staging"
+is mode staged's pass over the feature file and its staging writes, a part of "planner" time."""
 
 REFUSAL_REASONS = ("forbidden", "pending", "busy", "job")
 """Why a connection was closed before it became a session: a peer outside ``[server] allow_uids`` /
 ``allow_gids``, too many connections waiting for their Hello (``max_pending``), ``max_clients`` reached,
 or a job rank that does not fit its job (wrong sizes, a rank twice, a job this daemon cannot serve)."""
 
-EVICTION_REASONS = ("stall", "idle", "unread")
-"""Why a session was evicted: its stream waited ``[server] stall_timeout`` for a release or credit, the
-training pipeline's owner sat ``idle_timeout`` between epochs, or it left the replies unread for
-``stall_timeout``."""
+EVICTION_REASONS = ("stall", "unread")
+"""Why a session was evicted: its stream waited ``[server] stall_timeout`` for a release or credit, or it
+left the replies unread for ``stall_timeout``. (A holder of the training pipeline idle past
+``idle_timeout`` is not evicted: it loses the pipeline, ``pipeline_revoked``, and stays connected.)"""
 
 
 @dataclass
@@ -151,7 +152,10 @@ class DaemonMetrics:
                                            "Connections closed before they became sessions, by reason",
                                            ["reason"], registry=r)
         self.evictions = Counter("megabatch_evictions", "Sessions the daemon closed because their client stalled "
-                                 "or idled, by reason", ["reason"], registry=r)
+                                 "or left its messages unread, by reason", ["reason"], registry=r)
+        self.pipeline_revoked = Counter("megabatch_training_pipeline_revoked",
+                                        "Times the training pipeline's holder lost it to a waiting trainer after "
+                                        "running no training stream for [server] idle_timeout", registry=r)
         self.accept_errors = Counter("megabatch_accept_errors", "Failed accept calls on the control socket "
                                      "(EMFILE, ENFILE, ...)", registry=r)
         for stage in STAGES:
@@ -189,6 +193,16 @@ class DaemonMetrics:
         self.build_info.info({"version": __version__, "dataset": dataset, "mode": mode})
 
     def serve(self, address: str, port: int) -> None:
-        """Start the HTTP endpoint (a daemon thread of prometheus-client); port 0 disables it."""
-        if port:
+        """Start the HTTP endpoint (a daemon thread of prometheus-client); port 0 disables it.
+
+        A port that cannot be bound (another daemon's, a privileged one, an address not on this host) is
+        a ``UserError`` naming the address, port and key: a configuration error (exit 78), since a
+        restart would meet the same port."""
+        if not port:
+            return
+        try:
             start_http_server(port, addr=address, registry=self.registry)
+        except OSError as err:
+            why = err.strerror or str(err)
+            raise UserError(f"[metrics] port: cannot serve metrics on {address}:{port}: {why} (another daemon "
+                            f"on this port? set [metrics] port to a free one, or 0 for no metrics)") from None

@@ -4,8 +4,8 @@ run -> serve -> startup -> main_loop -> shutdown. Signals: the first SIGINT/SIGT
 accepting; end every stream and send every session ``Shutdown``; wait up to ``[server] drain_timeout``
 for the clients to release the batches already published and for the pipeline's stages to stop;
 then close the connections, cancel what is left, unmap the slots, remove the socket); a second one
-cuts the wait. Shared runtime state (sessions, the training pipeline) lives in
-``DaemonState``; the read-only resources in ``PipelineContext``.
+cuts the wait. Who is connected lives in ``DaemonState``, who holds the training pipeline in
+``PipelineOwnership`` (``loader.daemon.ownership``), the read-only resources in ``ServingContext``.
 
 A connection is admitted in steps, each cheaper than the next: the peer's credentials against
 ``[server] allow_uids`` / ``allow_gids`` (right after accept), the ``max_pending`` cap on connections
@@ -40,25 +40,25 @@ import xxhash
 from loader import __version__
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.jobs import Job, job_mismatch
+from loader.daemon.jobs import Job, JobRank, job_mismatch
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.modes import loads_static_cache, open_mode
+from loader.daemon.ownership import PipelineOwnership
 from loader.daemon.resident import ResidentData, load_resident
 from loader.daemon.sdnotify import notify, watchdog_interval
 from loader.daemon.serving import ServingContext
-from loader.daemon.session import ControlProtocol, JobRank, Session, loggable
+from loader.daemon.session import ControlProtocol, Session, loggable
 from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
-from loader.daemon.training_queue import TrainingQueue
 from loader.format.dataset import Dataset, check_file_sizes, manifest_checksum, open_dataset
-from loader.sampling.ranks import SINGLE_RANK, LocalRanks
+from loader.sampling.ranks import LocalRanks
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
 from proto.messages import PROTOCOL_VERSION, DatasetInfo, Error, ErrorCode, Hello, SlotLayout, Welcome
 from proto.shm import create_segment
-from proto.sizes import format_size
+from proto.sizes import counted, format_size
 from proto.slots import HEADER_BYTES, SlotRing
 
 __all__ = ["Daemon", "DaemonState", "PeerCredentials", "HANDSHAKE_TIMEOUT", "ACCEPT_BACKOFF", "LOG_INTERVAL"]
@@ -98,26 +98,15 @@ def _in_job(hello: Hello) -> bool:
     return bool(hello.job) and hello.world_size > 1
 
 
-def _owner_label(owner: Session | Job) -> str:
-    return f"session {owner.id}" if isinstance(owner, Session) else f"job {owner.name!r}"
-
-
 @dataclass
 class DaemonState:
-    """Mutable runtime state: who is connected and who owns the training pipeline."""
+    """Mutable runtime state: who is connected."""
 
     sessions: dict[int, Session] = field(default_factory=dict)
     next_session: int = 1
-    pipeline: TrainPipeline | None = None
-    pipeline_owner: Session | Job | None = None
-    pipeline_next_epoch: int | None = None
-    pipeline_local: LocalRanks = SINGLE_RANK
-    """The ranks the running pipeline deals to (one trainer: ``SINGLE_RANK``)."""
     jobs: dict[str, Job] = field(default_factory=dict)
     """Training jobs of several ranks with at least one rank connected, by ``Hello.job``."""
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
-    stopping: set["asyncio.Task[None]"] = field(default_factory=set)
-    """Pipelines being stopped; a new one starts only once they are gone."""
     disposing: set["asyncio.Task[None]"] = field(default_factory=set)
     """Disconnected sessions whose slots are not unmapped yet (they still count against max_clients)."""
     pending: set[socket.socket] = field(default_factory=set)
@@ -133,8 +122,8 @@ class Daemon:
         self.config = config
         self.state = DaemonState()
         self.metrics = DaemonMetrics()
-        self.queue = TrainingQueue(self._training_changed)
-        """Trainers waiting for the training pipeline (``Hello.queue``)."""
+        self.ownership = PipelineOwnership(self._start_pipeline, config.server.idle_timeout, self.metrics)
+        """Who holds the training pipeline, and the line of trainers waiting for it."""
         self.should_exit = asyncio.Event()
         self.force_exit = False
         self._forced = asyncio.Event()
@@ -260,7 +249,7 @@ class Daemon:
         for session in list(self.state.sessions.values()):
             session.close()
         # closed streams have handed their pipeline to a stop task: it must end before the pools
-        await self._stop_pipeline()
+        await self.ownership.stop()
         for task in list(self.state.tasks - self.state.disposing):
             task.cancel()
         pending = [s.dispose() for s in self.state.sessions.values()] + list(self.state.tasks)
@@ -274,17 +263,20 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             if self.ready.is_set():
                 os.unlink(self.config.server.socket)
-        log.info("stopped")
+        if self.ready.is_set():
+            # a daemon that never served says nothing here: its error line (printed by the CLI after this
+            # shutdown) is all the user should read, and read last
+            log.info("stopped")
 
     async def _drain(self, sessions: list[Session]) -> None:
         """Step 3 of ``shutdown``: wait for ``sessions`` to drain and the pipeline to stop, at most
         ``[server] drain_timeout`` seconds, less if a second signal comes (``force_exit``)."""
-        if not sessions and self.state.pipeline is None and not self.state.stopping:
+        if not sessions and self.ownership.quiet:
             return
 
         async def drained() -> None:
             await asyncio.gather(*(s.drained.wait() for s in sessions))
-            await self._stop_pipeline()  # every stream is over: nothing reads the pipeline's data any more
+            await self.ownership.stop()  # every stream is over: nothing reads the pipeline's data any more
 
         timeout = self.config.server.drain_timeout
         drain = asyncio.ensure_future(drained())
@@ -460,7 +452,7 @@ class Daemon:
             await asyncio.gather(*list(self.state.disposing), return_exceptions=True)
         if self.should_exit.is_set() or len(self.state.sessions) >= self.sessions.clients:
             self.metrics.refused_connections.labels("busy").inc()
-            await self._refuse(conn, ErrorCode.BUSY, f"{len(self.state.sessions)} clients connected "
+            await self._refuse(conn, ErrorCode.BUSY, f"{counted(len(self.state.sessions), 'client')} connected "
                                                      f"(max_clients = {self.sessions.clients})")
             return
         problem = self._job_problem(hello)
@@ -485,7 +477,7 @@ class Daemon:
                                            header_bytes=session.ring.header_bytes,
                                            segment_bytes=session.segment.nbytes),
                           feature_cache_rows=session.trainer_cache.rows if session.trainer_cache is not None else 0,
-                          job=session.job.job.name if session.job is not None else "", dealing=self._dealing)
+                          job=session.job.job.name or "" if session.job is not None else "", dealing=self._dealing)
         try:
             # the fd must ride on the first byte of Welcome; a fresh socket's send buffer takes it whole.
             # The client gets the read-only descriptor: with ours it could resize the memfd under our writes.
@@ -515,7 +507,7 @@ class Daemon:
             return problem
         if hello.local_world_size > self.sessions.clients:
             return (f"job {hello.job!r} has {hello.local_world_size} ranks on this machine but the daemon serves "
-                    f"at most {self.sessions.clients} clients ([server] max_clients)")
+                    f"at most {counted(self.sessions.clients, 'client')} ([server] max_clients)")
         if hello.local_world_size < hello.world_size and self.mode is not None and self.mode.name == "hierarchical" \
                 and self.config.hierarchy.passes is None:
             # every machine must deal the same number of steps, and passes = "auto" decides per machine
@@ -525,13 +517,18 @@ class Daemon:
         return None
 
     def _join_job(self, session: Session, hello: Hello) -> str | None:
-        """Make ``session`` rank ``hello.rank`` of its job (creating the job with its first rank)."""
+        """Make ``session`` rank ``hello.rank`` of its job (creating the job with its first rank); a lone
+        trainer's session is the one rank of a job of its own."""
+        assert self._serving is not None
         if not _in_job(hello):
+            lone = Job(None, 1, 1, self.ownership, self._serving, self.config.server.job_timeout, self._job_empty)
+            lone.admit(session, 0, 1, 1)
+            session.job = JobRank(lone, 0)
             return None
         job = self.state.jobs.get(hello.job)
         if job is None:
-            job = Job(hello.job, hello.world_size, hello.local_world_size, self, self.config.server.job_timeout,
-                      self.config.server.idle_timeout, self._job_empty)
+            job = Job(hello.job, hello.world_size, hello.local_world_size, self.ownership, self._serving,
+                      self.config.server.job_timeout, self._job_empty)
             self.state.jobs[hello.job] = job
         problem = job.admit(session, hello.rank, hello.world_size, hello.local_world_size)
         if problem is not None:
@@ -542,7 +539,7 @@ class Daemon:
         return None
 
     def _job_empty(self, job: Job) -> None:
-        if self.state.jobs.get(job.name) is job:
+        if job.name is not None and self.state.jobs.get(job.name) is job:
             del self.state.jobs[job.name]
 
     def _new_session(self, peer: str, hello: Hello) -> Session | None:
@@ -566,7 +563,7 @@ class Daemon:
             log.info("session %d: planning a client feature cache of %s rows (%s asked; planner scratch %s)",
                      self.state.next_session, f"{rows:,}", format_size(hello.feature_cache_bytes),
                      format_size(trainer_cache.scratch_bytes))
-        session = Session(self.state.next_session, peer, self._serving, self, segment, ring, self._open_eval,
+        session = Session(self.state.next_session, peer, self._serving, segment, ring, self._open_eval,
                           trainer_cache)
         session.queues = hello.queue
         self.state.sessions[session.id] = session
@@ -581,8 +578,6 @@ class Daemon:
         log.info("session %d: disconnected", session.id)
         if session.job is not None:
             session.job.job.member_left(session)  # also where the session never got past its handshake
-        if self.state.pipeline_owner is session:
-            self._spawn(self._stop_pipeline(), "stop-pipeline")
         task = asyncio.ensure_future(self._dispose(session))
         task.set_name(f"megabatch-dispose-session{session.id}")
         self.state.tasks.add(task)
@@ -604,96 +599,9 @@ class Daemon:
         assert self.mode is not None
         return self.mode.eval_access()
 
-    # -- the training pipeline (TrainCoordinator) ---------------------------------------------------------
-    async def acquire_pipeline(self, owner: object, epoch: int, local: LocalRanks) -> TrainPipeline | str:
-        st = self.state
-        assert isinstance(owner, Session | Job)
-
-        def free_for(candidate: object) -> bool:
-            return st.pipeline_owner is None or st.pipeline_owner is candidate
-
-        if not free_for(owner) or len(self.queue):
-            holder = _owner_label(st.pipeline_owner) if st.pipeline_owner is not None else "nobody"
-            if not owner.queues:
-                waiting = f"; {len(self.queue)} waiting" if len(self.queue) else ""
-                return f"{holder} is training{waiting}; one training stream at a time"
-            await self.queue.wait_turn(owner, free_for,
-                                       lambda: _owner_label(st.pipeline_owner) if st.pipeline_owner else "nobody",
-                                       owner.tell_queued)
+    def _start_pipeline(self, epoch: int, local: LocalRanks) -> TrainPipeline:
         assert self.mode is not None
-        if st.pipeline is not None and (st.pipeline_next_epoch != epoch or st.pipeline_local != local):
-            pipeline = st.pipeline
-            st.pipeline = None
-            self._stop_later(pipeline)
-        if st.pipeline is None:
-            # a stopped pipeline's stages must be gone before a new one takes the buffers and memory
-            self._set_owner(owner)
-            while st.stopping:
-                await asyncio.gather(*list(st.stopping), return_exceptions=True)
-            st.pipeline = self.mode.start_pipeline(epoch, local)
-            st.pipeline_local = local
-        self._set_owner(owner)
-        st.pipeline_next_epoch = None
-        return st.pipeline
-
-    def _set_owner(self, owner: Session | Job | None) -> None:
-        if self.state.pipeline_owner is owner:
-            return
-        self.state.pipeline_owner = owner
-        if owner is None:
-            self.queue.wake()
-        self._training_changed()
-
-    def _training_changed(self) -> None:
-        """Who trains and who waits, as metrics (one label per trainer: ``megabatch status`` lists them)."""
-        gauge = self.metrics.training_queue_position
-        gauge.clear()
-        if self.state.pipeline_owner is not None:
-            gauge.labels(_owner_label(self.state.pipeline_owner)).set(0)
-        for position, owner in enumerate(self.queue.waiting, start=1):
-            assert isinstance(owner, Session | Job)
-            gauge.labels(_owner_label(owner)).set(position)
-
-    def owns_pipeline(self, owner: object) -> bool:
-        return self.state.pipeline_owner is owner
-
-    def release_pipeline(self, owner: object) -> None:
-        st = self.state
-        if st.pipeline_owner is not owner:
-            return
-        pipeline, st.pipeline, st.pipeline_next_epoch = st.pipeline, None, None
-        self._set_owner(None)
-        if pipeline is not None:
-            self._stop_later(pipeline)
-
-    def _stop_later(self, pipeline: TrainPipeline) -> None:
-        task = asyncio.ensure_future(pipeline.stop())
-        task.set_name("megabatch-stop-pipeline")
-        self.state.stopping.add(task)
-        task.add_done_callback(self.state.stopping.discard)
-
-    def finish_pipeline(self, owner: object, pipeline: TrainPipeline, next_epoch: int | None) -> None:
-        """A stream ended: keep the pipeline running ahead into ``next_epoch``, or drop it."""
-        st = self.state
-        if st.pipeline is not pipeline:
-            return
-        assert isinstance(owner, Session | Job)
-        if next_epoch is None or owner.closed:
-            st.pipeline = None
-            self._set_owner(None)
-            self._stop_later(pipeline)
-        else:
-            st.pipeline_next_epoch = next_epoch
-
-    async def _stop_pipeline(self) -> None:
-        st = self.state
-        pipeline, st.pipeline = st.pipeline, None
-        self._set_owner(None)
-        if pipeline is not None:
-            self._stop_later(pipeline)
-        while st.stopping:
-            # wait, not gather: a cancelled caller (a drain cut short) must not cancel the stops themselves
-            await asyncio.wait(list(st.stopping))
+        return self.mode.start_pipeline(epoch, local)
 
     def _dataset_info(self, dataset: Dataset, resident: ResidentData) -> DatasetInfo:
         m, s = dataset.manifest, self.config.sampler

@@ -4,9 +4,10 @@
 ``Session`` holds the per-client state and runs at most one stream (a training epoch or an
 evaluation split) at a time. A malformed or unknown message gets an ``Error`` reply and a
 disconnect; nothing a client sends can stop the daemon or the other sessions. A client that stops
-consuming is bounded too: a stream that waits ``[server] stall_timeout`` for a slot, an owner of the
-training pipeline idle for ``idle_timeout`` between streams, and a client that leaves the replies
-unread (the write buffer is capped and reading pauses meanwhile) are evicted with ``Error("timeout")``.
+consuming is bounded too: a stream that waits ``[server] stall_timeout`` for a slot and a client that
+leaves the replies unread (the write buffer is capped and reading pauses meanwhile) are evicted with
+``Error("timeout")``. Training epochs come from the session's job (``loader.daemon.jobs``; a lone
+trainer is a job of one rank), which publishes them through ``publish_train``.
 When the daemon stops, ``begin_shutdown`` ends the stream and sends ``Shutdown``; the batches already
 announced stay valid until the client releases them (``drained`` tells the daemon when none is held).
 """
@@ -17,29 +18,27 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
-from loader.daemon.jobs import Job, JobFailed
+from loader.daemon.jobs import JobFailed, JobRank
 from loader.daemon.publisher import SlotFlow, fill_slot, overflow_message
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import SlotSource
-from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_in_pool, run_timed
+from loader.daemon.stages import SampledWork, TrainPipeline, run_in_pool, user_cause
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
 from loader.sampling.inmemory import eval_split_batches, split_stream
-from loader.sampling.ranks import SINGLE_RANK, LocalRanks, deal_eval
+from loader.sampling.ranks import deal_eval
 from loader.sampling.sampling import SampledPass
 from proto.codec import FrameDecoder, encode
-from proto.errors import ProtocolError, SlotOverflow, UserError
+from proto.errors import ProtocolError, SlotOverflow
 from proto.messages import (
     BatchId,
     BatchReady,
     Bye,
     Credit,
-    EpochEnd,
     Error,
     ErrorCode,
     EvalEnd,
@@ -55,7 +54,7 @@ from proto.messages import (
 from proto.shm import Segment
 from proto.slots import SlotRing
 
-__all__ = ["Session", "ControlProtocol", "TrainCoordinator", "EVAL_CHUNK_BATCHES", "WRITE_BUFFER_HIGH",
+__all__ = ["Session", "ControlProtocol", "EVAL_CHUNK_BATCHES", "WRITE_BUFFER_HIGH",
            "WRITE_BUFFER_LOW", "CLOSE_GRACE", "LOGGABLE_CHARS", "loggable"]
 
 log = logging.getLogger("megabatch.session")
@@ -99,41 +98,18 @@ def loggable(text: str, limit: int = LOGGABLE_CHARS) -> str:
     return "".join(out)
 
 
-class TrainCoordinator(Protocol):
-    """The daemon side a session needs for training streams (one trainer, or one job, at a time)."""
-
-    async def acquire_pipeline(self, owner: object, epoch: int, local: LocalRanks) -> TrainPipeline | str: ...
-
-    def finish_pipeline(self, owner: object, pipeline: TrainPipeline, next_epoch: int | None) -> None: ...
-
-    def owns_pipeline(self, owner: object) -> bool: ...
-
-    def release_pipeline(self, owner: object) -> None:
-        """``owner`` closes: if it owns the pipeline, stop it now so the next trainer can have it."""
-
-
-@dataclass(frozen=True)
-class JobRank:
-    """A session that is one rank of a training job (``Hello.job``)."""
-
-    job: Job
-    rank: int
-
-
 class Session:
     """State of one connected client (lives on the event loop)."""
 
-    def __init__(self, session_id: int, peer: str, ctx: ServingContext, coordinator: TrainCoordinator,
-                 segment: Segment, ring: SlotRing, eval_access: Callable[[], EvalAccess],
-                 trainer_cache: TrainerCache | None = None) -> None:
+    def __init__(self, session_id: int, peer: str, ctx: ServingContext, segment: Segment, ring: SlotRing,
+                 eval_access: Callable[[], EvalAccess], trainer_cache: TrainerCache | None = None) -> None:
         self.job: JobRank | None = None
-        """Set by the daemon when the client is one rank of a job: its training epochs come from the job."""
+        """Set by the daemon at the handshake: the job the session is a rank of (a lone trainer's is its own)."""
         self.queues = False
         """The client waits in the training queue when the pipeline is busy (``Hello.queue``)."""
         self.id = session_id
         self.peer = peer
         self._ctx = ctx
-        self._coordinator = coordinator
         self.segment = segment
         self.ring = ring
         self.flow = SlotFlow(ring.count)
@@ -144,13 +120,9 @@ class Session:
         self._send: Callable[[Message], None] = lambda msg: None
         self._close: Callable[[], None] = lambda: None
         self._stream: asyncio.Task[None] | None = None
-        self._training = False
-        """Whether ``_stream`` is a training stream (it reads the pipeline's data, and hands it back)."""
         self._seq = 0
         self._last_epoch = 0
-        self._idle_timer: asyncio.TimerHandle | None = None
         self.stall_timeout = ctx.config.server.stall_timeout
-        self.idle_timeout = ctx.config.server.idle_timeout
         self.output_paused = False
         """True while the daemon has more than ``WRITE_BUFFER_HIGH`` bytes unsent to this client and has
         stopped reading from it (``ControlProtocol.pause_writing``)."""
@@ -185,10 +157,9 @@ class Session:
         elif isinstance(msg, StartEpoch | EvalRequest) and self.shutting_down:
             self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start a {msg.TAG} stream: the daemon is shutting down"))
         elif isinstance(msg, StartEpoch):
-            stream = self._train_stream(msg.epoch) if self.job is None else self._job_train_stream(msg.epoch)
-            self._start(stream, f"epoch {msg.epoch}", training=True)
+            self._start(self._train_stream(msg.epoch), f"epoch {msg.epoch}")
         elif isinstance(msg, EvalRequest):
-            self._start(self._eval_stream(msg.split), f"eval {msg.split}", training=False)
+            self._start(self._eval_stream(msg.split), f"eval {msg.split}")
         elif isinstance(msg, StatsRequest):
             self._send(Stats(self.stats()))
         elif isinstance(msg, Bye):
@@ -206,50 +177,32 @@ class Session:
                 "batches_sent": float(self._seq),
                 "trainer_cache_rows": float(self.trainer_cache.rows if self.trainer_cache is not None else 0)}
 
-    def _start(self, coro: Coroutine[Any, Any, None], what: str, *, training: bool) -> None:
+    def _start(self, coro: Coroutine[Any, Any, None], what: str) -> None:
         if self._stream is not None and not self._stream.done():
             coro.close()
             self._send(Error(ErrorCode.BAD_REQUEST, f"cannot start {what}: a stream is still running"))
             return
-        self._cancel_idle_timer()
         stream = asyncio.ensure_future(coro)
         stream.set_name(f"megabatch-session{self.id}-{what}")
         stream.add_done_callback(self._stream_done)
         stream.add_done_callback(lambda _: self._check_drained())
-        self._stream, self._training = stream, training
+        self._stream = stream
 
     def _stream_done(self, task: "asyncio.Task[None]") -> None:
         if task.cancelled() or self.closed:
             return
         err = task.exception()
-        cause = _user_cause(err)
+        if err is None:
+            return
+        cause = user_cause(err)
         if isinstance(cause, CorruptData):
             self._ctx.metrics.read_check_failures.labels(cause.path.name).inc()
-        if cause is not None:
-            # a damaged dataset or a failing disk, not a bug: one line naming file and offset, no traceback
-            log.error("session %d: stream failed: %s", self.id, cause)
-            self.fail(ErrorCode.DATA_CORRUPT if isinstance(cause, CorruptData) else ErrorCode.INTERNAL,
-                      f"stream failed: {cause}")
-        elif err is not None:
-            log.error("session %d: stream failed: %s", self.id, err, exc_info=err)
-            self.fail(ErrorCode.INTERNAL, f"stream failed: {err}")
-        elif self._coordinator.owns_pipeline(self):
-            # an epoch ended and the pipeline runs ahead for this session alone: another trainer waits
-            # until it starts the next epoch, evaluates or leaves
-            self._idle_timer = asyncio.get_running_loop().call_later(self.idle_timeout, self._idle_expired)
-
-    def _cancel_idle_timer(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
-
-    def _idle_expired(self) -> None:
-        self._idle_timer = None
-        if not self.closed and self._coordinator.owns_pipeline(self) and \
-                (self._stream is None or self._stream.done()):
-            self.evict("idle", f"no StartEpoch for {self.idle_timeout:g} s after the last stream ended while this "
-                               f"session held the training pipeline ([server] idle_timeout); it goes to the next "
-                               f"trainer")
+        # a damaged dataset or a failing disk is not a bug: one line naming file and offset; a bug's
+        # traceback goes to the log at debug level, the client and the log get one line either way
+        log.error("session %d: stream failed: %s", self.id, cause or err)
+        log.debug("session %d: stream failed", self.id, exc_info=err)
+        self.fail(ErrorCode.DATA_CORRUPT if isinstance(cause, CorruptData) else ErrorCode.INTERNAL,
+                  f"stream failed: {cause or err}")
 
     def fail(self, code: str, message: str) -> None:
         """Send a fatal error and disconnect."""
@@ -342,62 +295,33 @@ class Session:
         raise AssertionError("woken by the pipeline's failure event without a failure")
 
     async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int,
-                            pipeline: TrainPipeline) -> bool:
-        """Batch ``b`` of ``item`` as this rank's step ``step`` of a job's epoch (``loader.daemon.jobs``)."""
+                            pipeline: TrainPipeline, cache_plan: CachePlan | None) -> bool:
+        """Batch ``b`` of ``item`` as this rank's step ``step`` of its job's epoch (``loader.daemon.jobs``);
+        with ``cache_plan``, only the rows this client's feature cache does not hold are shipped."""
         if self.closed:
             return False
         return await self._publish("train", epoch, item.pass_index, step, item.epoch_batches, item.sampled, b,
-                                   item.source, global_seeds=global_seeds, pipeline=pipeline)
+                                   item.source, cache_plan, global_seeds=global_seeds, pipeline=pipeline)
+
+    def refuse(self, message: str) -> None:
+        """The StartEpoch cannot be served now (the pipeline is busy and this client does not queue)."""
+        if not self.closed:
+            self._send(Error(ErrorCode.BAD_REQUEST, message))
 
     def tell_queued(self, position: int, holder: str) -> None:
         """This session's StartEpoch waits for the training pipeline (only a client that asked to queue)."""
         if self.queues and not self.closed:
             self._send(Queued(position=position, holder=holder))
 
-    def end_epoch(self, end: EpochEnd) -> None:
-        """A job's epoch is over for this rank."""
-        self._last_epoch = end.epoch
-        self._send(end)
-
-    async def _job_train_stream(self, epoch: int) -> None:
+    async def _train_stream(self, epoch: int) -> None:
         assert self.job is not None
         self._last_epoch = epoch
         self._ctx.metrics.epoch.set(epoch)
         # JobFailed: the job has told every rank, this one included, and disconnected them
         with contextlib.suppress(JobFailed):
-            await self.job.job.train(self, self.job.rank, epoch)
-
-    async def _train_stream(self, epoch: int) -> None:
-        acquired = await self._coordinator.acquire_pipeline(self, epoch, SINGLE_RANK)
-        if isinstance(acquired, str):
-            self._send(Error(ErrorCode.BAD_REQUEST, acquired))
-            return
-        pipeline = acquired
-        self._last_epoch = epoch
-        self._ctx.metrics.epoch.set(epoch)
-        finished = False
-        try:
-            while True:
-                item = await pipeline.next_work()
-                if isinstance(item, EpochDone):
-                    self._send(EpochEnd(epoch=epoch, batches=item.batches, passes=item.passes))
-                    finished = True
-                    return
-                cache_plan = None
-                if self.trainer_cache is not None:
-                    # Planned here, not in the pipeline: the pipeline outlives sessions, the plan's
-                    # state is this session's. Serial with publishing, and O(superbatch) work.
-                    cache_plan = await run_timed(self._ctx.cpu_pool, self._ctx.metrics, "planner",
-                                                 self.trainer_cache.plan, item.sampled, item.source)
-                for b in range(item.sampled.num_batches):
-                    if not await self._publish("train", epoch, item.pass_index, item.first_batch + b,
-                                               item.epoch_batches, item.sampled, b, item.source, cache_plan,
-                                               pipeline=pipeline):
-                        return
-                if item.last_pass and item.release is not None:
-                    item.release()
-        finally:
-            self._coordinator.finish_pipeline(self, pipeline, epoch + 1 if finished else None)
+            end = await self.job.job.train(self, self.job.rank, epoch)
+            if end is not None:
+                self._send(end)
 
     async def _eval_stream(self, split: str) -> None:
         cfg = self._ctx.config.sampler
@@ -405,7 +329,7 @@ class Session:
         try:
             plan = eval_split_batches(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
                                      split_stream(split))
-            if self.job is not None:
+            if self.job is not None and self.job.job.world_size > 1:
                 # each rank evaluates its share (whole batches, round-robin); the trainer pools the counts
                 plan = deal_eval(plan, cfg.eval_batch_size, self.job.rank, self.job.job.world_size)
             total = len(plan.keys)
@@ -432,9 +356,10 @@ class Session:
         if self.closed or self.shutting_down:
             return
         self.shutting_down = True
-        self._cancel_idle_timer()
         if self._stream is not None and not self._stream.done():
             self._stream.cancel()
+        if self.job is not None:
+            self.job.job.halt()  # the epoch's publisher runs in the job, not in this session's stream
         self._send(Shutdown(reason))
         self._check_drained()
 
@@ -448,17 +373,11 @@ class Session:
         if self.closed:
             return
         self.closed = True
-        self._cancel_idle_timer()
         self.flow.close()
-        stream_hands_back = False
         if self._stream is not None and not self._stream.done():
             self._stream.cancel()
-            # a training stream hands the pipeline back itself, once its job in the pool is over
-            # (run_in_pool waits): that job may still read what the pipeline produced
-            stream_hands_back = self._training
-        if not stream_hands_back:
-            self._coordinator.release_pipeline(self)
         if self.job is not None:
+            # the job hands the training pipeline back (once its publisher is out of the thread pool)
             self.job.job.member_left(self)
         self._close()
         self.drained.set()
@@ -578,13 +497,3 @@ class ControlProtocol(asyncio.Protocol):
     def _cancel(timer: asyncio.TimerHandle | None) -> None:
         if timer is not None:
             timer.cancel()
-
-
-def _user_cause(err: BaseException | None) -> UserError | None:
-    """The ``UserError`` (``CorruptData``, a failed or short read) behind a stream's failure, raised there
-    or by a pipeline stage it waited on; None for anything else (a bug, logged with its traceback)."""
-    while err is not None:
-        if isinstance(err, UserError):
-            return err
-        err = err.__cause__
-    return None

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.daemon.config import SamplerConfig
-from loader.daemon.eval_stream import EvalData, open_eval_data
+from loader.daemon.mapped_graph import MappedGraph, map_graph
 from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
 from loader.sampling.inmemory import STREAM_VAL, EpochBatches, epoch_batches_inmemory, eval_split_batches
 from loader.sampling.sampling import sample_pass
 from proto.batch_arrays import BatchShape
-from proto.sizes import format_size
+from proto.errors import UserError
+from proto.sizes import counted, format_size
 from proto.slots import HEADER_BYTES, slot_bytes_for
 
 __all__ = ["BatchBound", "NO_BATCH", "PilotSizes", "SessionSizing", "estimate_slot_bytes", "pilot_batch_sizes",
@@ -83,7 +84,7 @@ class PilotSizes:
         return self.train if self.train is not None else NO_BATCH
 
 
-def _pilot(data: EvalData, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
+def _pilot(data: MappedGraph, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...], num_nodes: int,
            num_edges: int) -> BatchBound | None:
     count = min(PILOT_BATCHES, len(plan.keys))
     if count == 0:
@@ -107,13 +108,16 @@ def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: Sampler
     mega-batch's neighbourhoods, so training batches there only get smaller). Done once at startup:
     slot sizing and the memory plans read the result."""
     m = dataset.manifest
-    data = open_eval_data(dataset, resident.partitions)
+    data = map_graph(dataset, resident.partitions)
     try:
         train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
                        sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
         evaluation = _pilot(data, eval_split_batches(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
                                                     STREAM_VAL),
                             sampler.eval_batch_size, sampler.eval_fanouts, m.num_nodes, m.num_edges)
+    except ValueError as err:
+        # the sampler validates every neighbour id it reads: one out of range is a damaged indices.npy
+        raise UserError(f"{dataset.file('indices')}: {err}; the file is damaged: run 'megabatch verify'") from None
     finally:
         data.close()
     return PilotSizes(train, evaluation)
@@ -148,7 +152,7 @@ class SessionSizing:
         return self.clients * self.slots * self.slot_bytes
 
     def describe(self) -> str:
-        return f"{self.clients} clients x {self.slots} slots x {format_size(self.slot_bytes)}"
+        return f"{counted(self.clients, 'client')} x {counted(self.slots, 'slot')} x {format_size(self.slot_bytes)}"
 
 
 def size_sessions(budget: int, slot_bytes: int, slots: int | None, clients: int | None) -> SessionSizing:

@@ -20,8 +20,9 @@ import numpy as np
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.publisher import SlotSource
 from loader.sampling.sampling import SampledPass
+from proto.errors import UserError
 
-__all__ = ["SampledWork", "EpochDone", "TrainPipeline", "run_in_pool", "run_timed"]
+__all__ = ["SampledWork", "EpochDone", "TrainPipeline", "run_in_pool", "run_timed", "user_cause"]
 
 log = logging.getLogger("megabatch.pipeline")
 
@@ -36,7 +37,8 @@ class SampledWork:
     source: SlotSource
     """Where the pass's rows, ids and labels come from."""
     release: Callable[[], None] | None
-    """Called once the last batch of a ``last_pass`` item is published (hands its buffer back)."""
+    """Called once the last batch of a ``last_pass`` item is published (hands its buffer back; the hierarchical
+    pipeline also reports an epoch from its last pass's: the one point where the epoch is known delivered)."""
     pass_index: int
     sampled: SampledPass
     first_batch: int
@@ -111,6 +113,10 @@ async def run_in_pool(pool: ThreadPoolExecutor, func: Callable[..., T], *args: o
         return await asyncio.shield(job)
     except asyncio.CancelledError:
         await asyncio.wait([job])
+        # the shield let go of ``job`` when cancelled: an error it ends with (the same corrupt block another
+        # stage failed on, say) is retrieved here, or the collector logs it with a traceback later
+        if not job.cancelled() and job.exception() is not None:
+            log.debug("cancelled stage's job failed too", exc_info=job.exception())
         raise
 
 
@@ -135,3 +141,13 @@ def _record_failure(pipeline: TrainPipeline, name: str, task: "asyncio.Task[None
         # wake the publisher: it waits on ``output`` and must see the failure, not hang
         with contextlib.suppress(asyncio.QueueFull):
             pipeline.output.put_nowait(EpochDone(-1, 0, 0))
+
+
+def user_cause(err: BaseException | None) -> UserError | None:
+    """The ``UserError`` (``CorruptData``, a failed or short read) behind a stream's failure, raised there
+    or by a pipeline stage it waited on; None for anything else (a bug)."""
+    while err is not None:
+        if isinstance(err, UserError):
+            return err
+        err = err.__cause__
+    return None

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto.errors import UserError
-from proto.sizes import format_size
+from proto.sizes import counted, format_size
 
 __all__ = ["scrape", "format_status"]
 
@@ -58,7 +58,7 @@ def format_status(samples: Samples) -> str:
     epoch = _get(samples, "megabatch_epoch")
     clients = _get(samples, "megabatch_clients")
     train = _get(samples, "megabatch_batches_published_total", kind="train")
-    lines.append(f"epoch {int(epoch) if epoch is not None else '-'}, {int(clients or 0)} clients, "
+    lines.append(f"epoch {int(epoch) if epoch is not None else '-'}, {counted(int(clients or 0), 'client')}, "
                  f"{int(train or 0):,} training batches published")
     places = sorted(((value, dict(labels).get("trainer", "?")) for (name, labels), value in samples.items()
                      if name == "megabatch_training_queue_position"))
@@ -78,7 +78,7 @@ def format_status(samples: Samples) -> str:
         last_epoch = "no epoch complete yet" if not epoch_cov and not epoch_skew else (
             f"last epoch: neighbour coverage {epoch_cov:.3f}, label skew {epoch_skew:.3f}")
         lines.append(f"training quality: {last_epoch}; last mega-batch: coverage {mb_cov or 0:.3f}, "
-                     f"skew {mb_skew or 0:.3f} ({int(done or 0):,} mega-batches loaded)"
+                     f"skew {mb_skew or 0:.3f} ({counted(int(done or 0), 'mega-batch')} loaded)"
                      + (f"; warnings: {', '.join(warned)}" if warned else ""))
     feat = _ratio(_get(samples, "megabatch_feature_cache_lookups_total", result="hit"),
                   _get(samples, "megabatch_feature_cache_lookups_total", result="miss"))

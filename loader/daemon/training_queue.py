@@ -1,11 +1,8 @@
-"""Trainers waiting for the training pipeline: independent jobs on one daemon take turns, first come first served.
+"""The line of trainers waiting for the training pipeline, first come first served.
 
-One daemon runs one training pipeline (its memory plan holds one), so two unrelated trainers cannot both
-train at once without one of them starving or the budget doubling. The policy: the first trainer (a
-session, or a job of several ranks) to start an epoch holds the pipeline until it leaves (or idles past
-``[server] idle_timeout``); one that asks meanwhile and said ``Hello.queue`` waits here, in arrival order,
-told its place by ``Queued`` messages; one that did not (an older client) is refused at once as before.
-Evaluation streams never wait: they do not use the pipeline.
+The rules of who holds the pipeline and who waits are ``loader.daemon.ownership``'s; this is only the
+line itself: arrival order, places told by ``Queued`` (on every change and every few seconds, so a
+waiting client's read timeout sees traffic), a place given up when the waiter leaves.
 """
 
 import asyncio

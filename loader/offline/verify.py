@@ -19,6 +19,7 @@ from loader.format.partition_table import PARTITION_COLUMNS
 from loader.format.read_checks import PAGE_BYTES, file_block_checksums, partition_checksum_table
 from proto.errors import UserError
 from proto.progress import Progress
+from proto.sizes import counted
 
 __all__ = ["VerifyReport", "verify_dataset"]
 
@@ -83,17 +84,52 @@ def _minor_version(dataset: Dataset) -> int:
 def _check_checksums(dataset: Dataset, report: VerifyReport, progress: bool) -> None:
     report.checks.append("checksums")
     entries = dataset.manifest.files
+    damaged: list[str] = []
+    unlike: dict[int, str] = {}  # place in the problems -> a file whose content does not match
     with Progress("verify checksums", len(entries), "files", enabled=progress) as bar:
         for name, entry in sorted(entries.items()):
             path = dataset.path / name
             if not path.is_file():
                 report.problems.append(f"checksums: {name} is missing")
+                damaged.append(name)
             elif path.stat().st_size != entry.bytes:
                 report.problems.append(f"checksums: {name} has {path.stat().st_size} bytes, manifest says "
                                        f"{entry.bytes}")
+                damaged.append(name)
             elif file_xxh3(path) != entry.xxh3_64:
-                report.problems.append(f"checksums: {name} content does not match its xxh3_64")
+                damaged.append(name)
+                unlike[len(report.problems)] = name
+                report.problems.append("")
             bar.update()
+    # named once every file is checked: a damaged block table would point at the wrong block
+    for place, name in unlike.items():
+        report.problems[place] = (f"checksums: {name} content does not match its xxh3_64"
+                                  f"{_where_damaged(dataset, name, damaged)}")
+
+
+def _where_damaged(dataset: Dataset, name: str, damaged: list[str]) -> str:
+    """Where the file ``name`` differs from its block checksums (format 1.1+: ``features.bin`` and
+    ``indices.npy``): its first differing block as a byte range, or "" where it has no sound table."""
+    m = dataset.manifest
+    tables = {FILES["features"]: (m.feature_check_file, m.feature_check_bytes),
+              FILES["indices"]: (CHECK_FILES["index_pages"], PAGE_BYTES)}
+    if not m.has_read_checks or name not in tables:
+        return ""
+    table, block = tables[name]
+    if table in damaged:
+        return f" (its block checksums, {table}, are damaged too: no block named)"
+    stored = read_npy(dataset.path / table, expect_dtype=np.uint64, expect_ndim=1)
+    path = dataset.path / name
+    found = file_block_checksums(path, block)
+    if len(stored) != len(found):
+        return ""
+    bad = np.flatnonzero(stored != found)
+    if not len(bad):
+        return ""
+    first = int(bad[0]) * block
+    last = min(first + block, path.stat().st_size) - 1
+    return (f": the first damaged block is bytes {first} to {last} ({counted(len(bad), 'block')} of {block} bytes "
+            f"differ from {table})")
 
 
 def _check_csc(dataset: Dataset) -> list[str]:

@@ -93,7 +93,7 @@ class ObservedDaemon(Daemon):
         async def wait() -> None:
             while not predicate(self):
                 self.changed.clear()
-                busy = {t for t in self.state.tasks if t is not self._accepting} | set(self.state.stopping)
+                busy = {t for t in self.state.tasks if t is not self._accepting} | set(self.ownership.stopping)
                 busy |= {s._stream for s in self.state.sessions.values() if s._stream is not None
                          and not s._stream.done()}
                 signal_ = asyncio.ensure_future(self.changed.wait())
@@ -109,17 +109,22 @@ class ObservedDaemon(Daemon):
             raise AssertionError(f"the daemon never got to: {what} (state {self.on_loop(self.describe)})") from None
 
     def describe(self) -> dict[str, Any]:
-        st = self.state
+        st, own = self.state, self.ownership
         return {"sessions": sorted(st.sessions), "pending": len(st.pending), "disposing": len(st.disposing),
-                "stopping": len(st.stopping), "pipeline": st.pipeline is not None,
-                "owner": st.pipeline_owner.id if st.pipeline_owner is not None else None}
+                "stopping": len(own.stopping), "pipeline": own.pipeline is not None,
+                "owner": own.owner.label if own.owner is not None else None}
+
+
+def holds(daemon: ObservedDaemon, session: Any) -> bool:
+    """Whether ``session``'s job (a lone trainer's own) holds the training pipeline."""
+    return session.job is not None and daemon.ownership.owner is session.job.job
 
 
 def settled(daemon: ObservedDaemon) -> bool:
     """No session, no connection owing its Hello, nothing left to unmap or stop, no training pipeline."""
-    st = daemon.state
-    return not (st.sessions or st.pending or st.disposing or st.stopping or st.pipeline is not None
-                or st.pipeline_owner is not None)
+    st, own = daemon.state, daemon.ownership
+    return not (st.sessions or st.pending or st.disposing or own.stopping or own.pipeline is not None
+                or own.owner is not None)
 
 
 @pytest.fixture
@@ -274,16 +279,16 @@ def state_reached(state: str, slots: int) -> Callable[[ObservedDaemon], bool]:
             return credit == slots and stream is None
         if state in ("training", "training_cached"):
             cached = session.trainer_cache is not None
-            return (running and session.flow.in_use == slots and st.pipeline_owner is session
+            return (running and session.flow.in_use == slots and holds(daemon, session)
                     and cached == (state == "training_cached"))
         if state == "training_unread":
-            return running and session.flow.in_use >= 1 and st.pipeline_owner is session
+            return running and session.flow.in_use >= 1 and holds(daemon, session)
         if state == "eval":
-            return running and session.flow.in_use == slots and st.pipeline_owner is None
+            return running and session.flow.in_use == slots and daemon.ownership.owner is None
         assert state == "after_epoch_end"
         # the epoch is over, the pipeline runs ahead into epoch 1 for this session alone
-        return (stream is not None and stream.done() and session.flow.in_use == 0 and st.pipeline_owner is session
-                and st.pipeline is not None)
+        return (stream is not None and stream.done() and session.flow.in_use == 0 and holds(daemon, session)
+                and daemon.ownership.pipeline is not None)
 
     return check
 

@@ -235,6 +235,40 @@ def test_train_sigterm_without_checkpoint_says_none_was_written(train_dataset):
     assert lines[-1] == "megabatch train: stopped; no checkpoint was written (no --checkpoint)", lines
 
 
+@pytest.mark.parametrize("sig, code, last", [
+    (signal.SIGTERM, 0, "megabatch train: stopped while queued for the loader daemon's training pipeline; "
+                        "no checkpoint was written (no --checkpoint)"),
+    (signal.SIGINT, 130, "megabatch train: interrupted; no checkpoint was written (no --checkpoint)"),
+], ids=["SIGTERM", "SIGINT"])
+def test_a_queued_trainer_stops_at_the_first_signal_in_one_line(dataset, tmp_path, sig, code, last):
+    """A trainer waiting in the daemon's training queue has no step to finish: the first SIGTERM ends it (it
+    used to be ignored until a second one), as Ctrl-C does."""
+    config = daemon_config(dataset, tmp_path / "s.sock", server={"stall_timeout": 600, "idle_timeout": 600})
+    with running_daemon(config), harness.connect(config) as holder:
+        holder.send(StartEpoch(epoch=0))
+        assert isinstance(holder.recv(timeout=60), BatchReady)  # it holds the pipeline and releases nothing
+        proc = subprocess.Popen([sys.executable, "-m", "trainer", "--socket", str(config.server.socket),
+                                 "--no-progress", "--hidden", "16", "--epochs", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert proc.stdout is not None
+            lines = []
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if "waiting for the loader daemon's training pipeline: place 1" in line:
+                    break
+            assert "place 1" in lines[-1], lines
+            proc.send_signal(sig)
+            rest, _ = proc.communicate(timeout=60)  # the trainer ignoring it would wait for the holder forever
+            after = rest.splitlines()
+            assert proc.returncode == code, lines + after
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert after == [last], after
+
+
 def test_checkpoint_note_never_claims_more_than_was_written():
     control = StopControl()
     assert checkpoint_note(None, control) == "no checkpoint was written (no --checkpoint)"

@@ -105,3 +105,58 @@ def test_a_trainer_waits_for_the_pipeline_of_another_and_then_trains(dataset, tm
     assert trained > 0
     assert "waiting for the loader daemon's training pipeline: place 1 in its queue, session 1 is training" \
         in lines.lines
+
+
+class _GatedSource(DaemonSource):
+    """A trainer's source that, at ``where`` ("train": after epoch 0's first batch; "val": before its first
+    validation), waits until ``gate`` is set: another trainer then arrives while this one holds the pipeline."""
+
+    def __init__(self, socket_path: str, where: str, gate: threading.Event) -> None:
+        super().__init__(socket_path)
+        self._where, self._gate = where, gate
+
+    def train_batches(self, epoch: int):
+        for index, batch in enumerate(super().train_batches(epoch)):
+            yield batch
+            if self._where == "train" and epoch == 0 and index == 0:
+                assert self._gate.wait(60), "the second trainer never queued"
+
+    def eval_batches(self, split: str):
+        if self._where == "val" and split == "val":
+            assert self._gate.wait(60), "the second trainer never queued"
+        yield from super().eval_batches(split)
+
+
+@pytest.mark.parametrize("second_arrives", ["train", "val"])
+def test_two_trainers_both_finish_every_epoch_whoever_arrives_while_the_other_trains_or_evaluates(
+        dataset, tmp_path, second_arrives):
+    """Issue 27: the holder's next StartEpoch comes while the other trainer waits for the pipeline; it must
+    not be queued behind that trainer (which waits for it)."""
+    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 512})
+    held = _Lines("takes the training pipeline")
+    queued = _Lines("waiting for the loader daemon's training pipeline")
+    loggers = [(logging.getLogger("megabatch.ownership"), held), (logging.getLogger("megabatch.trainer"), queued)]
+    levels = [logger.level for logger, _ in loggers]
+    for logger, handler in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+    def run(source: DaemonSource, epochs: int):
+        try:
+            return train(source, TrainConfig(model="sage", hidden=16, epochs=epochs, seed=0, device="cpu"),
+                         log=lambda line: None)
+        finally:
+            source.close()
+
+    try:
+        with running_daemon(config), ThreadPoolExecutor(2) as pool:
+            first = pool.submit(run, _GatedSource(str(config.server.socket), second_arrives, queued.seen), 3)
+            assert held.seen.wait(60), held.lines
+            second = pool.submit(run, DaemonSource(str(config.server.socket)), 2)
+            results = [first.result(timeout=300), second.result(timeout=300)]
+    finally:
+        for (logger, handler), level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    assert [len(r.epochs) for r in results] == [3, 2]
+    assert any("place 1 in its queue, session 1 is training" in line for line in queued.lines), queued.lines

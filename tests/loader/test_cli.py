@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -181,3 +182,35 @@ def test_train_help_is_the_trainers_usage():
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("usage: megabatch train")
     assert "--socket" in run.stdout
+
+
+def test_serve_on_a_missing_dataset_says_only_why_it_did_not_start(tmp_path, capsys):
+    """The shutdown after a failed start-up used to log "stopped" before the error: the reader saw a daemon
+    that seemed to have run, and the reason came last."""
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[dataset]\npath = "{tmp_path}/none"\n[server]\nsocket = "{tmp_path}/s.sock"\n'
+                      "[metrics]\nport = 0\n")
+    code = main(["--no-progress", "serve", "--config", str(config)])  # not -q: "stopped" is logged at info
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 78
+    assert len(err) == 1 and err[0].startswith("megabatch: error:") and "none" in err[0], err
+
+
+def test_serve_on_a_metrics_port_in_use_is_a_configuration_error(tmp_path, capsys):
+    """Two daemons on one metrics port: one line naming the port and the key, and exit 78, so systemd does not
+    restart into the same port (it was "I/O error while serve: Address already in use", exit 1)."""
+    make_raw(tmp_path)
+    dataset = tmp_path / "ds"
+    assert main(["--no-progress", "-q", "prepare", str(tmp_path / "raw"), str(dataset), "--partitions", "3"]) == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "serve.toml"
+        config.write_text(f'[dataset]\npath = "{dataset}"\n[server]\nsocket = "{tmp_path}/s.sock"\n'
+                          f'[metrics]\naddress = "127.0.0.1"\nport = {port}\n')
+        code = main(["--no-progress", "-q", "serve", "--config", str(config)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 78
+    assert len(err) == 1 and f"127.0.0.1:{port}" in err[0] and "[metrics] port" in err[0], err
+    assert not (tmp_path / "s.sock").exists()

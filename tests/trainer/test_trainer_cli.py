@@ -125,3 +125,32 @@ def test_sampler_settings_come_from_flags_then_config_then_defaults(tmp_path):
     settings, dataset = resolve_sampler(parser.parse_args([]))
     assert (settings.batch_size, settings.fanouts, settings.eval_fanouts, settings.eval_batch_size,
             settings.seed, dataset) == (1024, (10, 5), None, 1024, 0, None)
+
+
+# A run stands in for the trainer (nothing to train: the test is about the signals around it), and an exit
+# handler signals the process while it ends, where the interpreter's teardown after torch used to take seconds
+ENDING = """
+import atexit, os, signal, sys
+from trainer import cli
+
+def run(args, argv, ranks, stop):
+    if "term-during-run" in sys.argv:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled before kill returns: a stop request, as systemd sends it
+    print("run over", flush=True)
+    return 0
+
+cli._run = run
+atexit.register(os.kill, os.getpid(), signal.SIGINT if "int-while-ending" in sys.argv else signal.SIGTERM)
+cli.exit_program(cli.main(["--mode", "inmemory", "--dataset", "unused"]))
+"""
+
+
+@pytest.mark.parametrize("case, code", [
+    ("term-during-run", 130),  # the second SIGTERM: 130 as documented (it was 143, the default action)
+    ("term-while-ending", 0),  # the first, after the run: the run's own status
+    ("int-while-ending", 130),
+])
+def test_a_signal_while_the_process_ends_exits_as_documented(case, code):
+    run = subprocess.run([sys.executable, "-c", ENDING, case], capture_output=True, text=True, timeout=300)
+    assert run.returncode == code, run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "run over" and "Traceback" not in run.stderr, run.stdout + run.stderr

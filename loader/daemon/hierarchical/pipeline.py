@@ -38,6 +38,7 @@ from loader.daemon.slot_source import OffsetRows, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.ranks import LocalRanks, deal_pieces, num_steps, piece_keys, sample_pieces
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+from proto.sizes import counted
 
 __all__ = ["PipelineContext", "start_train_pipeline", "epoch_batch_count", "STREAM_MEGABATCH_SHUFFLE"]
 
@@ -166,14 +167,21 @@ def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> No
     m = ctx.metrics
     m.epoch_coverage.set(quality.coverage)
     m.epoch_label_skew.set(quality.skew)
-    log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %d mega-batches of %d partitions",
-             epoch, quality.coverage, quality.skew, quality.megabatches, ctx.partitions_per_megabatch)
+    log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %s of %s", epoch, quality.coverage,
+             quality.skew, counted(quality.megabatches, "mega-batch"),
+             counted(ctx.partitions_per_megabatch, "partition"))
     warnings = quality.warnings()
     logged = ctx.warning_streaks.to_log(set(warnings))
     for kind, warning in warnings.items():
         m.quality_warnings.labels(kind).inc()
         if kind in logged:
             log.warning("epoch %d: %s (logged again every %d epochs while it holds)", epoch, warning, WARN_EVERY)
+
+
+def _epoch_published(ctx: PipelineContext, epoch: int, quality: EpochQuality, release: Callable[[], None]) -> None:
+    """The release of an epoch's last pass: its mega-batch's buffer back, then the epoch's report."""
+    release()
+    _report_epoch(ctx, epoch, quality)
 
 
 async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, ready: "asyncio.Queue[MegaBatch]",
@@ -215,7 +223,12 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
                 last = (pass_index + 1 >= cfg.hierarchy.max_passes or not ready.empty() or mb.scheduled.is_last
                         or n_batches == 0)
             ctx.metrics.pass_index.set(pass_index)
-            await output.put(SampledWork(source=source, release=functools.partial(release, mb.buffer),
+            hand_back = functools.partial(release, mb.buffer)
+            if last and mb.scheduled.is_last:
+                # the sampler runs up to an epoch ahead of the trainer: an epoch is reported once its last batch
+                # is published, or a run's log would end on an epoch nobody trained
+                hand_back = functools.partial(_epoch_published, ctx, epoch, quality, hand_back)
+            await output.put(SampledWork(source=source, release=hand_back,
                                          pass_index=pass_index, sampled=sampled,
                                          first_batch=batch_in_epoch, epoch_batches=epoch_batches, last_pass=last,
                                          member=dealt.member if local.several else None,
@@ -226,7 +239,6 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
                 ctx.metrics.passes.set(pass_index + 1)
                 break
         if mb.scheduled.is_last:
-            _report_epoch(ctx, epoch, quality)
             await output.put(EpochDone(epoch, batch_in_epoch, passes_in_epoch))
             epoch, batch_in_epoch, passes_in_epoch = epoch + 1, 0, 0
             quality = EpochQuality()

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,19 +194,24 @@ class PartitionReader:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
         t0 = time.perf_counter()
         reads = self.plan_reads(scheduled, buffer)
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Any]] = [loop.run_in_executor(self._pool, self._read, req)
-                                              for req in reads.requests]
+        # the pool's own futures, not asyncio's wrappers: cancelling a wrapper returns at once even while its
+        # thread still reads, so only these can say when a read has really landed
+        jobs: list[Future[Any]] = [self._pool.submit(self._read, req) for req in reads.requests]
         try:
-            sizes = await asyncio.gather(*futures)
+            sizes = await asyncio.gather(*map(asyncio.wrap_future, jobs))
             # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
-            futures = [loop.run_in_executor(self._pool, self._verify, check) for check in reads.checks]
-            await asyncio.gather(*futures)
+            jobs = [self._pool.submit(self._verify, check) for check in reads.checks]
+            await asyncio.gather(*map(asyncio.wrap_future, jobs))
         except BaseException:
+            for job in jobs:
+                job.cancel()  # a read not started never starts
             # reads already running write into the buffer: let them land before it can be reused
-            for fut in futures:
-                fut.cancel()
-            await asyncio.wait(futures)
+            landed = [asyncio.wrap_future(job) for job in jobs]
+            if landed:
+                await asyncio.wait(landed)
+            for fut in landed:
+                if not fut.cancelled():
+                    fut.exception()  # retrieved: the first failure is the one raised
             raise
         return LoadedMegaBatch(scheduled, buffer, reads.feature_base, reads.edges, int(sum(sizes)),
                                time.perf_counter() - t0)

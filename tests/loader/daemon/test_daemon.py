@@ -178,7 +178,7 @@ def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset, tmp_path):
         with connect(config) as second:
             batches, end = consume(second, StartEpoch(epoch=0), EpochEnd)
             assert [r.seq for r, _ in batches] == list(range(len(batches)))
-        assert daemon.state.pipeline_owner is None or daemon.state.pipeline_owner.id != 1
+        assert daemon.ownership.owner is None or daemon.ownership.owner.label != "session 1"
 
 
 def test_second_trainer_is_refused_while_one_trains(dataset, tmp_path):

@@ -14,7 +14,17 @@ from loader.sampling.ranks import deal_epoch, deal_eval
 from loader.sampling.sampling import sample_pass
 from proto.client import ControlClient, JobMember
 from proto.errors import RemoteError
-from proto.messages import BatchReady, Credit, EpochEnd, ErrorCode, EvalEnd, EvalRequest, Release, StartEpoch
+from proto.messages import (
+    BatchReady,
+    Credit,
+    EpochEnd,
+    ErrorCode,
+    EvalEnd,
+    EvalRequest,
+    Queued,
+    Release,
+    StartEpoch,
+)
 from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
 from tests.loader.daemon.test_daemon import check_batch
 
@@ -191,20 +201,38 @@ def test_a_rank_that_does_not_fit_its_job_is_refused_in_one_line(dataset, tmp_pa
     assert fragment in refused.value.message
 
 
-def test_a_job_idle_between_epochs_loses_the_pipeline_to_the_next_trainer(dataset, tmp_path):
+def test_a_job_idle_between_epochs_loses_the_pipeline_to_a_waiting_trainer_and_takes_its_turn_after(
+        dataset, tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
     with running_daemon(config):
         clients = [join(config, rank, 2, 2) for rank in (0, 1)]
         consume_all(clients, StartEpoch(epoch=0), EpochEnd)
-        for client in clients:  # no StartEpoch, no evaluation: idle
-            with pytest.raises(RemoteError) as failed:
-                client.recv(timeout=60)
-            assert failed.value.code == ErrorCode.JOB_FAILED
-            assert "no StartEpoch for 0.5 s after the last epoch ended" in failed.value.message
+        # no StartEpoch, no evaluation: idle; a queued trainer gets the pipeline, the ranks stay connected
+        with ControlClient.connect(str(config.server.socket), client="next", timeout=30, queue=True) as waiting:
+            waiting.send(Credit(count=waiting.welcome.slots.count))
+            batches, _ = consume_waiting(waiting, StartEpoch(epoch=0))
+            assert batches
+            waiting.close()
+        streams = consume_all(clients, StartEpoch(epoch=1), EpochEnd)
+        for client in clients:
             client.close()
-        with connect(config) as alone:
-            batches, _ = consume(alone, StartEpoch(epoch=0), EpochEnd)
-    assert batches
+    assert len(streams[0][0]) == len(streams[1][0]) > 0
+
+
+def consume_waiting(client: ControlClient, start: StartEpoch):
+    """``consume`` for a client that may first hear ``Queued`` notices."""
+    client.send(start)
+    batches = []
+    while True:
+        msg = client.recv(timeout=60)
+        if isinstance(msg, Queued):
+            continue
+        if isinstance(msg, BatchReady):
+            batches.append(msg)
+            client.send(Release(slot=msg.slot, seq=msg.seq))
+            continue
+        assert isinstance(msg, EpochEnd), msg
+        return batches, msg
 
 
 def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset, tmp_path):

@@ -1,15 +1,19 @@
 """The daemon reports neighbour coverage and label skew per epoch (log, metrics, `megabatch status`) and warns
 where they are bad."""
 
+import asyncio
 import logging
 import re
 import socket
+import threading
 import tomllib
 
 import pytest
 
 from loader.cli import main
 from loader.daemon.config import config_from_mapping
+from loader.daemon.hierarchical import pipeline
+from loader.daemon.stages import SampledWork
 from loader.daemon.status import format_status, scrape
 from loader.offline.generate import generate_graph
 from loader.offline.prepare import PrepareOptions, prepare_dataset
@@ -57,6 +61,34 @@ def test_whole_graph_mega_batch_loses_nothing(tmp_path, caplog):
     assert warnings == [] and "neighbour coverage 1.000, label skew 0.000" in report[0]
     assert sample_value(metrics, "megabatch_neighbour_slots_total", {"result": "lost"}) == 0
 
+
+
+def test_an_epoch_sampled_ahead_but_never_trained_is_not_reported(tmp_path, caplog, monkeypatch):
+    """The sampler runs up to an epoch ahead of the trainer: a 10-epoch run logged coverage for "epoch 11". One
+    mega-batch per epoch and one pass: epoch 1's single pass is sampled and queued right after epoch 0 ends."""
+    made: list[SampledWork] = []
+    epoch_1_queued = threading.Event()
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def sampled_work(**fields):
+        made.append(SampledWork(**fields))
+        if len(made) == 2:  # epoch 1's pass: the sampler queues it at once (the queue is empty) and goes on
+            loops.append(asyncio.get_running_loop())
+            epoch_1_queued.set()
+        return made[-1]
+
+    monkeypatch.setattr(pipeline, "SampledWork", sampled_work)
+    dataset = small_dataset(tmp_path, nodes=2000, partitions=8)
+    config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"megabatch_fraction": 1.0, "passes": 1})
+    caplog.set_level(logging.INFO, logger="megabatch.pipeline")
+    with running_daemon(config), connect(config) as client:
+        consume(client, StartEpoch(epoch=0), EpochEnd)
+        assert epoch_1_queued.wait(60)
+        # the loop ends the sampler's step (where the report was logged) before it runs this
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loops[0]).result(60)
+        report = [r.getMessage() for r in caplog.records if "neighbour coverage" in r.getMessage()]
+    assert report == ["epoch 0: neighbour coverage 1.000, label skew 0.000 over 1 mega-batch of 8 partitions"], \
+        report
 
 @pytest.fixture(scope="module")
 def demo_dataset(tmp_path_factory):

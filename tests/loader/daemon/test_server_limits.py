@@ -26,6 +26,8 @@ from proto.messages import (
     BatchReady,
     EpochEnd,
     Error,
+    EvalEnd,
+    EvalRequest,
     Hello,
     Release,
     StartEpoch,
@@ -192,24 +194,44 @@ def test_owner_holding_every_slot_is_evicted_and_the_next_trainer_trains(dataset
             batches, end = consume(second, StartEpoch(epoch=0), EpochEnd)
             assert len(batches) == end.batches == held[0].num_batches
         assert metric(daemon, "megabatch_evictions_total", reason="stall") == 1
-        assert metric(daemon, "megabatch_evictions_total", reason="idle") == 0
 
 
-def test_owner_idle_after_its_epoch_is_evicted_and_the_next_trainer_trains(dataset, tmp_path):
+def test_owner_idle_after_its_epoch_loses_the_pipeline_to_the_next_trainer_and_stays_connected(dataset,
+                                                                                                tmp_path):
     config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
     with running_daemon(config) as daemon:
         with connect(config) as first, connect(config) as second:
             consume(first, StartEpoch(epoch=0), EpochEnd)
-            second.send(StartEpoch(epoch=0))  # while the first still owns the pipeline
+            second.send(StartEpoch(epoch=0))  # while the first still holds the pipeline, not idle long enough
             with pytest.raises(RemoteError) as refused:
                 second.recv(timeout=60)
             assert refused.value.code == "bad_request" and "one training stream" in refused.value.message
-            with pytest.raises(RemoteError) as err:  # the first neither starts epoch 1 nor leaves
-                first.recv(timeout=60)
-            assert err.value.code == "timeout" and "idle_timeout" in err.value.message
-            batches, end = consume(second, StartEpoch(epoch=0), EpochEnd)
+            # the first evaluates (which does not count as using the pipeline) and starts no epoch: once
+            # idle_timeout has passed, the second's next StartEpoch takes the pipeline
+            while True:
+                consume(first, EvalRequest(split="val"), EvalEnd)
+                batches, end = consume_or_refusal(second, StartEpoch(epoch=0))
+                if batches is not None:
+                    break
             assert batches and len(batches) == end.batches
-        assert metric(daemon, "megabatch_evictions_total", reason="idle") == 1
+            assert metric(daemon, "megabatch_training_pipeline_revoked_total") == 1
+            # the first was not evicted: it waits its turn like anyone (it asked not to queue: refused now)
+            first.send(StartEpoch(epoch=1))
+            with pytest.raises(RemoteError) as busy:
+                first.recv(timeout=60)
+            assert busy.value.code == "bad_request" and "session 2 is training" in busy.value.message
+            second.close()
+            consume(first, StartEpoch(epoch=1), EpochEnd)
+        assert metric(daemon, "megabatch_evictions_total", reason="stall") == 0
+
+
+def consume_or_refusal(client, start: StartEpoch):
+    """The epoch's batches and EpochEnd, or (None, None) if the daemon refused the StartEpoch as busy."""
+    try:
+        return consume(client, start, EpochEnd)
+    except RemoteError as err:
+        assert err.code == "bad_request" and "one training stream" in err.message, err
+        return None, None
 
 
 # --- 3. a client that never reads its replies ---------------------------------------------------------------

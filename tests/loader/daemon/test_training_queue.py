@@ -9,8 +9,8 @@ import pytest
 from loader.daemon.status import format_status
 from proto.client import ControlClient, JobMember
 from proto.errors import RemoteError
-from proto.messages import BatchReady, Credit, EpochEnd, ErrorCode, Queued, Release, StartEpoch
-from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset
+from proto.messages import BatchReady, Credit, EpochEnd, ErrorCode, EvalEnd, EvalRequest, Queued, Release, StartEpoch
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +24,14 @@ def queued_client(config, job: JobMember | None = None) -> ControlClient:
     return client
 
 
-def drain(client: ControlClient) -> list[np.ndarray]:
-    """The seeds of every batch until EpochEnd, skipping the queue's notices; releases each batch."""
+def drain(client: ControlClient, received: int = 0) -> list[np.ndarray]:
+    """The seeds of every batch until EpochEnd, skipping the queue's notices; releases each batch
+    (``received``: batches of the epoch the caller took already)."""
     seeds = []
     while True:
         msg = client.recv(timeout=60)
         if isinstance(msg, EpochEnd):
-            assert msg.batches == len(seeds)
+            assert msg.batches == len(seeds) + received
             return seeds
         if isinstance(msg, BatchReady):
             arrays = client.read_batch(msg).arrays
@@ -116,3 +117,60 @@ def test_status_names_the_trainer_and_the_line():
                ("megabatch_training_queue_position", (("trainer", "job 'h:1'"),)): 2.0,
                ("megabatch_training_queue_position", (("trainer", "session 7"),)): 1.0}
     assert "training: session 4; waiting: session 7 (1), job 'h:1' (2)" in format_status(samples).splitlines()
+
+
+def test_the_holder_asking_for_its_next_epoch_keeps_its_place_while_another_waits(dataset, tmp_path):
+    """The deadlock of issue 27: B queued during A's epoch 0; A's StartEpoch(1) must not be queued behind B
+    (which waits for A). A trains on; B trains once A leaves."""
+    config = daemon_config(dataset, tmp_path / "s.sock")
+    with running_daemon(config):
+        a, b = queued_client(config), queued_client(config)
+        a.send(StartEpoch(epoch=0))
+        first = a.recv(timeout=60)
+        assert isinstance(first, BatchReady)  # A holds the pipeline, mid epoch 0
+        b.send(StartEpoch(epoch=0))
+        assert b.recv(timeout=60) == Queued(position=1, holder="session 1")
+        a.send(Release(slot=first.slot, seq=first.seq))
+        rest = drain(a, received=1)
+        a.send(StartEpoch(epoch=1))
+        assert drain(a), "the holder's next epoch must be served, not queued behind B"
+        a.close()
+        assert drain(b)
+        b.close()
+    assert rest is not None
+
+
+def test_an_owner_that_only_evaluates_loses_the_pipeline_to_a_queued_trainer(dataset, tmp_path):
+    config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
+    with running_daemon(config) as daemon, ThreadPoolExecutor(1) as pool:
+        owner, waiting = queued_client(config), queued_client(config)
+        owner.send(StartEpoch(epoch=0))
+        drain(owner)
+        waiting.send(StartEpoch(epoch=0))
+        assert waiting.recv(timeout=60) == Queued(position=1, holder="session 1")
+        started = pool.submit(first_batch, waiting)
+        evaluations = 0
+        while not started.done():  # evaluating is not using the pipeline: it goes on after idle_timeout
+            consume(owner, EvalRequest(split="val"), EvalEnd)
+            evaluations += 1
+        held = started.result()
+        assert place(daemon, "session 2") == 0
+        assert daemon.metrics.registry.get_sample_value("megabatch_training_pipeline_revoked_total") == 1
+        # the owner stays connected and now waits its turn behind the trainer that holds the pipeline
+        owner.send(StartEpoch(epoch=1))
+        assert notice(owner, 1) == Queued(position=1, holder="session 2")
+        waiting.send(Release(slot=held.slot, seq=held.seq))
+        assert drain(waiting, received=1)
+        waiting.close()
+        assert drain(owner)
+        owner.close()
+    assert evaluations >= 1
+
+
+def first_batch(client: ControlClient) -> BatchReady:
+    """The first batch of a waiting client's epoch (kept, not released), past the queue's notices."""
+    while True:
+        msg = client.recv(timeout=60)
+        if isinstance(msg, BatchReady):
+            return msg
+        assert isinstance(msg, Queued), msg

@@ -283,6 +283,42 @@ def test_a_flip_in_the_padding_between_partitions_is_caught_too(dataset, tmp_pat
         assert err.code == "data_corrupt" and f"partition {p}'s features range" in err.message
 
 
+@pytest.mark.parametrize("mode, file", [("exact", "indices.npy"), ("static", "features.bin")])
+def test_serve_refuses_to_start_when_the_bytes_its_caches_load_fail_their_check(dataset, tmp_path, mode, file):
+    """Modes exact and static fill their neighbour-list and feature caches at start (the whole graph fits this
+    budget): damage there stops the start with one line naming the file, before any client is served."""
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    offset = _flip_offset(open_dataset(copy), file)
+    if file == "indices.npy":  # the id's low byte: the flipped id must stay a node, or the start-up pilot's
+        ids = np.load(copy / file, mmap_mode="r")  # range check (not the read check) would refuse it
+        with NpyReader(copy / file) as header:
+            entry = (offset - header.data_offset) // header.dtype.itemsize
+        offset = header.data_offset + entry * header.dtype.itemsize
+        assert 16 <= int(ids[entry]) < len(open_dataset(copy).read("indptr", np.int64, 1)) - 17
+    flip(copy / file, offset)
+    config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": mode})
+    with pytest.raises(CorruptData, match=rf"{file.replace('.', '[.]')}: .* at byte \d+ fails its checksum"), \
+            running_daemon(config):
+        pass
+    assert not (tmp_path / "s.sock").exists()
+
+
+@pytest.mark.parametrize("mode", ["hierarchical", "exact"])
+def test_serve_refuses_an_indices_file_whose_ids_leave_the_graph_in_one_line_naming_it(dataset, tmp_path, mode):
+    """A damaged id past the last node is caught by the start-up pilot's range check before any read check:
+    one line naming the file (a UserError, exit 78), not an internal ValueError."""
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    with NpyReader(copy / "indices.npy") as header:
+        offset, itemsize = header.data_offset, header.dtype.itemsize
+    with open(copy / "indices.npy", "r+b") as handle:
+        handle.seek(offset + itemsize - 1)  # the first id's high byte: far past the last node
+        handle.write(b"\x7f")
+    config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": mode})
+    with pytest.raises(UserError, match=r"indices[.]npy: .*damaged: run 'megabatch verify'"), running_daemon(config):
+        pass
+    assert not (tmp_path / "s.sock").exists()
+
+
 def test_serve_refuses_a_truncated_file_at_start(dataset, tmp_path):
     copy = shutil.copytree(dataset, tmp_path / "ds")
     with open(copy / "indices.npy", "r+b") as handle:

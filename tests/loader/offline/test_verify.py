@@ -46,6 +46,37 @@ def test_flipped_byte_in_any_file_is_detected(dataset_dir, tmp_path, name):
             assert type(err).__name__ == "UserError"
 
 
+
+@pytest.mark.parametrize("name", ["features.bin", "indices.npy"])
+def test_a_flipped_byte_is_located_by_its_block(dataset_dir, tmp_path, name):
+    """Files with block checksums (format 1.1+): verify names the first damaged block's bytes, not only the file."""
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    block = manifest["features"]["check_block"] if name == "features.bin" else 4096
+    data = bytearray((copy / name).read_bytes())
+    at = len(data) // 2 + 3
+    data[at] ^= 0x20
+    data[-1] ^= 0x01  # a second damaged block, later: the first one is named
+    (copy / name).write_bytes(bytes(data))
+    report = verify_dataset(copy, progress=False)
+    first = at // block * block
+    assert report.problems == [f"checksums: {name} content does not match its xxh3_64: the first damaged block is "
+                               f"bytes {first} to {first + block - 1} (2 blocks of {block} bytes differ from "
+                               f"{'feature_blocks.npy' if name == 'features.bin' else 'index_pages.npy'})"]
+
+
+def test_no_block_is_named_from_a_damaged_block_table(dataset_dir, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset_dir, copy)
+    for name in ("features.bin", "feature_blocks.npy"):
+        data = bytearray((copy / name).read_bytes())
+        data[-1] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
+    problems = verify_dataset(copy, progress=False).problems
+    assert "checksums: features.bin content does not match its xxh3_64 (its block checksums, feature_blocks.npy, " \
+           "are damaged too: no block named)" in problems, problems
+
 def _rewrite_manifest(path, mutate):
     data = json.loads((path / "manifest.json").read_text())
     mutate(data)
