@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.format.dataset import Dataset
-from loader.format.npyio import NpyReader
 from loader.format.partition_table import PartitionTable
 
 __all__ = ["NODE_ARRAY_BYTES", "StaticCache", "ResidentData", "load_resident"]
@@ -99,8 +98,7 @@ def load_resident(dataset: Dataset, *, with_static: bool) -> ResidentData:
     if with_static:
         nodes = dataset.read("static_nodes", np.int64, 1)
         part = partitions.partition_of(nodes)
-        with NpyReader(dataset.file("static_features"), expect_dtype=feat_dtype, expect_ndim=2) as reader:
-            features = reader.read()
+        features = dataset.read("static_features", feat_dtype, 2)
         static = StaticCache(nodes, part, dataset.read("static_indptr", np.int64, 1),
                              dataset.read("static_indices", index_dtype, 1), features)
     else:

@@ -185,6 +185,7 @@ class Daemon:
         check_file_sizes(dataset)
         m = dataset.manifest
         resident = load_resident(dataset, with_static=loads_static_cache(cfg))
+        dataset.check_whole("indptr")  # the pilot below maps it, and every mode's sampler trusts it
         # one pilot sample sizes the slots and every memory plan
         pilot = pilot_batch_sizes(dataset, resident, cfg.sampler)
         if cfg.publisher.slot_bytes is not None:

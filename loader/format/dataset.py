@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from loader.format.fileio import file_xxh3
 from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
-from loader.format.npyio import read_npy
+from loader.format.npyio import NpyReader
 from loader.format.partition_table import FEATURE_ALIGNMENT, PARTITION_COLUMNS, PartitionTable
 from proto.errors import UserError
 
@@ -209,8 +210,36 @@ class Dataset:
         return PartitionTable(table)
 
     def read(self, name: str, dtype: npt.DTypeLike | None = None, ndim: int | None = None) -> np.ndarray:
-        """A whole (per-node or smaller) array file, checked against ``dtype``/``ndim`` when given."""
-        return read_npy(self.file(name), expect_dtype=dtype, expect_ndim=ndim)
+        """A whole (per-node or smaller) array file, checked against ``dtype``/``ndim`` when given, and its
+        bytes against the manifest's xxh3-64 (UserError naming the file when they differ).
+
+        Files read whole are served from RAM afterwards (labels travel in every batch, ``indptr`` decides
+        every neighbour list), so this is their read check: one hash at load, ~10 GB/s."""
+        path = self.file(name)
+        with NpyReader(path, expect_dtype=dtype, expect_ndim=ndim) as reader:
+            array = reader.read()
+            header_bytes = reader.data_offset
+        entry = self.manifest.files.get(path.name)
+        if entry is not None:
+            digest = xxhash.xxh3_64()
+            with open(path, "rb") as handle:
+                digest.update(handle.read(header_bytes))
+            digest.update(np.ascontiguousarray(array).data.cast("B"))
+            if digest.hexdigest() != entry.xxh3_64:
+                raise self._mismatch(path)
+        return array
+
+    def check_whole(self, name: str) -> None:
+        """``name``'s bytes against the manifest's xxh3-64, streamed (bounded memory): for a file the daemon
+        maps at start (``indptr.npy``, whose every entry decides a neighbour list) rather than reads whole."""
+        path = self.file(name)
+        entry = self.manifest.files.get(path.name)
+        if entry is not None and file_xxh3(path) != entry.xxh3_64:
+            raise self._mismatch(path)
+
+    def _mismatch(self, path: Path) -> UserError:
+        return UserError(f"{path}: its bytes do not match the manifest's xxh3_64 (the file changed or the disk "
+                         f"returned corrupt data); nothing was served from it; run 'megabatch verify {self.path}'")
 
 
 def check_file_sizes(dataset: Dataset) -> None:

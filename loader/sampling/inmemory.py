@@ -8,13 +8,16 @@ the same ones for evaluation, so validation and test accuracy mean the same thin
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import xxhash
 
 from loader.format.dataset import Dataset
 from loader.format.fileio import pread_into
 from loader.format.partition_table import PartitionTable
+from loader.format.read_checks import PARTITION_CHECK_COLUMNS, CorruptData, ReadChecks, load_read_checks
 from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
 from proto.errors import UserError
 
@@ -74,10 +77,28 @@ class EpochBatches(NamedTuple):
     keys: np.ndarray
 
 
+def _verify_rows(checks: ReadChecks, partition: int, rows: np.ndarray, fd: int, offset: int, padded: int,
+                 path: Path) -> None:
+    """Raise ``CorruptData`` unless partition ``partition``'s rows, with the padding after them in the file,
+    hash to the partition's features sum (``prepare`` hashed the padded range)."""
+    digest = xxhash.xxh3_64(rows.data.cast("B"))
+    pad = padded - rows.nbytes
+    if pad:
+        tail = os.pread(fd, pad, offset + rows.nbytes)
+        if len(tail) != pad:
+            raise UserError(f"{path}: truncated (partition {partition}'s padding needs bytes up to {offset + padded})")
+        digest.update(tail)
+    if digest.intdigest() != int(checks.partition_sums[partition, PARTITION_CHECK_COLUMNS.index("features")]):
+        raise CorruptData(path, offset, f"partition {partition}'s features range ({padded} bytes from byte {offset})")
+
+
 def _read_features(dataset: Dataset, partitions: PartitionTable) -> np.ndarray:
     manifest = dataset.manifest
     n, dim = manifest.num_nodes, manifest.feat_dim
     path = dataset.file("features")
+    # each partition's features range has a hash (format 1.1+): the matrix is served from RAM afterwards, so
+    # this is its read check, one hash per sequential read
+    checks = load_read_checks(dataset, blocks=False)
     features = np.empty((n, dim), dtype=manifest.feat_dtype.value)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -95,6 +116,8 @@ def _read_features(dataset: Dataset, partitions: PartitionTable) -> np.ndarray:
                                 f"file has {size})")
             # one sequential read per partition, straight into its rows: no second copy of the matrix
             pread_into(fd, features[begin:end], offset, path)
+            if checks is not None:
+                _verify_rows(checks, p, features[begin:end], fd, offset, part.feat_padded, path)
     finally:
         os.close(fd)
     return features

@@ -110,6 +110,13 @@ class MmapMode(FullGraphMode):
                  eval_batch: BatchBound | None) -> None:
         super().__init__(serving)
         config = serving.config
+        if config.io.check_reads and dataset.manifest.has_read_checks:
+            # a mapped row cannot be checked without hashing its whole check block (a read of the block per
+            # row: no baseline), and a mapped file that shrinks kills the process: the mode runs only where
+            # the operator has turned the daemon's promises off, knowingly
+            raise UserError("[loader] mode = \"mmap\" reads training batches through unchecked memory maps (the "
+                            "PyG-over-np.memmap baseline): set [io] check_reads = false to run it, knowing that a "
+                            "changed byte is then served and a file that shrinks under the daemon kills it")
         eval_bytes = eval_graph_bytes(dataset, config.io, 0 if eval_batch is None else eval_batch.nodes,
                                       config.sampler.eval_fanouts)
         if eval_bytes > config.memory.budget - fixed_bytes:

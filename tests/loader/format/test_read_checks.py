@@ -319,6 +319,29 @@ def test_serve_refuses_an_indices_file_whose_ids_leave_the_graph_in_one_line_nam
     assert not (tmp_path / "s.sock").exists()
 
 
+@pytest.mark.parametrize("name", ["labels.npy", "indptr.npy", "partitions.npy", "val_idx.npy", "static_features.npy"])
+def test_a_flipped_byte_in_a_file_read_whole_stops_the_start_in_one_line(dataset, tmp_path, name):
+    """Files read whole at start are served from RAM (labels travel in every batch): their manifest hash is
+    their read check, so a flip never reaches a batch."""
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    size = (copy / name).stat().st_size
+    flip(copy / name, size - 3)  # in the data, past the header
+    config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": "hierarchical"},
+                           hierarchy={"static_cache": True})
+    with pytest.raises(UserError, match=rf"{name.replace('.', '[.]')}: its bytes do not match the manifest's xxh3_64"), \
+            running_daemon(config):
+        pass
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_mode_inmemory_checks_every_partition_of_features_it_loads(dataset, tmp_path):
+    copy = shutil.copytree(dataset, tmp_path / "ds")
+    flip(copy / "features.bin", _flip_offset(open_dataset(copy), "features.bin"))
+    config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": "inmemory"})
+    with pytest.raises(CorruptData, match=r"features[.]bin: partition \d+'s features range"), running_daemon(config):
+        pass
+
+
 def test_serve_refuses_a_truncated_file_at_start(dataset, tmp_path):
     copy = shutil.copytree(dataset, tmp_path / "ds")
     with open(copy / "indices.npy", "r+b") as handle:

@@ -69,6 +69,11 @@ def assert_same_as_reference(batches, ref, epoch):
         np.testing.assert_array_equal(arrays["y"], ref.labels[want.nodes[:int(want.num_sampled_nodes[0])]])
 
 
+def unchecked_if_mapped(mode: str) -> dict[str, bool]:
+    """Mode mmap runs only with the read checks off (it refuses to start otherwise)."""
+    return {"check_reads": False} if mode == "mmap" else {}
+
+
 @pytest.mark.parametrize("mode, exact", [
     ("inmemory", {"superbatch": 1}), ("inmemory", {"superbatch": 3}), ("mmap", {}),
     ("exact", {"superbatch": 4, "sample_group": 3}),  # auto caches
@@ -89,7 +94,8 @@ def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path,
         (tmp_path / "staging").mkdir()
         exact = {**exact, "staging_dir": str(tmp_path / "staging")}
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact,
-                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"},
+                           io=unchecked_if_mapped(mode))
     with running_daemon(config), credited_client(config) as client:
         assert client.welcome.dataset.mode == mode
         for epoch in (0, 1):
@@ -278,7 +284,8 @@ def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_
     from proto.messages import EvalEnd, EvalRequest
 
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"},
-                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS), "eval_batch_size": 200})
+                           sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS), "eval_batch_size": 200},
+                           io=unchecked_if_mapped(mode))
     plan = eval_split_batches(reference.splits["val"], 200, 0, STREAM_VAL)
     expected = sample_pass(reference.graph, plan.seeds, 200, FANOUTS, plan.keys)
     with running_daemon(config), credited_client(config) as client:
