@@ -55,6 +55,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _partition_count(text: str) -> int | None:
+    """``--partitions``: a positive count, or "auto" (None: prepare picks it from the graph's size)."""
+    return None if text == "auto" else _positive_int(text)
+
+
 def _print_raw_summary(verb: str, raw: "RawDataset") -> None:
     h = raw.header
     print(f"{verb} {raw.path}: {h.num_nodes:,} nodes, {h.num_edges:,} edges, {h.feat_dim}-dim {h.feat_dtype} "
@@ -203,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prepare", help="partition a raw dataset into the megabatch format")
     prep.add_argument("raw")
     prep.add_argument("out", help="output dataset directory (must not exist)")
-    prep.add_argument("--partitions", type=_positive_int, required=True)
+    prep.add_argument("--partitions", type=_partition_count, default=None,
+                      help="partitions, or auto (the default: at least 256, one per 4 MiB of features on a large "
+                           "graph, at least 16 nodes each; docs/FORMAT.md)")
     prep.add_argument("--partitioner", choices=("metis", "stream", "random"), default="metis")
     prep.add_argument("--memory-budget", default="1G", help="peak data memory (default 1G)")
     prep.add_argument("--static-ratio", type=float, default=0.01, help="static cache fraction (default 0.01)")

@@ -7,9 +7,10 @@ import numpy as np
 
 from loader.format.dataset import open_dataset
 from loader.format.npyio import NpyReader, rows_per_chunk
+from loader.offline.partition_count import auto_partitions
 from proto.sizes import format_size
 
-__all__ = ["partition_advice", "ADVISED_PARTITIONS", "MIN_PARTITION_BYTES", "dataset_summary", "format_summary"]
+__all__ = ["partition_advice", "dataset_summary", "format_summary"]
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:
@@ -69,28 +70,22 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"static cache {s['static_cache']['num_nodes']:,} nodes (ratio {s['static_cache']['ratio']})",
         f"splits       train {s['splits']['train']:,}, val {s['splits']['val']:,}, test {s['splits']['test']:,}",
     ]
-    advice = partition_advice(parts["count"], s["bytes"].get("features.bin", 0))
+    advice = partition_advice(parts["count"], s["num_nodes"], s["bytes"].get("features.bin", 0))
     if advice is not None:
         lines.append(f"advice       {advice}")
     return "\n".join(lines)
 
 
-ADVISED_PARTITIONS = 256
-"""Partitions that mix mega-batches well at a quarter of them (docs/PERFORMANCE.md: amazon-photo)."""
-MIN_PARTITION_BYTES = 1 << 20
-"""Smallest partition feature read worth advising: below it a read is latency, not bandwidth."""
-
-
-def partition_advice(num_partitions: int, feature_bytes: int) -> str | None:
-    """A hint to prepare with more partitions where more would still be >= 1 MiB reads; None otherwise.
+def partition_advice(num_partitions: int, num_nodes: int, feature_bytes: int) -> str | None:
+    """A hint to prepare again with ``--partitions auto`` where it would make more partitions; None otherwise.
 
     More, smaller partitions give more random mega-batches at the same fraction (lower label skew,
-    faster convergence), while each partition stays one sequential read.
+    faster convergence, ``loader.offline.partition_count``), while each partition stays one read.
     """
-    advised = min(ADVISED_PARTITIONS, feature_bytes // MIN_PARTITION_BYTES)
+    advised = auto_partitions(num_nodes, feature_bytes)
     if advised <= num_partitions:
         return None
     return (f"{num_partitions} partitions: a mega-batch of a quarter of them is {max(1, num_partitions // 4)}; "
-            f"prepare with --partitions {advised} for better-mixed mega-batches (lower label skew, faster "
-            f"convergence at the same bytes read; each partition stays a read of "
-            f">= {format_size(feature_bytes // advised)})")
+            f"prepare with --partitions auto ({advised}) for better-mixed mega-batches (lower label skew, faster "
+            f"convergence at the same bytes read; each partition a read of "
+            f"{format_size(feature_bytes // advised)})")

@@ -42,6 +42,7 @@ from loader.format.splits import stratified_split
 from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.offline.layout import Renumbering, write_features, write_structure
 from loader.offline.partition import SymmetricAdjacency, make_partitioner
+from loader.offline.partition_count import auto_partitions
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
 from proto.progress import Progress
@@ -67,13 +68,14 @@ tests/loader/offline/test_memory_bound.py and bench/prepare_bench.py."""
 class PrepareOptions:
     """Options of ``megabatch prepare``.
 
-    num_partitions: P (>= 1, <= N). partitioner: ``metis`` (default), ``stream`` or ``random``.
+    num_partitions: P (>= 1, <= N); None (the default): ``auto_partitions`` of the graph.
+    partitioner: ``metis`` (default), ``stream`` or ``random``.
     memory_budget: bytes for data (default 1 GiB); the interpreter's fixed overhead comes on top.
     static_ratio: fraction of nodes in the static cache (default 0.01). feat_dtype: ``float32``
     or ``float16``; None keeps the raw dtype. seed: partitioner seed (default 0).
     """
 
-    num_partitions: int
+    num_partitions: int | None = None
     partitioner: str = "metis"
     memory_budget: int = 1 << 30
     static_ratio: float = 0.01
@@ -82,7 +84,7 @@ class PrepareOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.num_partitions < 1:
+        if self.num_partitions is not None and self.num_partitions < 1:
             raise UserError(f"--partitions must be >= 1, got {self.num_partitions}")
         if not 0.0 <= self.static_ratio <= 1.0:
             raise UserError(f"--static-ratio must lie in [0, 1], got {self.static_ratio}")
@@ -99,8 +101,13 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
     raw = open_raw(raw_path)
     head = raw.header
     n = head.num_nodes
-    if options.num_partitions > n:
-        raise UserError(f"--partitions {options.num_partitions} exceeds the {n} nodes of {raw.path}")
+    out_dtype = np.dtype(options.feat_dtype or head.feat_dtype)
+    num_partitions = options.num_partitions
+    if num_partitions is None:
+        num_partitions = auto_partitions(n, n * head.feat_dim * out_dtype.itemsize)
+        log.info("--partitions auto: %d (docs/FORMAT.md, \"Partitions\")", num_partitions)
+    if num_partitions > n:
+        raise UserError(f"--partitions {num_partitions} exceeds the {n} nodes of {raw.path}")
     budget = options.memory_budget - NODE_STATE_BYTES * n
     if budget < MIN_CHUNK_BUDGET:
         need = NODE_STATE_BYTES * n + MIN_CHUNK_BUDGET
@@ -109,9 +116,8 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
     partitioner = make_partitioner(options.partitioner, options.seed)
     partitioner.check_memory(n, head.num_edges, budget)
     log.info("prepare %s: %d nodes, %d edges, %d partitions (%s), %s for streaming chunks",
-             raw.path, n, head.num_edges, options.num_partitions, partitioner.name, format_size(budget))
+             raw.path, n, head.num_edges, num_partitions, partitioner.name, format_size(budget))
     validate_raw(raw, budget, progress=options.progress)
-    out_dtype = np.dtype(options.feat_dtype or head.feat_dtype)
     index_dtype = np.dtype(np.int32 if n < 2**31 else np.int64)
     try:
         with atomic_directory(Path(out)) as tmp:
@@ -121,11 +127,11 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             t0 = time.monotonic()
             adjacency = _symmetric_adjacency(raw, scratch, budget, options.progress) \
                 if partitioner.needs_adjacency else None
-            part = partitioner.partition(n, options.num_partitions, adjacency, budget, options.progress)
+            part = partitioner.partition(n, num_partitions, adjacency, budget, options.progress)
             partition_seconds = time.monotonic() - t0
             for path in scratch.iterdir():
                 path.unlink()
-            renumbering = Renumbering.from_parts(part, options.num_partitions)
+            renumbering = Renumbering.from_parts(part, num_partitions)
             del part
             in_new, out_new = in_deg[renumbering.new_to_orig], out_deg[renumbering.new_to_orig]
             del in_deg, out_deg
@@ -153,7 +159,7 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             files = _checksums(tmp, options.progress)
             manifest = Manifest(
                 version=FORMAT_VERSION, num_nodes=n, num_edges=head.num_edges,
-                num_partitions=options.num_partitions, num_classes=head.num_classes, feat_dim=head.feat_dim,
+                num_partitions=num_partitions, num_classes=head.num_classes, feat_dim=head.feat_dim,
                 feat_dtype=FeatureDtype(out_dtype.name), index_dtype=IndexDtype(index_dtype.name),
                 feature_alignment=FEATURE_ALIGNMENT, feature_check_block=feature_block,
                 partitioner=PartitionerInfo(partitioner.name, partitioner.params(), round(partition_seconds, 3)),

@@ -199,3 +199,12 @@ def test_dataset_opens_with_checksummed_manifest(tmp_path):
     m = open_dataset(tmp_path / "ds").manifest
     assert m.num_nodes == 60 and m.num_edges == 200 and m.index_dtype.value == "int32"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "raw"]
+
+
+def test_prepare_picks_many_small_partitions_by_default(tmp_path):
+    from loader.offline.partition_count import auto_partitions
+
+    src, dst, features, labels = random_graph(np.random.default_rng(5), 1_000, 5_000, 8)
+    write_raw(tmp_path / "raw", src, dst, features, labels, 3)
+    dataset = prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(progress=False))
+    assert dataset.manifest.num_partitions == auto_partitions(1_000, features.nbytes) == 1_000 // 16
