@@ -7,7 +7,7 @@ import numpy as np
 
 from loader.format.dataset import open_dataset
 from loader.format.npyio import NpyReader, rows_per_chunk
-from loader.offline.partition_count import auto_partitions
+from loader.format.partition_count import auto_partitions
 from proto.sizes import format_size
 
 __all__ = ["partition_advice", "dataset_summary", "format_summary"]
@@ -80,7 +80,7 @@ def partition_advice(num_partitions: int, num_nodes: int, feature_bytes: int) ->
     """A hint to prepare again with ``--partitions auto`` where it would make more partitions; None otherwise.
 
     More, smaller partitions give more random mega-batches at the same fraction (lower label skew,
-    faster convergence, ``loader.offline.partition_count``), while each partition stays one read.
+    faster convergence, ``loader.format.partition_count``), while each partition stays one read.
     """
     advised = auto_partitions(num_nodes, feature_bytes)
     if advised <= num_partitions:

@@ -42,7 +42,7 @@ from loader.format.splits import stratified_split
 from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.offline.layout import Renumbering, write_features, write_structure
 from loader.offline.partition import SymmetricAdjacency, make_partitioner
-from loader.offline.partition_count import auto_partitions
+from loader.format.partition_count import auto_partitions
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
 from proto.progress import Progress

@@ -24,7 +24,7 @@ import numpy as np
 from loader.sampling.sampling import SampledPass
 
 __all__ = ["COVERAGE_WARN", "SKEW_WARN", "WARN_EVERY", "WarningStreaks", "NeighbourSlots", "neighbour_slots",
-           "EpochQuality", "expected_edge_coverage", "static_cut_share"]
+           "EpochQuality", "QualityKnobs", "EVERYTHING_SET", "expected_edge_coverage", "static_cut_share"]
 
 COVERAGE_WARN = 0.70
 """An epoch whose neighbour coverage falls below this is warned about."""
@@ -59,6 +59,51 @@ def neighbour_slots(sampled: SampledPass, full_degree: np.ndarray, fanouts: tupl
     return NeighbourSlots(int(sampled.num_sampled_edges.sum()), full)
 
 
+@dataclass(frozen=True)
+class QualityKnobs:
+    """Where the settings that help stand, so a warning names only those the user can still turn."""
+
+    schedule_balanced: bool
+    """``[hierarchy] schedule = "balanced"`` is in effect."""
+    fraction_auto: bool
+    """``megabatch_fraction = "auto"``: the mega-batch is already the largest the budget holds."""
+    whole_graph: bool
+    """A mega-batch holds every partition (nothing is left to raise)."""
+    static_cache_off: bool
+    """``static_cache = false``."""
+    partitions: int
+    advised_partitions: int
+    """``prepare --partitions auto``'s count for this graph (``loader.format.partition_count``)."""
+
+    def for_coverage(self) -> list[str]:
+        knobs = []
+        if not self.whole_graph:
+            knobs.append("raise [memory] budget (the mega-batch is already the largest it holds)"
+                         if self.fraction_auto else "raise [hierarchy] megabatch_fraction (or set it to \"auto\")")
+        if self.static_cache_off:
+            knobs.append("set [hierarchy] static_cache = \"auto\"")
+        knobs.append("use [loader] mode = \"staged\" or \"exact\" (every neighbour, exact batches)")
+        return knobs
+
+    def for_skew(self) -> list[str]:
+        knobs = []
+        if not self.schedule_balanced:
+            knobs.append("set [hierarchy] schedule = \"balanced\"")
+        if self.partitions < self.advised_partitions:
+            knobs.append(f"prepare with --partitions auto ({self.advised_partitions} partitions, not "
+                         f"{self.partitions}: more, smaller partitions mix better at the same fraction)")
+        if not self.whole_graph:
+            knobs.append("raise [memory] budget" if self.fraction_auto else "raise [hierarchy] megabatch_fraction")
+        knobs.append("use [loader] mode = \"staged\" or \"exact\"")
+        return knobs
+
+
+EVERYTHING_SET = QualityKnobs(schedule_balanced=True, fraction_auto=True, whole_graph=False, static_cache_off=False,
+                              partitions=1, advised_partitions=1)
+"""Knobs of a default configuration on a dataset prepared with ``--partitions auto`` (tests and callers without
+a config)."""
+
+
 class EpochQuality:
     """Accumulates one epoch's coverage and skew, mega-batch by mega-batch (the sampler stage owns it)."""
 
@@ -86,21 +131,17 @@ class EpochQuality:
         """Seed-weighted mean label skew of the epoch's mega-batches."""
         return self.skew_weighted / self.seeds if self.seeds else 0.0
 
-    def warnings(self) -> dict[str, str]:
-        """What is wrong with this epoch's batches ("coverage", "skew") and the knobs that help; empty when
-        all is well."""
+    def warnings(self, knobs: QualityKnobs = EVERYTHING_SET) -> dict[str, str]:
+        """What is wrong with this epoch's batches ("coverage", "skew") and the knobs that help, naming only
+        those not already set (``knobs``); empty when all is well."""
         found = {}
         if self.coverage < COVERAGE_WARN:
             found["coverage"] = (f"neighbour coverage {self.coverage:.3f} is below {COVERAGE_WARN}: "
-                         f"{100 * (1 - self.coverage):.0f}% of the neighbours full-graph sampling would draw lie "
-                         "outside the mega-batches; raise [hierarchy] megabatch_fraction (or set it to \"auto\" "
-                         "with a larger [memory] budget), keep static_cache = true or \"auto\", or use "
-                         "[loader] mode = \"exact\"")
+                                 f"{100 * (1 - self.coverage):.0f}% of the neighbours full-graph sampling would draw "
+                                 f"lie outside the mega-batches; {'; or '.join(knobs.for_coverage())}")
         if self.skew > SKEW_WARN:
             found["skew"] = (f"label skew {self.skew:.3f} is above {SKEW_WARN}: mega-batches' training labels differ "
-                         "from the epoch's and training converges slower; set [hierarchy] schedule = \"balanced\", "
-                         "raise megabatch_fraction, or prepare with more --partitions (more, smaller partitions "
-                         "mix better at the same fraction)")
+                             f"from the epoch's and training converges slower; {'; or '.join(knobs.for_skew())}")
         return found
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.arena import FeatureArena
-from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
+from loader.daemon.hierarchical.coverage import QualityKnobs, expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
@@ -24,6 +24,7 @@ from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.resident import ResidentData
 from loader.daemon.stages import TrainPipeline
+from loader.format.partition_count import auto_partitions
 from loader.format.read_checks import load_read_checks
 from loader.sampling.ranks import LocalRanks
 
@@ -63,8 +64,14 @@ class HierarchicalMode(TrainingMode):
             reader.close()
             arena.close()
             raise
+        knobs = QualityKnobs(schedule_balanced=cfg.hierarchy.schedule == "balanced",
+                             fraction_auto=cfg.hierarchy.megabatch_fraction is None,
+                             whole_graph=plan.buffer.partitions >= len(parts),
+                             static_cache_off=cfg.hierarchy.static_cache is False, partitions=len(parts),
+                             advised_partitions=auto_partitions(m.num_nodes, m.num_nodes * m.row_bytes))
         self.context = PipelineContext(cfg, resident, arena, reader, serving.metrics, serving.cpu_pool,
-                                       plan.buffer.partitions, train_label_counts(parts, train, resident.labels))
+                                       plan.buffer.partitions, train_label_counts(parts, train, resident.labels),
+                                       knobs)
         serving.metrics.static_nodes.set(static_rows)
         serving.metrics.static_bytes.set(arena.static_bytes)
 

@@ -24,9 +24,11 @@ from loader.daemon.config import LoaderConfig
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
 from loader.daemon.hierarchical.assemble import MegaBatch, assemble
 from loader.daemon.hierarchical.coverage import (
+    EVERYTHING_SET,
     WARN_EVERY,
     EpochQuality,
     NeighbourSlots,
+    QualityKnobs,
     WarningStreaks,
     neighbour_slots,
 )
@@ -60,6 +62,8 @@ class PipelineContext:
     partitions_per_megabatch: int
     label_counts: np.ndarray
     """float64 (P, C): training labels per partition; the balanced schedule and the label skew read it."""
+    knobs: QualityKnobs = EVERYTHING_SET
+    """Where the settings a quality warning could name stand (it names only those not set)."""
     warning_streaks: WarningStreaks = field(default_factory=WarningStreaks)
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
@@ -170,7 +174,7 @@ def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> No
     log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %s of %s", epoch, quality.coverage,
              quality.skew, counted(quality.megabatches, "mega-batch"),
              counted(ctx.partitions_per_megabatch, "partition"))
-    warnings = quality.warnings()
+    warnings = quality.warnings(ctx.knobs)
     logged = ctx.warning_streaks.to_log(set(warnings))
     for kind, warning in warnings.items():
         m.quality_warnings.labels(kind).inc()

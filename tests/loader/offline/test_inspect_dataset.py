@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loader.offline.inspect_dataset import partition_advice
-from loader.offline.partition_count import (
+from loader.format.partition_count import (
     MAX_PARTITIONS,
     MIN_PARTITION_NODES,
     MIXING_PARTITIONS,

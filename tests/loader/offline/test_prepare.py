@@ -202,7 +202,7 @@ def test_dataset_opens_with_checksummed_manifest(tmp_path):
 
 
 def test_prepare_picks_many_small_partitions_by_default(tmp_path):
-    from loader.offline.partition_count import auto_partitions
+    from loader.format.partition_count import auto_partitions
 
     src, dst, features, labels = random_graph(np.random.default_rng(5), 1_000, 5_000, 8)
     write_raw(tmp_path / "raw", src, dst, features, labels, 3)

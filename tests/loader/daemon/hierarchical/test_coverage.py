@@ -4,7 +4,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.daemon.hierarchical.coverage import COVERAGE_WARN, SKEW_WARN, EpochQuality, NeighbourSlots, neighbour_slots
+from loader.daemon.hierarchical.coverage import (
+    COVERAGE_WARN,
+    SKEW_WARN,
+    EpochQuality,
+    NeighbourSlots,
+    QualityKnobs,
+    neighbour_slots,
+)
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 
@@ -53,10 +60,28 @@ def test_epoch_quality_weights_and_warnings():
     quality.add(NeighbourSlots(10, 100), 0.4, 100)
     assert quality.coverage == 0.5 and abs(quality.skew - (0.1 * 300 + 0.4 * 100) / 400) < 1e-12
     assert quality.coverage < COVERAGE_WARN and quality.skew < SKEW_WARN
-    assert set(quality.warnings()) == {"coverage"} and "megabatch_fraction" in quality.warnings()["coverage"]
+    assert set(quality.warnings()) == {"coverage"}
     skewed = EpochQuality()
     skewed.add(NeighbourSlots(100, 100), 0.9, 10)
-    assert set(skewed.warnings()) == {"skew"} and "schedule" in skewed.warnings()["skew"]
+    assert set(skewed.warnings()) == {"skew"}
+
+
+def test_a_warning_names_only_the_knobs_not_already_set():
+    skewed = EpochQuality()
+    skewed.add(NeighbourSlots(50, 100), 0.9, 10)
+    nothing_set = QualityKnobs(schedule_balanced=False, fraction_auto=False, whole_graph=False,
+                               static_cache_off=True, partitions=32, advised_partitions=256)
+    said = skewed.warnings(nothing_set)
+    assert "schedule = \"balanced\"" in said["skew"] and "--partitions auto (256 partitions, not 32" in said["skew"]
+    assert "megabatch_fraction" in said["skew"] and "megabatch_fraction" in said["coverage"]
+    assert "static_cache = \"auto\"" in said["coverage"]
+    # the case: balanced already in effect, partitions already many, fraction auto, whole budget used
+    all_set = QualityKnobs(schedule_balanced=True, fraction_auto=True, whole_graph=False, static_cache_off=False,
+                           partitions=256, advised_partitions=256)
+    said = skewed.warnings(all_set)
+    for knob in ("schedule", "--partitions", "megabatch_fraction", "static_cache"):
+        assert knob not in said["skew"] + said["coverage"], (knob, said)
+    assert "[memory] budget" in said["skew"] and "mode = \"staged\"" in said["skew"]
 
 
 def test_expected_edge_coverage():
