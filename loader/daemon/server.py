@@ -15,18 +15,13 @@ still owing their Hello, the Hello itself, then ``max_clients``; only then is a 
 import asyncio
 import collections
 import contextlib
-import dataclasses
-import errno
 import gc
-import json
 import logging
 import os
 import signal
 import socket
 import stat
-import struct
 import threading
-import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import uvloop
-import xxhash
 
 from loader import __version__
 from loader.daemon.config import LoaderConfig
@@ -45,14 +39,16 @@ from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.modes import loads_static_cache, open_mode
 from loader.daemon.ownership import PipelineOwnership
-from loader.daemon.resident import ResidentData, load_resident
+from loader.daemon.peers import PeerCredentials, Throttle, peer_credentials, peer_description
+from loader.daemon.resident import load_resident
 from loader.daemon.sdnotify import notify, watchdog_interval
 from loader.daemon.serving import ServingContext
 from loader.daemon.session import ControlProtocol, Session, loggable
 from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
-from loader.format.dataset import Dataset, check_file_sizes, manifest_checksum, open_dataset
+from loader.daemon.welcome import dataset_info, dealing_fingerprint
+from loader.format.dataset import check_file_sizes, open_dataset
 from loader.sampling.ranks import LocalRanks
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
@@ -61,7 +57,7 @@ from proto.shm import create_segment
 from proto.sizes import counted, format_size
 from proto.slots import HEADER_BYTES, SlotRing
 
-__all__ = ["Daemon", "DaemonState", "PeerCredentials", "HANDSHAKE_TIMEOUT", "ACCEPT_BACKOFF", "LOG_INTERVAL"]
+__all__ = ["Daemon", "DaemonState", "HANDSHAKE_TIMEOUT", "ACCEPT_BACKOFF"]
 
 log = logging.getLogger("megabatch.server")
 
@@ -72,25 +68,6 @@ SOCKET_PATH_MAX = 107
 
 ACCEPT_BACKOFF = 0.5
 """Seconds the daemon stops accepting after a failed accept (EMFILE, ENFILE: out of descriptors)."""
-
-LOG_INTERVAL = 10.0
-"""Seconds between two log lines about the same repeating event (refused peers, failing accepts)."""
-
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
-"""Linux >= 4.13: the peer's supplementary groups (Python's socket module lacks the constant; 59 on
-x86 and arm)."""
-
-NGROUPS_MAX = 65536
-"""Linux's limit on a process's supplementary groups."""
-
-
-def dealing_fingerprint(dataset: Dataset, config: LoaderConfig, mode_summary: str) -> str:
-    """What decides an epoch's batches (``Welcome.dealing``): the daemons of one job must agree on it, or
-    their ranks would train different epochs or take different step counts (and hang in DDP)."""
-    deciding = {"dataset": manifest_checksum(dataset.manifest.to_json()), "mode": config.loader.mode,
-                "grouping": mode_summary, "sampler": dataclasses.asdict(config.sampler),
-                "passes": config.hierarchy.passes, "schedule": config.hierarchy.schedule}
-    return xxhash.xxh3_64(json.dumps(deciding, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _in_job(hello: Hello) -> bool:
@@ -145,7 +122,7 @@ class Daemon:
         self.allow_uids: frozenset[int] = frozenset()
         self.allow_gids: frozenset[int] = frozenset()
         """Peers admitted, resolved at startup from ``[server] allow_uids`` / ``allow_gids`` and their defaults."""
-        self._throttles: collections.defaultdict[str, _Throttle] = collections.defaultdict(_Throttle)
+        self._throttles: collections.defaultdict[str, Throttle] = collections.defaultdict(Throttle)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -199,7 +176,7 @@ class Daemon:
         self.sessions = sessions
         self.mode = open_mode(ModeSetup(dataset, resident, sessions, pilot, self._serving))
         log.info("%s", self.mode.budget_plan.describe())
-        self._welcome_info = self._dataset_info(dataset, resident)
+        self._welcome_info = dataset_info(dataset, resident, cfg)
         self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
         self.metrics.set_build(dataset.path.name, cfg.loader.mode)
         self.metrics.memory_budget.set(cfg.memory.budget)
@@ -363,7 +340,7 @@ class Daemon:
     def _admit(self, conn: socket.socket) -> None:
         """Start the handshake of ``conn``, or close it at once: a peer outside the allow lists, or one
         connection too many waiting for its Hello, costs no task, no buffer and no shared memory."""
-        peer = _peer_credentials(conn)
+        peer = peer_credentials(conn)
         if peer is None or not self.admits(peer):
             who = peer.describe() if peer is not None else "a peer without credentials"
             self._refuse_now(conn, "forbidden", ErrorCode.FORBIDDEN,
@@ -377,7 +354,7 @@ class Daemon:
         self.state.pending.add(conn)
         self._spawn(self._handshake(conn), "handshake")
 
-    def admits(self, peer: "PeerCredentials") -> bool:
+    def admits(self, peer: PeerCredentials) -> bool:
         """Whether ``peer``'s uid, primary group or a supplementary group is on the allow lists."""
         return peer.uid in self.allow_uids or not self.allow_gids.isdisjoint((peer.gid, *peer.groups))
 
@@ -413,7 +390,7 @@ class Daemon:
 
     async def _handshake(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        peer = _peer_description(conn)
+        peer = peer_description(conn)
         decoder = FrameDecoder(self.config.server.max_frame_bytes)
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
@@ -603,76 +580,3 @@ class Daemon:
     def _start_pipeline(self, epoch: int, local: LocalRanks) -> TrainPipeline:
         assert self.mode is not None
         return self.mode.start_pipeline(epoch, local)
-
-    def _dataset_info(self, dataset: Dataset, resident: ResidentData) -> DatasetInfo:
-        m, s = dataset.manifest, self.config.sampler
-        return DatasetInfo(name=dataset.path.name, num_nodes=m.num_nodes, num_features=m.feat_dim,
-                           feature_dtype=m.feat_dtype.value, num_classes=m.num_classes, num_hops=len(s.fanouts),
-                           fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
-                           train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
-                           test_nodes=len(resident.split_ids["test"]), mode=self.config.loader.mode)
-
-
-class _Throttle:
-    """At most one log line per ``LOG_INTERVAL`` for an event that can repeat fast (a flood of refused
-    peers, accept failing for want of descriptors); the next line says how many were left out."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-        self._left_out = 0
-
-    def warn(self, fmt: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._left_out += 1
-            return
-        self._next = now + LOG_INTERVAL
-        if self._left_out:
-            fmt += " (and %d more not logged in the last %g s)"
-            args += (self._left_out, LOG_INTERVAL)
-            self._left_out = 0
-        log.warning(fmt, *args)
-
-
-@dataclass(frozen=True)
-class PeerCredentials:
-    """Who is on the other end of a Unix socket, as the kernel saw it at ``connect``."""
-
-    pid: int
-    uid: int
-    gid: int
-    """Primary (effective) group."""
-    groups: tuple[int, ...]
-    """Supplementary groups (``SO_PEERGROUPS``); empty where the kernel cannot tell (before Linux 4.13)."""
-
-    def describe(self) -> str:
-        return f"pid {self.pid} uid {self.uid} gid {self.gid}"
-
-
-def _peer_credentials(conn: socket.socket) -> PeerCredentials | None:
-    try:
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
-    except OSError:
-        return None
-    pid, uid, gid = struct.unpack("iII", raw)  # uid_t and gid_t are unsigned
-    groups: tuple[int, ...] = ()
-    for size in (64, NGROUPS_MAX):  # most peers have a few groups: ask for room for all only if needed
-        try:
-            data = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
-        except OSError as err:
-            if err.errno == errno.ERANGE:
-                continue
-            break  # before Linux 4.13: the primary group only
-        groups = struct.unpack(f"{len(data) // 4}I", data)
-        break
-    return PeerCredentials(pid, uid, gid, groups)
-
-
-def _peer_description(conn: socket.socket) -> str:
-    try:
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", raw)
-    except OSError:
-        return "unknown peer"
-    return f"pid {pid} uid {uid}"
-

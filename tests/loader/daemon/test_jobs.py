@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from loader.daemon.server import dealing_fingerprint
+from loader.daemon.welcome import dealing_fingerprint
 from loader.format.dataset import open_dataset
 from loader.sampling.inmemory import eval_split_batches, load_in_memory, split_stream
 from loader.sampling.ranks import deal_epoch, deal_eval

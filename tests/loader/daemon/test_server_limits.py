@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import loader.daemon.peers
 import loader.daemon.server
 from loader.daemon.config import config_from_mapping
 from loader.daemon.server import Daemon
@@ -378,7 +379,7 @@ def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(data
     lines = [r.getMessage() for r in caplog.records if "accept failed" in r.getMessage()]
     assert lines and "Too many open files" in lines[0]
     # one line per LOG_INTERVAL, however fast accept fails (unthrottled: one per failure, 32,918 in 5 s)
-    assert len(lines) <= 1 + int(elapsed // loader.daemon.server.LOG_INTERVAL)
+    assert len(lines) <= 1 + int(elapsed // loader.daemon.peers.LOG_INTERVAL)
 
 
 # --- 5. client strings in the log ------------------------------------------------------------------------------
