@@ -19,6 +19,7 @@ from loader.daemon.config import LoaderConfig, config_from_mapping
 from loader.daemon.server import Daemon
 from loader.offline.generate import generate_graph
 from loader.offline.prepare import PrepareOptions, prepare_dataset
+from proto.batch_arrays import BatchArrays
 from proto.client import ControlClient
 from proto.codec import FrameDecoder
 from proto.errors import RemoteError
@@ -113,7 +114,10 @@ def consume(client: ControlClient, request: Message, end_type: type
     while True:
         msg = client.recv(timeout=60)
         if isinstance(msg, BatchReady):
-            arrays = {k: np.array(v) for k, v in client.read_batch(msg).arrays.items()}
+            views = client.read_batch(msg).arrays
+            # what a trainer checks of every batch (the wire reader), on every batch a daemon test consumes
+            BatchArrays.read(views, client.welcome.feature_cache_rows)
+            arrays = {k: np.array(v) for k, v in views.items()}
             batches.append((msg, arrays))
             client.send(Release(slot=msg.slot, seq=msg.seq))
         else:
