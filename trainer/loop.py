@@ -32,9 +32,8 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -57,11 +56,11 @@ from trainer.checkpoint import (
 from trainer.device_cache import DeviceFeatureCache
 from trainer.distributed import Peers, data_parallel, training_device
 from trainer.metrics import TrainerMetrics
-from trainer.models import MODELS, build_model
+from trainer.models import build_model
+from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
 from trainer.ranks import SINGLE, Ranks
+from trainer.records import EpochRecord, StopControl, TrainConfig, TrainResult, format_epoch
 from trainer.scores import (
-    METRIC_CHOICES,
-    SHORT_NAMES,
     MetricChoice,
     accuracy_from_confusion,
     choose_metric,
@@ -76,227 +75,6 @@ __all__ = ["TrainConfig", "EpochRecord", "TrainResult", "SequenceError", "Sequen
 log_ = logging.getLogger("megabatch.trainer")
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyperparameters and run options of ``train``.
-
-    model: "sage" (default), "gcn" or "gat". hidden: width of hidden layers (default 256).
-    dropout: between layers (default 0.5). lr: Adam learning rate (default 0.003). weight_decay:
-    (default 0). epochs: total epochs, counting those of a resumed run (default 10). eval_every:
-    evaluate val and test every this many epochs and after the last (default 1). patience: stop
-    after this many evaluations without a better val score (default None: never). seed: torch,
-    numpy and Python RNGs (default 0). device: "auto" (CUDA when available, the default), "cpu" or
-    "cuda". checkpoint: file written after every epoch (default None: none). resume: continue from
-    ``checkpoint`` (default False). heads: attention heads of gat's hidden layers (default 4).
-    max_steps: stop the whole run after this many optimizer steps, mid-epoch if need be, without
-    evaluating the cut epoch (default None: no limit). Benchmarks use it to time a fixed amount of
-    training; the cut epoch is recorded with the batches it trained. metric: what the run is
-    judged by, the best epoch and early stopping included: "accuracy", "roc_auc", "macro_f1" or
-    "auto" (the default: roc_auc for a binary task whose minority class is under 35% of the
-    labelled training nodes, else accuracy; ``trainer.scores``). Accuracy is reported either way.
-    """
-
-    model: str = "sage"
-    hidden: int = 256
-    dropout: float = 0.5
-    lr: float = 0.003
-    weight_decay: float = 0.0
-    epochs: int = 10
-    eval_every: int = 1
-    patience: int | None = None
-    seed: int = 0
-    device: str = "auto"
-    checkpoint: Path | None = None
-    resume: bool = False
-    heads: int = 4
-    max_steps: int | None = None
-    metric: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise UserError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        for name in ("hidden", "epochs", "eval_every", "heads"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps <= 0:
-            raise UserError(f"max_steps must be positive, got {self.max_steps}")
-        if self.patience is not None and self.patience <= 0:
-            raise UserError(f"patience must be positive, got {self.patience}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UserError(f"lr must be positive, got {self.lr}")
-        if self.weight_decay < 0:
-            raise UserError(f"weight_decay must be non-negative, got {self.weight_decay}")
-        if self.seed < 0:
-            raise UserError(f"seed must be non-negative, got {self.seed}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UserError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.model == "gat" and self.hidden % self.heads:
-            raise UserError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}) for gat")
-        if self.resume and self.checkpoint is None:
-            raise UserError("resume needs a checkpoint path")
-        if self.metric not in METRIC_CHOICES:
-            raise UserError(f"metric must be one of {', '.join(METRIC_CHOICES)}, got {self.metric!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
-        return data
-
-
-@dataclass
-class EpochRecord:
-    """What one epoch did. ``val_acc``/``test_acc`` are None for epochs without evaluation.
-
-    val_score/test_score: the scores by the run's metric (equal to the accuracies when the metric
-    is accuracy; NaN where the metric is undefined, e.g. AUC of a split holding one class; None
-    without evaluation).
-
-    wait_s: time blocked on the source (and on device copies); step_s: forward, backward and
-    optimizer steps; data_wait = wait_s / (wait_s + step_s); samples: seed nodes trained on;
-    train_s: the training part of the epoch, eval_s the evaluation part.
-    """
-
-    epoch: int
-    loss: float
-    train_acc: float
-    val_acc: float | None
-    test_acc: float | None
-    batches: int
-    samples: int
-    samples_per_s: float
-    wait_s: float
-    step_s: float
-    data_wait: float
-    train_s: float
-    eval_s: float
-    val_score: float | None = None
-    test_score: float | None = None
-
-
-def _json_float(value: float | None) -> float | None:
-    """NaN (an undefined score) as None: JSON has no NaN and strict parsers reject Python's."""
-    return None if value is None or math.isnan(value) else value
-
-
-@dataclass
-class StopControl:
-    """Shared by ``train`` and its caller: a stop request in, what the checkpoint file holds out.
-
-    ``requested`` (default False) may be set at any time, from a signal handler too; ``train`` stops at
-    the next step boundary (or before the next epoch). ``checkpoint_epoch`` is the epoch of the
-    checkpoint file as far as this run knows (the one it resumed from or last wrote; None: it wrote
-    none and resumed from none). ``writing`` is the epoch being written while a checkpoint is saved
-    (an interrupt then leaves the previous file or the new one, never a torn one).
-    """
-
-    requested: bool = False
-    checkpoint_epoch: int | None = None
-    writing: int | None = None
-
-
-@dataclass
-class TrainResult:
-    """Every epoch's record and the best validation epoch (its test score is the headline number).
-
-    metric: what the run is judged by (a ``trainer.scores.METRICS`` name; None only before the
-    first epoch ends) and metric_reason why. The best epoch has the highest val score by it:
-    best_val_score and test_score_at_best are its scores, best_val_acc and test_acc_at_best its
-    accuracies (the same numbers when the metric is accuracy).
-    """
-
-    config: TrainConfig
-    device: str
-    source: str
-    epochs: list[EpochRecord] = field(default_factory=list)
-    best_epoch: int | None = None
-    best_val_acc: float | None = None
-    test_acc_at_best: float | None = None
-    best_val_score: float | None = None
-    test_score_at_best: float | None = None
-    metric: str | None = None
-    metric_reason: str | None = None
-    stopped_early: bool = False
-    stopped_at_max_steps: bool = False
-    stopped_on_request: bool = False
-    """A ``StopControl`` request stopped the run (its last epoch may have been cut and not recorded)."""
-    resumed_from_epoch: int | None = None
-    model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
-    """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON-serializable values (``json.dumps`` works as is; an undefined score is null)."""
-        epochs = []
-        for record in self.epochs:
-            values = asdict(record)
-            values["val_score"], values["test_score"] = _json_float(record.val_score), _json_float(record.test_score)
-            epochs.append(values)
-        return {"config": self.config.to_json(), "device": self.device, "source": self.source,
-                "metric": self.metric, "metric_reason": self.metric_reason,
-                "epochs": epochs, "best_epoch": self.best_epoch,
-                "best_val_acc": self.best_val_acc, "test_acc_at_best": self.test_acc_at_best,
-                "best_val_score": _json_float(self.best_val_score),
-                "test_score_at_best": _json_float(self.test_score_at_best),
-                "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
-                "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch}
-
-    def summary(self) -> str:
-        """The final line: best validation epoch and its test score (and accuracy, when that is not the score)."""
-        stop = f" (stopped early after epoch {self.epochs[-1].epoch})" if self.stopped_early and self.epochs else ""
-        if self.best_epoch is None:
-            if any(r.val_score is not None for r in self.epochs):
-                return f"no evaluation gave a defined val {self.metric}{stop}"
-            steps = f" (stopped at --max-steps {self.config.max_steps})" if self.stopped_at_max_steps else ""
-            return f"no evaluation ran{steps}"
-        if self.metric in (None, "accuracy"):
-            return (f"best val {self.best_val_acc:.4f} at epoch {self.best_epoch}: "
-                    f"test {self.test_acc_at_best:.4f}{stop}")
-        name = SHORT_NAMES[self.metric]
-        return (f"best val {name} {self.best_val_score:.4f} at epoch {self.best_epoch}: test {name} "
-                f"{self.test_score_at_best:.4f} (test acc {self.test_acc_at_best:.4f}){stop}")
-
-
-class SequenceError(RuntimeError):
-    """A batch arrived out of sequence: lost, duplicated or reordered on the way."""
-
-
-class SequenceCheck:
-    """Checks that ``seq`` numbers of one stream are consecutive (no gap, duplicate or reordering)."""
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self.last: int | None = None
-
-    def __call__(self, seq: int) -> None:
-        if self.last is not None and seq != self.last + 1:
-            what = "a duplicate or reordered batch" if seq <= self.last else f"{seq - self.last - 1} batch(es) lost"
-            raise SequenceError(f"batch sequence broken in the {self.stream} stream: expected seq {self.last + 1} "
-                                f"after {self.last}, got {seq} ({what})")
-        self.last = seq
-
-
-def _split_column(accuracy: float | None, score: float | None, metric: str) -> str:
-    if accuracy is None:
-        return "-"
-    if metric == "accuracy":
-        return f"{accuracy:.3f}"
-    shown = math.nan if score is None else score
-    return f"{SHORT_NAMES[metric]} {shown:.3f} acc {accuracy:.3f}"
-
-
-def format_epoch(record: EpochRecord, total: int, metric: str = "accuracy") -> str:
-    """``epoch 3/10  loss 0.412  train 0.873  val 0.861  test 0.858  1234 samples/s  data-wait 4.1%``.
-
-    With another ``metric`` than accuracy (default accuracy), val and test show both:
-    ``val auc 0.912 acc 0.951  test auc 0.905 acc 0.948``.
-    """
-    val = _split_column(record.val_acc, record.val_score, metric)
-    test = _split_column(record.test_acc, record.test_score, metric)
-    return (f"epoch {record.epoch}/{total}  loss {record.loss:.3f}  train {record.train_acc:.3f}  val {val}  "
-            f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%")
-
-
 def resolve_device(name: str, ranks: Ranks = SINGLE) -> torch.device:
     """"auto" -> cuda when available, else cpu; "cuda" without a GPU is a UserError. Several ranks on
     CUDA take GPU ``LOCAL_RANK`` each (``trainer.distributed.training_device``)."""
@@ -308,109 +86,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-@dataclass
-class _Staged:
-    host: Batch
-    device: Batch
-    copied: "torch.cuda.Event | None"
-
-
-class _Stager:
-    """Starts device copies on a side stream and hands batches over once their copy has landed.
-
-    With a feature cache, ``finish`` also assembles each batch's full ``x`` on the device, on the
-    compute stream, after its copy: only the shipped rows cross PCIe, and batches are assembled
-    in the order they are finished, which is the order the source yields them. ``rows_shipped``
-    and ``rows_cached`` count the rows of finished batches by origin (``take_rows`` resets them).
-    """
-
-    def __init__(self, device: torch.device, cache: DeviceFeatureCache | None = None) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.cache = cache
-        self.rows_shipped = 0
-        self.rows_cached = 0
-
-    def take_rows(self) -> tuple[int, int]:
-        """(shipped, cached) rows of the batches finished since the last call."""
-        rows = self.rows_shipped, self.rows_cached
-        self.rows_shipped = self.rows_cached = 0
-        return rows
-
-    def start(self, batch: Batch) -> _Staged:
-        if self.stream is None:
-            return _Staged(batch, batch.to(self.device), None)
-        with torch.cuda.stream(self.stream):
-            moved = batch.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return _Staged(batch, moved, event)
-
-    def finish(self, staged: _Staged) -> Batch:
-        if staged.copied is not None:
-            # the slot is shared memory the producer overwrites once released: the copy must be complete
-            staged.copied.synchronize()
-            staged.host.release()
-            compute = torch.cuda.current_stream(self.device)
-            compute.wait_event(staged.copied)
-            plan = staged.device.cache_plan
-            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index,
-                           *(plan.tensors() if plan is not None else ())):
-                tensor.record_stream(compute)  # memory allocated on the copy stream is used on this one
-        batch = staged.device
-        shipped = batch.x.shape[0]
-        self.rows_shipped += shipped
-        if batch.cache_plan is not None:
-            if self.cache is None:
-                raise RuntimeError("a batch carries a feature cache plan but the source has no feature cache")
-            self.rows_cached += batch.cache_plan.hit_slot.shape[0] - shipped
-            batch = self.cache.assemble_batch(batch)
-        return batch
-
-    def abandon(self, staged: _Staged) -> None:
-        if staged.copied is not None:
-            staged.copied.synchronize()
-        staged.host.release()
-
-
-def _prefetched(batches: Iterator[Batch], stager: _Stager, check: SequenceCheck
-                ) -> Generator[tuple[Batch, float], None, None]:
-    """(batch ready on the device, seconds waited for it), fetching and copying one batch ahead.
-
-    On the way out (end, error, or the consumer closing it) every batch taken from ``batches``
-    has been released, the one being consumed included: release is idempotent.
-    """
-    fetched: Batch | None = None
-    staged: _Staged | None = None
-    current: _Staged | None = None
-    try:
-        waited = 0.0
-        while True:
-            started = time.perf_counter()
-            # finish first: on CUDA that hands the current slot back before blocking on the next one
-            ready = stager.finish(current) if current is not None else None
-            fetched = next(batches, None)
-            if fetched is not None:
-                check(fetched.seq)
-                staged, fetched = stager.start(fetched), None
-            waited += time.perf_counter() - started
-            if ready is not None:
-                yield ready, waited
-                waited = 0.0
-            if staged is None:
-                return
-            current, staged = staged, None
-    finally:
-        for pending in (current, staged):
-            if pending is not None:
-                stager.abandon(pending)
-        if fetched is not None:
-            fetched.release()
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
 
 
 @dataclass(frozen=True)
@@ -463,7 +138,7 @@ class _Run:
                                        self.device)
             self.log(f"feature cache: {info.feature_cache_rows:,} rows ({cache.nbytes / 2**20:.1f} MiB) "
                      f"on {self.device}")
-        self.stager = _Stager(self.device, cache)
+        self.stager = Stager(self.device, cache)
         self.row_bytes = info.num_features * torch.empty(0, dtype=getattr(torch, info.feature_dtype)).element_size()
         self.result = TrainResult(cfg, str(self.device), info.description)
         self.bad_evals = 0
@@ -557,7 +232,7 @@ class _Run:
         check = SequenceCheck(f"train (epoch {epoch})")
         self.stager.take_rows()  # forget the rows of evaluation batches
         with (Progress(f"epoch {epoch}/{self.cfg.epochs}", expected, "batches", enabled=self.progress) as bar,
-              contextlib.closing(_prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
+              contextlib.closing(prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
             for batch, waited in stream:
                 if self.stop_requested():
                     # a step boundary: the step before finished; closing the stream releases this batch
@@ -651,7 +326,7 @@ class _Run:
         labels: list[torch.Tensor] = []
         check = SequenceCheck(f"{split} evaluation")
         # each rank evaluates its share of the batches; the counts (and AUC's scores) are pooled below
-        with contextlib.closing(_prefetched(iter(self.source.eval_batches(split)), self.stager, check)) as stream:
+        with contextlib.closing(prefetched(iter(self.source.eval_batches(split)), self.stager, check)) as stream:
             for batch, _ in stream:
                 logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
                 mask = batch.y >= 0

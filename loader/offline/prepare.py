@@ -35,6 +35,7 @@ from loader.format.dataset import (
 from loader.format.fileio import file_xxh3, write_all
 from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
 from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
+from loader.format.partition_count import auto_partitions
 from loader.format.partition_table import PartitionTable
 from loader.format.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
 from loader.format.read_checks import write_read_checks
@@ -42,7 +43,6 @@ from loader.format.splits import stratified_split
 from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.offline.layout import Renumbering, write_features, write_structure
 from loader.offline.partition import SymmetricAdjacency, make_partitioner
-from loader.format.partition_count import auto_partitions
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
 from proto.progress import Progress

@@ -328,8 +328,8 @@ def test_a_flipped_byte_in_a_file_read_whole_stops_the_start_in_one_line(dataset
     flip(copy / name, size - 3)  # in the data, past the header
     config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": "hierarchical"},
                            hierarchy={"static_cache": True})
-    with pytest.raises(UserError, match=rf"{name.replace('.', '[.]')}: its bytes do not match the manifest's xxh3_64"), \
-            running_daemon(config):
+    pattern = rf"{name.replace('.', '[.]')}: its bytes do not match the manifest's xxh3_64"
+    with pytest.raises(UserError, match=pattern), running_daemon(config):
         pass
     assert not (tmp_path / "s.sock").exists()
 

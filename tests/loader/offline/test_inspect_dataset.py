@@ -3,7 +3,6 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader.offline.inspect_dataset import partition_advice
 from loader.format.partition_count import (
     MAX_PARTITIONS,
     MIN_PARTITION_NODES,
@@ -11,6 +10,7 @@ from loader.format.partition_count import (
     TARGET_READ_BYTES,
     auto_partitions,
 )
+from loader.offline.inspect_dataset import partition_advice
 
 
 def test_small_graphs_get_many_small_partitions_and_large_ones_partitions_of_4_mib_reads():
