@@ -8,14 +8,19 @@ runs without a limit since it holds everything). Per mode:
 
   1. loader-only: a consumer that touches every feature byte of each batch, for ``--batches``
      batches or ``--seconds`` seconds of the first epoch, whichever ends first, after ``--warmup``
-     untimed batches (numba compilation, cold caches): batches/s,
-     the epoch time that rate implies, feature MB/s delivered;
+     untimed batches (numba compilation, cold caches): batches/s and seeds/s (the seeds the batches
+     delivered: a mode whose batches are not all full trains on fewer), the epoch time that rate
+     implies, feature MB/s delivered;
   2. disk bytes the daemon read meanwhile (/proc/PID/io), feature-cache miss ratio (exact
      and static share the trace: same seeds, same batches), neighbour-cache hit ratio, sampler
      seconds per batch and the changeset planner's cost relative to sampling;
   3. GraphSAGE for ``--train-steps`` steps through the daemon: samples/s and data-wait;
   4. the daemon's peak RSS, the cgroup's peak (page cache included: it fills up to the limit and is
      reclaimed there, which is not a failure) and its OOM kills (which are).
+
+A daemon that dies (OOM-killed, a signal, a non-zero exit: its log's last line), that does not stop within
+120 s of the bench's SIGTERM, or against which the bench's measurement fails, is reported in its row
+(column "daemon", with what was measured before) and the bench goes on with the next mode.
 
 With ``--ranks 1,2`` each mode also serves a job of 2 ranks (rows ``<mode>-r2``): 2 consumers join one
 job on the daemon and take their pieces at once (every run of the bench sizes its slots for the largest
@@ -27,11 +32,11 @@ Evaluation batches are as large as training batches (``eval_batch_size = --batch
 evaluation runs here, and slots sized for the 1024-seed default would take every mode's budget
 (42 MiB a slot on the 500k-node graph with 256-seed batches).
 
-Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``. With ``--read-checks both``
-(the default) hierarchical, exact and static also run a second time with ``[io] check_reads = false``
-(rows ``<mode>-unchecked``), and the report gives what the read checks cost: the checked run's loader
-batches/s over the unchecked one's. Two daemon runs a minute apart on a shared virtual disk differ by
-more than the few percent measured, so for the row-granular modes (exact, static) the report also
+Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``, per batch and per seed. With
+``--read-checks both`` (the default) hierarchical, exact and static also run a second time with
+``[io] check_reads = false`` (rows ``<mode>-unchecked``), and the report gives what the read checks cost: the
+checked run's loader batches/s over the unchecked one's. Two daemon runs a minute apart on a shared virtual disk
+differ by more than the few percent measured, so for the row-granular modes (exact, static) the report also
 gives bench/read_check_bench.py's replay of their reads, checked and unchecked interleaved batch by
 batch (``--replay-batches``, default 200; 0 skips it). Writes bench/results/compare.{json,md,png}.
 
@@ -42,10 +47,12 @@ import argparse
 import gc
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -125,7 +132,7 @@ eval_batch_size = {args.batch_size}
 [io]
 direct_io = true
 read_threads = 4
-check_reads = {"true" if checked else "false"}
+check_reads = {"true" if checked and mode != "mmap" else "false"}
 [publisher]
 slots = {args.slots}
 [server]
@@ -149,9 +156,9 @@ class RankConsumer:
         self.epoch_batches = -1
         self.ended = False
 
-    def consume(self, batches: int, seconds: float) -> tuple[int, int]:
-        """(batches, feature bytes) of up to ``batches`` batches or ``seconds`` seconds."""
-        count = nbytes = 0
+    def consume(self, batches: int, seconds: float) -> tuple[int, int, int]:
+        """(batches, seeds, feature bytes) of up to ``batches`` batches or ``seconds`` seconds."""
+        count = seeds = nbytes = 0
         t0 = time.perf_counter()
         while not self.ended and count < batches and time.perf_counter() - t0 < seconds:
             msg = self.client.recv(timeout=900)
@@ -160,13 +167,15 @@ class RankConsumer:
                 break
             assert isinstance(msg, BatchReady)
             self.epoch_batches = msg.num_batches
-            x = self.client.read_batch(msg).arrays["x"]
+            arrays = self.client.read_batch(msg).arrays
+            x = arrays["x"]
             float(x.sum(dtype=np.float64))
             count += 1
+            seeds += len(arrays["y"])  # a mode's batches need not all be full: its rate in seeds is what trains
             nbytes += x.nbytes
-            del x
+            del x, arrays
             self.client.send(Release(slot=msg.slot, seq=msg.seq))
-        return count, nbytes
+        return count, seeds, nbytes
 
 
 class LoaderOnly:
@@ -184,12 +193,13 @@ class LoaderOnly:
         """Batches of the whole epoch, over every rank."""
         return self.consumers[0].epoch_batches * len(self.consumers)
 
-    def consume(self, batches: int, seconds: float) -> tuple[int, int, float]:
-        """(batches, feature bytes, seconds) of up to ``batches`` batches (over all ranks) or ``seconds`` seconds."""
+    def consume(self, batches: int, seconds: float) -> tuple[int, int, int, float]:
+        """(batches, seeds, feature bytes, seconds) of up to ``batches`` batches (over all ranks) or ``seconds``
+        seconds."""
         t0 = time.perf_counter()
         share = -(-batches // len(self.consumers))
         done = list(self.pool.map(lambda c: c.consume(share, seconds), self.consumers))
-        return sum(d[0] for d in done), sum(d[1] for d in done), time.perf_counter() - t0
+        return sum(d[0] for d in done), sum(d[1] for d in done), sum(d[2] for d in done), time.perf_counter() - t0
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -200,21 +210,69 @@ class LoaderOnly:
         gc.collect()
 
 
+def serve_command(config: Path) -> list[str]:
+    """The daemon a run measures: ``megabatch serve`` of its config."""
+    return [PY, "-m", "loader.cli", "serve", "--config", str(config)]
+
+
+def last_line(log: Path) -> str:
+    """The last non-blank line of a daemon's log (its error, where it failed with one), at most 200 characters."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def death(returncode: int, exited_early: bool, oom_kills: int, limit: int | None, log: Path, error: str | None
+          ) -> str | None:
+    """How a daemon's run went wrong, for its table row, or None when it ran and stopped cleanly (exit 0 on the
+    bench's SIGTERM): "died: " an OOM kill by its cgroup, a signal, an exit code with its log's last line, or an exit
+    before the bench stopped it; "slow stop: " still running 120 s after the SIGTERM (the bench then killed it);
+    "bench failed: " the bench's own failure against a daemon that lived. ``exited_early``: it had exited before
+    the bench's SIGTERM."""
+    if oom_kills:
+        return f"died: OOM-killed (cgroup limit {format_size(limit)})" if limit else "died: OOM-killed"
+    if returncode < 0 and not exited_early:
+        return "slow stop: no exit within 120 s of SIGTERM (killed)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"died: killed by {name}"
+    if returncode:
+        line = last_line(log)
+        return f"died: exit {returncode}" + (f": {line}" if line else "")
+    if exited_early:
+        return "died: exited (0) before the bench stopped it"
+    if error is not None:
+        return f"bench failed: {error}"
+    return None
+
+
 def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budget: int,
-             caches: dict[str, int]) -> dict[str, object]:
-    """One daemon of run ``run`` (a mode, or ``<mode>-unchecked``) measured as the module docstring says."""
+             caches: dict[str, int], *, command: Callable[[Path], list[str]] = serve_command,
+             overhead: int = DAEMON_OVERHEAD, drop: bool = True) -> dict[str, object]:
+    """One daemon of run ``run`` (a mode, or ``<mode>-unchecked``) measured as the module docstring says.
+
+    A daemon that dies (OOM-killed by its cgroup, a signal, a non-zero exit), does not stop, or a measurement
+    that fails against it, gives a result whose ``failure`` says how (``death``) beside what was measured before;
+    the bench goes on with the next run. ``command`` makes the daemon's command line from its config (tests inject one
+    that dies), ``overhead`` is what the cgroup allows beyond ``budget``, ``drop`` drops the page cache first."""
     mode, _, ranks = run_parts(run)
-    sock, config = work / f"{run}.sock", work / f"{run}.toml"
+    sock, config, log_path = work / f"{run}.sock", work / f"{run}.toml", work / f"{run}.log"
     sock.unlink(missing_ok=True)
     data_budget = budget if mode != "inmemory" else 64 << 30
     write_config(config, run, dataset, sock, data_budget, args, caches)
-    drop_caches()
-    limit = budget + DAEMON_OVERHEAD
+    if drop:
+        drop_caches()
+    limit = budget + overhead
     group = memory_cgroup(limit, f"megabatch-{run}") if mode != "inmemory" else None
-    with open(work / f"{run}.log", "w") as log:
+    error: str | None = None
+    with open(log_path, "w") as log:
         started = time.perf_counter()
-        daemon = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)],
-                                  preexec_fn=join_before_exec(group), stderr=log, stdout=log)
+        daemon = subprocess.Popen(command(config), preexec_fn=join_before_exec(group), stderr=log, stdout=log)
         out: dict[str, object] = {"mode": run, "cgroup_limit": limit if group else None}
         try:
             wait_for_socket(sock, daemon)
@@ -225,7 +283,7 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 consumer.consume(args.warmup, args.seconds)
                 before, io_before = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
                 cpu_before = process_cpu_seconds(daemon.pid)
-                batches, nbytes, seconds = consumer.consume(args.batches, args.seconds)
+                batches, seeds, nbytes, seconds = consumer.consume(args.batches, args.seconds)
                 cpu_after = process_cpu_seconds(daemon.pid)
                 after, io_after = scrape(METRICS_PORT), process_read_bytes(daemon.pid)
             finally:
@@ -251,6 +309,7 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 "feature_cache_bytes": after.get("megabatch_feature_cache_bytes"),
                 "neighbor_cache_bytes": after.get("megabatch_neighbor_cache_bytes"),
                 "batches": batches, "seconds": seconds, "batches_per_s": rate, "epoch_batches": epoch_batches,
+                "seeds": seeds, "seeds_per_s": seeds / seconds if seconds > 0 else 0.0,
                 # on 2 cores the disk-reading modes are CPU-bound, and CPU per batch varies far less between
                 # runs than batches/s (the virtual disk's rate drifts): the read checks' cost is read off it
                 "daemon_cpu_s_per_batch": (cpu_after - cpu_before) / batches if batches else None,
@@ -286,15 +345,24 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                             "train_steps_per_s": train["batches"] / train["train_s"] if train["train_s"] else None})
             status = Path(f"/proc/{daemon.pid}/status").read_text()
             out["daemon_peak_rss"] = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
+        except (Exception, SystemExit) as err:  # a dead daemon is a result, not the end of the bench
+            error = f"{type(err).__name__}: {err}"
         finally:
+            # an exit before the bench's SIGTERM is a death, whatever its code; after it, only a non-zero one is
+            exited_early = daemon.poll() is not None
             out["daemon_exit"] = stop_process(daemon, 120)
+            oom_kills = 0
             if group is not None:
                 out["cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
                 out["cgroup_limit_hits"] = int((group / "memory.failcnt").read_text())
                 oom = (group / "memory.oom_control").read_text()
                 match = re.search(r"oom_kill (\d+)", oom)
-                out["oom_kills"] = int(match.group(1)) if match else 0
+                oom_kills = out["oom_kills"] = int(match.group(1)) if match else 0
                 group.rmdir()
+    failure = out["failure"] = death(int(out["daemon_exit"]), exited_early, oom_kills,  # type: ignore[call-overload]
+                                     limit if group else None, log_path, error)
+    if failure is not None:
+        print(f"bench: {run}: {failure} (log: {log_path})", file=sys.stderr, flush=True)
     return out
 
 
@@ -317,29 +385,34 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
         f"median of {len(seq_rates)} regions ({min(seq_rates):.0f}-{max(seq_rates):.0f})",
         f"graph: {args.nodes:,} nodes, avg degree {args.avg_degree}, {args.feat_dim}-dim float32, features "
         f"{format_size(features)} = {features / budget:.1f}x the {format_size(budget)} budget; batch "
-        f"{args.batch_size}, fanouts [{args.fanouts}], {args.slots} slots, superbatch {args.superbatch}; cgroup "
+        f"{args.batch_size}, fanouts [{args.fanouts}], {args.slots} slots, superbatch {args.superbatch} (staged "
+        f"{args.staged_superbatch}); cgroup "
         f"limit budget + {format_size(DAEMON_OVERHEAD)} daemon overhead (inmemory: none)"
         + ("; the features fit in that limit, so mmap runs from the page cache" if features <= budget + DAEMON_OVERHEAD
            else ""),
         "",
-        "| mode | loader batches/s | vs mmap | vs inmemory | epoch (implied) | disk read | feature rows read/used | "
-        "neighbour hit | sampler s/batch | train samples/s | train vs mmap | data-wait | peak RSS | cgroup peak | "
-        "OOM kills |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | loader batches/s | seeds/s | vs mmap (batches, seeds) | vs inmemory (batches, seeds) | "
+        "epoch (implied) | disk read | feature rows read/used | neighbour hit | sampler s/batch | train samples/s | "
+        "train vs mmap | data-wait | peak RSS | cgroup peak | OOM kills | daemon |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         epoch = r.get("epoch_seconds_implied")
         wait = r.get("train_data_wait")
+        rss = r.get("daemon_peak_rss")
         lines.append(
-            f"| {r['mode']} | {fmt(r.get('batches_per_s'), '.2f')} | {ratio(r, 'mmap', 'batches_per_s')} | "
-            f"{ratio(r, 'inmemory', 'batches_per_s')} | {fmt(epoch, '.0f')} s | "
+            f"| {r['mode']} | {fmt(r.get('batches_per_s'), '.2f')} | {fmt(r.get('seeds_per_s'), '.0f')} | "
+            f"{ratio(r, 'mmap', 'batches_per_s')}, {ratio(r, 'mmap', 'seeds_per_s')} | "
+            f"{ratio(r, 'inmemory', 'batches_per_s')}, {ratio(r, 'inmemory', 'seeds_per_s')} | "
+            f"{fmt(epoch, '.0f')} s | "
             f"{format_size(float(r.get('disk_bytes', 0)))} | "  # type: ignore[arg-type]
             f"{fmt(r.get('feature_miss_ratio'), '.3f')} | {fmt(r.get('neighbor_hit_ratio'), '.3f')} | "
             f"{fmt(r.get('sampler_seconds_per_batch'), '.3f')} | {fmt(r.get('train_samples_per_s'), '.0f')} | "
             f"{ratio(r, 'mmap', 'train_samples_per_s')} | {fmt(wait, '.0%')} | "
-            f"{format_size(float(r.get('daemon_peak_rss', 0)))} | "  # type: ignore[arg-type]
+            f"{format_size(float(rss)) if rss else '-'} | "  # type: ignore[arg-type]
             f"{format_size(float(r['cgroup_peak'])) if r.get('cgroup_peak') else '-'} | "  # type: ignore[arg-type]
-            f"{r.get('oom_kills', '-')} |")  # type: ignore[arg-type]
+            f"{r.get('oom_kills', '-')} | "
+            f"{r.get('failure') or 'exit ' + str(r.get('daemon_exit', '-'))} |")
     exact, hier = by_mode.get("exact", {}), by_mode.get("hierarchical", {})
     if exact.get("planner_over_sampler") is not None:
         lines.append(f"\nchangeset planning / superbatch sampling time (exact): "

@@ -98,6 +98,12 @@ class _EpochStream:
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
+    def forget_task(self) -> None:
+        """Drop the finished publisher: a cancelled or failed task keeps its traceback, whose frames hold the
+        sessions and views of their slots, and the job outlives the epoch (a session's memfd would stay
+        mapped, its pages charged to the daemon, until the job went)."""
+        self.task = None
+
 
 class Job:
     """The sessions of one trainer on this daemon (lives on the event loop). ``name`` None: a lone trainer."""
@@ -232,6 +238,7 @@ class Job:
             stream = self._stream = _EpochStream(epoch)
             stream.task = asyncio.ensure_future(self._publish_epoch(stream))
             stream.task.set_name(f"megabatch-{self.label.replace(' ', '-')}-epoch{epoch}")
+            stream.task.add_done_callback(lambda _: stream.forget_task())
         elif stream.epoch != epoch:
             self.fail(f"rank {rank} asked for epoch {epoch} while the job trains epoch {stream.epoch}")
             raise JobFailed(self.failure or "")

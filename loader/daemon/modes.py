@@ -7,7 +7,8 @@ The one place that knows every mode: the daemon calls ``open_mode`` and from the
 from loader.daemon.config import LoaderConfig
 from loader.daemon.fullgraph.fullgraph_modes import InMemoryMode, MmapMode
 from loader.daemon.fullgraph.hybrid import HybridMode
-from loader.daemon.fullgraph.outofcore import ExactMode, StagedMode, StaticMode, plan_outofcore
+from loader.daemon.fullgraph.outofcore import ExactMode, StaticMode, plan_outofcore
+from loader.daemon.fullgraph.staged import StagedMode
 from loader.daemon.hierarchical.mode import HierarchicalMode
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.resident import NODE_ARRAY_BYTES

@@ -1,6 +1,6 @@
 """What the daemon keeps in RAM for its whole life: per-node arrays and the static cache.
 
-Per node: labels, the train mask and the local-id map the assembler reuses (13 bytes/node).
+Per node: labels, the train mask, the local-id map the assembler reuses and the split ids (21 bytes/node).
 The static cache (HierBatching §3.2) holds the features of the prepared highest-degree nodes and
 their in-edge lists; we keep the lists resident (charged once) instead of re-reading them per
 mega-batch as Appendix C.1 does, since they are read for every mega-batch anyway.
@@ -15,8 +15,9 @@ from loader.format.partition_table import PartitionTable
 
 __all__ = ["NODE_ARRAY_BYTES", "StaticCache", "ResidentData", "load_resident"]
 
-NODE_ARRAY_BYTES = 8 + 4 + 1
-"""Per dataset node, held for the daemon's life in every mode: label (int64), local-id map (int32), train mask."""
+NODE_ARRAY_BYTES = 8 + 4 + 1 + 8
+"""Per dataset node, held for the daemon's life in every mode: label (int64), local-id map (int32), train mask, and
+its id in its split's sorted list (int64; a node is in one split at most)."""
 
 
 @dataclass(frozen=True)

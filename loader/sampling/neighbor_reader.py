@@ -17,6 +17,12 @@ How a request becomes reads (all planning is vectorized numpy, O(k) for k nodes)
 * Buffered reads of a range without gaps land straight in the output array; ranges with gaps,
   and every O_DIRECT read, land in a page-aligned staging buffer (``mmap.mmap(-1, n)``, reused
   and grown across calls) from which a numba kernel copies each list to its place.
+* The staged ranges go through that buffer in rounds of at most ``staging_cap`` bytes (a range is cut
+  where a ``staging_cap`` window of the file ends, between two lists), so the buffer never exceeds
+  ``max_staging_bytes``: the cap plus the longest list's pages. Without rounds it grew to the sum of
+  a request's widened ranges, which for a sample group's frontier on bench/compare's 2M-node graph
+  (82k lists of 80 B, each its own 4 KiB page) was 90 MiB touched of a 180 MiB mapping: shared
+  memory no memory plan charged.
 
 O_DIRECT (``direct_io=True``) bypasses the page cache, so reads measure the device. A
 filesystem that refuses it (EINVAL at ``open`` or at a probe read, as tmpfs does) is logged
@@ -49,7 +55,7 @@ from loader.sampling.exact_sampling_kernels import scatter_lists
 from proto.errors import UserError
 
 __all__ = ["NeighborLists", "NeighborReader", "ALIGNMENT", "DEFAULT_GAP_BYTES", "DEFAULT_BLOCK_BYTES",
-           "DEFAULT_READ_THREADS"]
+           "DEFAULT_READ_THREADS", "DEFAULT_STAGING_CAP", "staging_bound", "max_degree"]
 
 log = logging.getLogger("megabatch.neighbor_reader")
 
@@ -57,6 +63,8 @@ ALIGNMENT = 4096
 """O_DIRECT offset, length and buffer alignment (the page size; enough for every common device)."""
 DEFAULT_GAP_BYTES = 4096
 """Default coalescing gap: reading one more page is cheaper than issuing another request."""
+DEFAULT_STAGING_CAP = 8 << 20
+"""Staged bytes per round of reads (``staging_cap``): 1 MiB blocks on 8 threads still fill it many times over."""
 DEFAULT_BLOCK_BYTES = 1 << 20
 """Default largest single read; longer coalesced ranges are split so they spread over threads."""
 DEFAULT_READ_THREADS = 8
@@ -121,6 +129,22 @@ def _sorted_node_ids(field: str, nodes: npt.ArrayLike, num_nodes: int) -> np.nda
     return array
 
 
+def staging_bound(max_degree: int, itemsize: int, file_bytes: int, staging_cap: int = DEFAULT_STAGING_CAP) -> int:
+    """Most bytes a reader's staging buffer maps (``NeighborReader.max_staging_bytes``) for lists of at most
+    ``max_degree`` entries of ``itemsize`` bytes in a file of ``file_bytes``: a round's cap, the pages of a list
+    that starts just before a window of the file ends (a range runs on to its last list's end) and one more page
+    for its start; never more than the file's pages (and a page) a request can widen to."""
+    cap = -(-staging_cap // ALIGNMENT) * ALIGNMENT
+    rounds = cap + -(-max_degree * itemsize // ALIGNMENT) * ALIGNMENT + 2 * ALIGNMENT
+    return min(rounds, -(-file_bytes // ALIGNMENT) * ALIGNMENT + ALIGNMENT)
+
+
+def max_degree(indptr: np.ndarray, step: int = 1 << 20) -> int:
+    """The longest list of a CSC's ``indptr`` (a memory map is fine), ``step`` nodes at a time: no 8 B/node
+    temporary."""
+    return max([0] + [int(np.diff(indptr[i:i + step + 1]).max()) for i in range(0, len(indptr) - 1, step)])
+
+
 def _staging(size: int) -> mmap.mmap:
     """An anonymous mapping: page aligned (O_DIRECT needs it) and never touched until read into."""
     return mmap.mmap(-1, max(ALIGNMENT, -(-size // ALIGNMENT) * ALIGNMENT))
@@ -133,7 +157,8 @@ class NeighborReader:
     indices_path: the ``indices.npy`` file (or a raw array file when ``dtype`` and
     ``data_offset`` are both given); gap_bytes (default 4096): largest gap coalesced into one
     read, 0 for adjacent lists only; read_threads (default 8); direct_io (default False);
-    block_bytes (default 1 MiB, rounded up to 4096): largest single read; page_sums: the file's read
+    block_bytes (default 1 MiB, rounded up to 4096): largest single read; staging_cap (default 8 MiB, rounded
+    up to 4096): staged bytes per round of reads (``max_staging_bytes`` bounds the buffer); page_sums: the file's read
     checks, one XXH3-64 per 4 KiB page (``loader.format.read_checks``; None: unchecked). Checked reads are
     widened to whole pages and staged like O_DIRECT ones, every page is verified, and a mismatch raises
     ``CorruptData`` naming the page.
@@ -142,7 +167,8 @@ class NeighborReader:
     def __init__(self, indptr: np.ndarray, indices_path: Path | str, *, dtype: npt.DTypeLike | None = None,
                  data_offset: int | None = None, gap_bytes: int = DEFAULT_GAP_BYTES,
                  read_threads: int = DEFAULT_READ_THREADS, direct_io: bool = False,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, page_sums: np.ndarray | None = None) -> None:
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, staging_cap: int = DEFAULT_STAGING_CAP,
+                 page_sums: np.ndarray | None = None) -> None:
         self.indptr = _check_indptr(indptr)
         self.page_sums = np.empty(0, np.uint64) if page_sums is None else np.ascontiguousarray(page_sums, np.uint64)
         self.path = Path(indices_path)
@@ -152,6 +178,8 @@ class NeighborReader:
             raise ValueError(f"read_threads: {read_threads}, expected >= 1")
         if block_bytes < 1:
             raise ValueError(f"block_bytes: {block_bytes}, expected >= 1")
+        if staging_cap < 1:
+            raise ValueError(f"staging_cap: {staging_cap}, expected >= 1")
         if (dtype is None) != (data_offset is None):
             raise ValueError("dtype and data_offset: give both (a raw file) or neither (read the .npy header)")
         num_edges = int(self.indptr[-1])
@@ -169,6 +197,10 @@ class NeighborReader:
         self.gap_bytes = int(gap_bytes)
         self.read_threads = int(read_threads)
         self.block_bytes = -(-int(block_bytes) // ALIGNMENT) * ALIGNMENT
+        self.staging_cap = -(-int(staging_cap) // ALIGNMENT) * ALIGNMENT
+        self.max_staging_bytes = staging_bound(max_degree(self.indptr), self.dtype.itemsize,
+                                               self.data_offset + num_edges * self.dtype.itemsize, self.staging_cap)
+        """Most bytes the staging buffer maps (its pages are touched only as reads land in them)."""
         self.direct_io = bool(direct_io)
         self.read_calls = 0
         self.bytes_read = 0
@@ -293,38 +325,62 @@ class NeighborReader:
                 read_end = -(-list_end // ALIGNMENT) * ALIGNMENT
             else:
                 read_begin, read_end = list_begin, list_end
-            # Ascending ids give ascending, disjoint lists, so a range's end is its last member's end.
+            # Ascending ids give ascending, disjoint lists, so a range's end is its last member's end. A range
+            # also ends where a window of staging_cap bytes of the file does, so that no range outgrows a round.
             starts_range = np.empty(len(ids), dtype=bool)
             starts_range[0] = True
             np.greater(read_begin[1:] - read_end[:-1], self.gap_bytes, out=starts_range[1:])
+            window = read_begin // self.staging_cap
+            starts_range[1:] |= window[1:] != window[:-1]
             first = np.flatnonzero(starts_range)
             last = np.append(first[1:], len(ids)) - 1
             range_begin, range_end = read_begin[first], read_end[last]
-            range_of = np.cumsum(starts_range) - 1
             # A buffered range holding no bytes but its lists maps onto the output as is: read it there.
             payload = np.add.reduceat(degrees, first) * itemsize
             straight = np.zeros(len(first), dtype=bool) if direct else payload == range_end - range_begin
             staged_len = np.where(straight, 0, range_end - range_begin)
-            staged_at = np.cumsum(staged_len) - staged_len
-            need_staging = int(staged_len.sum())
-            if need_staging > len(self._staging_buffer):
-                self._staging_buffer = _staging(max(need_staging, 2 * len(self._staging_buffer)))
-            staging = np.frombuffer(self._staging_buffer, dtype=np.uint8)
+            staged_end = np.cumsum(staged_len)
+            staged_at = staged_end - staged_len
             out_bytes = out.view(np.uint8)
-            dest = np.where(straight, out_entry[first] * itemsize, staged_at)
-            self._run_reads(range_begin, range_end, straight.astype(np.int64), dest,
-                            (staging.data, out_bytes.data))
-            if checked:
-                verify_blocks(self.page_sums, PAGE_BYTES, staging, staged_at,
-                              np.minimum(range_end, self.file_size) - range_begin, range_begin, self.path)
-            scattered = ~straight[range_of]
-            if scattered.any():
-                source = staged_at[range_of] + list_begin - range_begin[range_of]
-                scatter_lists(staging, source[scattered], out_bytes, out_entry[scattered] * itemsize,
-                              degrees[scattered] * itemsize)
-            del staging, out_bytes
+            r0 = 0
+            while r0 < len(first):
+                # a round: the ranges whose staged bytes fit the cap (at least one range, which fits it plus a list)
+                base = int(staged_at[r0])
+                r1 = max(r0 + 1, int(np.searchsorted(staged_end, base + self.staging_cap, side="right")))
+                self._read_round(first, last, r0, r1, range_begin, range_end, straight, staged_at, base, list_begin,
+                                 degrees, out_entry, out_bytes, checked)
+                r0 = r1
+            del out_bytes
             self.lists_read += len(ids)
             self.list_bytes += int(degrees.sum()) * itemsize
+
+    def _read_round(self, first: np.ndarray, last: np.ndarray, r0: int, r1: int, range_begin: np.ndarray,
+                    range_end: np.ndarray, straight: np.ndarray, staged_at: np.ndarray, base: int,
+                    list_begin: np.ndarray, degrees: np.ndarray, out_entry: np.ndarray, out_bytes: np.ndarray,
+                    checked: bool) -> None:
+        """Ranges ``r0:r1`` read (staged ones at ``staged_at - base`` of the staging buffer), checked, and their
+        lists copied out of the staging buffer into ``out_bytes``."""
+        itemsize = self.dtype.itemsize
+        begin, end, flat = range_begin[r0:r1], range_end[r0:r1], straight[r0:r1]
+        at = staged_at[r0:r1] - base
+        need = int(np.where(flat, 0, end - begin).sum())
+        if need > len(self._staging_buffer):
+            # doubling saves remaps; the bound holds the buffer to what the memory plans charge
+            self._staging_buffer = _staging(max(need, min(self.max_staging_bytes, 2 * len(self._staging_buffer))))
+        staging = np.frombuffer(self._staging_buffer, dtype=np.uint8)
+        lo, hi = int(first[r0]), int(last[r1 - 1]) + 1  # the round's lists
+        dest = np.where(flat, out_entry[first[r0:r1]] * itemsize, at)
+        self._run_reads(begin, end, flat.astype(np.int64), dest, (staging.data, out_bytes.data))
+        if checked:
+            verify_blocks(self.page_sums, PAGE_BYTES, staging, np.where(flat, 0, at),
+                          np.where(flat, 0, np.minimum(end, self.file_size) - begin), begin, self.path)
+        range_of = np.repeat(np.arange(r1 - r0), last[r0:r1] - first[r0:r1] + 1)
+        scattered = ~flat[range_of]
+        if scattered.any():
+            source = at[range_of] + list_begin[lo:hi] - begin[range_of]
+            scatter_lists(staging, source[scattered], out_bytes, out_entry[lo:hi][scattered] * itemsize,
+                          degrees[lo:hi][scattered] * itemsize)
+        del staging
 
     def _run_reads(self, range_begin: np.ndarray, range_end: np.ndarray, target: np.ndarray, dest: np.ndarray,
                    views: tuple[memoryview, memoryview]) -> None:

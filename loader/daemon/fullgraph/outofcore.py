@@ -15,7 +15,7 @@ They differ in the feature cache:
   measured on bench/compare, 0.769 rows read per row used with fills against 0.699 without (static:
   0.727).
 * ``static``: the C rows of highest out-degree (PaGraph's choice), loaded once, never changed.
-* ``staged``: static's degree-ranked feature cache; the planner stage stages each superbatch's other
+* ``staged`` (``staged.py``): static's degree-ranked feature cache; the planner stage stages each superbatch's other
   rows (``loader.staging``): one
   sequential O_DIRECT pass over the chunks of ``features.bin`` its batches use, each batch's rows
   written to its region of a staging file under ``[exact] staging_dir``, which the publisher reads
@@ -28,12 +28,18 @@ They differ in the feature cache:
 Memory (``plan_outofcore``), Ginex §3.5 adapted to a pipeline where sampling and gathering run at
 the same time, so both caches share the budget instead of taking turns::
 
-    node arrays (13 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
+    node arrays (21 B/node) + slots + indptr (8 B/node) + scratch (sampler 8 B/node, planner
     or static address table 4 B/node) + read-check block tables (8 B per check block of
-    features.bin and per 4 KiB page of indices.npy) + 3 superbatches in flight (sampling, planned,
-    publishing: 40 B per sampled node + 16 B per edge, from a pilot sample) + read buffers
-    (neighbour lists of one sample group's frontiers, 32 row-read spans) + neighbour cache
-    + feature cache <= budget
+    features.bin and per 4 KiB page of indices.npy) + the epoch's seed order (8 B per training
+    node) + 3 superbatches in flight (sampling, planned, publishing: 40 B per sampled node + 16 B
+    per edge, from a pilot sample) + read buffers (neighbour lists of one sample group's frontiers,
+    the neighbour reader's staging buffer of 8 MiB and the longest list's pages, 32 row-read
+    spans, a superbatch's seeds) + neighbour cache + feature cache <= budget
+
+Every buffer the process maps counts, shared memory included (the slots; the reader's and the
+stager's page-aligned buffers are anonymous shared mappings): under a memory cgroup they are all
+charged alike. What is not charged is the interpreter, its libraries and numba's code
+(``bench.harness.DAEMON_OVERHEAD`` states it).
 
 ``"auto"`` gives the neighbour cache all lists if they fit in half of what remains, else that
 half, and the feature cache the rest. Lists first because they are cheap per read saved: a list
@@ -41,12 +47,8 @@ is tens of bytes and saves one random read each time its node is a frontier targ
 feature row is a whole row for the same one read.
 """
 
-import bisect
 import logging
-import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,19 +67,19 @@ from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
 from loader.format.read_checks import block_table_bytes, load_read_checks
-from loader.sampling.ranks import Pieces, sample_pieces
+from loader.sampling.neighbor_reader import max_degree, staging_bound
 from loader.sampling.sampling import SampledPass
-from loader.staging.scratch_files import ScratchFiles, takes_direct_writes
-from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype
-from loader.staging.stager import StagedWindow, StagingStats, WindowStager, stager_buffer_bytes
-from loader.staging.window_plan import PLAN_SLICE_ROWS, WindowPlan, batch_gather, plan_window, plan_window_bytes
+from loader.staging.scratch_files import takes_direct_writes
+from loader.staging.spilled_pass import id_dtype
+from loader.staging.stager import StagingStats, WindowStager, stager_buffer_bytes
+from loader.staging.window_plan import PLAN_SLICE_ROWS, plan_window_bytes
 from proto.errors import UserError
 from proto.sizes import format_size
 
 __all__ = ["OutOfCoreBudget", "plan_outofcore", "OutOfCoreMode", "ExactMode", "BeladyStream",
-           "BeladyRows", "StaticMode", "StagedMode", "out_degree_ranking",
+           "BeladyRows", "StaticMode", "DegreeCache", "out_degree_ranking",
            "BYTES_PER_SAMPLED_NODE", "BYTES_PER_SAMPLED_EDGE", "SPILLED_BATCH_BYTES", "STAGING_CHUNK",
-           "STAGING_CHUNK_SMALL", "STAGING_FLUSH", "STAGED_PLAN_BATCHES", "HYBRID_RESIDENT_SHARE",
+           "STAGING_CHUNK_SMALL", "STAGING_FLUSH", "STAGED_PLAN_BATCHES", "STAGED_PLAN_ROWS", "HYBRID_RESIDENT_SHARE",
            "HYBRID_BYTES_PER_SAMPLED_NODE"]
 
 log = logging.getLogger("megabatch.outofcore")
@@ -115,6 +117,11 @@ staged in several windows of consecutive batches, a pass over the file each. So 
 nothing where its misses fit. Measured on bench/compare's 1M-node graph at 448M: superbatches of 512 batches with
 256's feature cache (the budget raised by the 29 MiB a plan charged for 512 batches' rows took) ran at 49.4 and
 55.4 batches/s against 44.1 and 43.1 at 256, reading 23% fewer bytes; 48% of their rows were misses, which fit."""
+STAGED_PLAN_ROWS = 4 << 20
+"""Mode staged: the most rows the staging plan is charged for, whatever the batch size (32 MiB at 8 B a row). The
+measurements above were at batch 256 (256 batches of 12.7k rows: 3.3M); at bench/compare's default batch of 1024
+on its 2M-node graph, 256 batches are 13.3M rows, 106 MiB of a 448M budget whose feature cache then got nothing,
+so a window there is about 80 batches instead."""
 
 
 @dataclass(frozen=True)
@@ -126,16 +133,18 @@ class OutOfCoreBudget(BudgetPlan):
     fixed_bytes: int
     """Node arrays and slots (as in every mode)."""
     graph_bytes: int
-    """indptr, the per-node scratch of sampler, planner and static address table, and the read-check block tables."""
+    """indptr, the per-node scratch of sampler, planner and static address table, the read-check block tables and the
+    epoch's seed order."""
     working_bytes: int
-    """Superbatches in flight and read buffers."""
+    """Superbatches in flight and read buffers (the neighbour reader's staging buffer, shared memory, included)."""
     neighbor_cache_bytes: int
     feature_cache_rows: int
     row_bytes: int
     staging_chunk: int = 0
     """Mode staged: bytes of ``features.bin`` per read of the staging pass (and of its scatter buffer)."""
     plan_rows: int = 0
-    """Mode staged: most rows a staging window's plan holds (``STAGED_PLAN_BATCHES`` batches' worth)."""
+    """Mode staged: most rows a staging window's plan holds (``STAGED_PLAN_BATCHES`` batches' worth, at most
+    ``STAGED_PLAN_ROWS``)."""
     resident_bytes: int = 0
     """Mode hybrid: bytes of whole partitions each superbatch in flight holds (``SUPERBATCHES_IN_FLIGHT`` of them)."""
 
@@ -150,7 +159,8 @@ class OutOfCoreBudget(BudgetPlan):
 
     def describe(self) -> str:
         return (f"memory plan ({self.mode}): budget {format_size(self.budget)} = node arrays and slots "
-                f"{format_size(self.fixed_bytes)} + indptr, scratch and read checks {format_size(self.graph_bytes)} + "
+                f"{format_size(self.fixed_bytes)} + indptr, scratch, read checks and seed order "
+                f"{format_size(self.graph_bytes)} + "
                 f"superbatches in flight and read buffers {format_size(self.working_bytes)} + neighbour cache "
                 f"{format_size(self.neighbor_cache_bytes)} + feature cache {self.feature_cache_rows:,} rows "
                 f"{format_size(self.feature_cache_bytes)}"
@@ -170,13 +180,18 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
     if mode == "hybrid":
         scratch += 1  # the map of a superbatch's distinct nodes (which partitions are worth their pass)
-    # the read checks' block tables (8 B per block of features.bin and page of indices.npy) live as long as the mode
-    graph_bytes = 8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
+    # the read checks' block tables (8 B per block of features.bin and page of indices.npy) live as long as the mode;
+    # the sampler stage holds the epoch's shuffled training ids (8 B each) for the whole epoch
+    graph_bytes = (8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
+                   + 8 * m.splits.train)
     sampled_batch = batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE
     mean_degree = m.num_edges / max(1, n)
     list_staging = int(ex.sample_group * batch_nodes * expanded_share(config.sampler.fanouts) * mean_degree
                        * index_itemsize)
-    working = list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN
+    # lists read from disk pass through the reader's staging buffer (whole pages, shared memory), bounded by its
+    # rounds; a superbatch's seeds are gathered from the epoch's order before it is sampled
+    working = (list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN + _reader_staging_bytes(dataset)
+               + 8 * ex.superbatch * config.sampler.batch_size)
     all_lists = 8 * n + index_itemsize * m.num_edges
     staging_chunk = plan_rows = 0
     if mode == "staged":
@@ -186,10 +201,13 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         ids = id_dtype(n).itemsize
         id_slice = 2 * ids * (PLAN_SLICE_ROWS + 2 * batch_nodes)  # the records' pages and their concatenation
         records = 2 * (batch_nodes * ids + batch_edges * 8)
-        plan_rows = min(ex.superbatch, STAGED_PLAN_BATCHES) * batch_nodes
+        # a sample group's records are laid out in one buffer (whole pages each) to be written in one go
+        group_records = ex.sample_group * (records // 2 + 2 * 4096)
+        plan_rows = min(STAGED_PLAN_ROWS, min(ex.superbatch, STAGED_PLAN_BATCHES) * batch_nodes)
+        plan_rows = max(plan_rows, batch_nodes)  # a window holds at least one batch
         working += (SUPERBATCHES_IN_FLIGHT * ex.superbatch * SPILLED_BATCH_BYTES
                     + plan_window_bytes(plan_rows) + id_slice + records
-                    + ex.sample_group * sampled_batch)
+                    + ex.sample_group * sampled_batch + group_records)
         direct_writes = _takes_direct_writes(ex.staging_dir)  # scratch files: O_DIRECT wherever taken
 
         def stager_bytes(chunk: int) -> int:
@@ -213,7 +231,7 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
         raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
-                        f"arrays and slots {format_size(fixed_bytes)}, indptr, scratch and read checks "
+                        f"arrays and slots {format_size(fixed_bytes)}, indptr, scratch, read checks and seed order "
                         f"{format_size(graph_bytes)}, "
                         f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
                         f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
@@ -232,6 +250,14 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
     return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes,
                            staging_chunk, plan_rows, resident)
+
+
+def _reader_staging_bytes(dataset: Dataset) -> int:
+    """Most bytes the neighbour reader's staging buffer maps (``NeighborReader.max_staging_bytes``), from the
+    longest list (``indptr`` read through a memory map: nothing per node is held)."""
+    m = dataset.manifest
+    longest = max_degree(np.load(dataset.file("indptr"), mmap_mode="r"))
+    return staging_bound(longest, np.dtype(m.index_dtype.value).itemsize, m.files["indices.npy"].bytes)
 
 
 def _takes_direct_writes(directory: Path) -> bool:
@@ -375,7 +401,7 @@ class BeladyRows(RowSource):
         lookups.labels("miss").inc(len(nodes) - hits)
 
 
-class _DegreeCache:
+class DegreeCache:
     """The ``capacity`` rows of highest out-degree (PaGraph's choice), read once at startup, never changed."""
 
     def __init__(self, mode: OutOfCoreMode, dataset: Dataset, capacity: int) -> None:
@@ -406,7 +432,7 @@ class StaticMode(OutOfCoreMode):
 
     def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving, dataset, plan)
-        self.cache = _DegreeCache(self, dataset, plan.feature_cache_rows)
+        self.cache = DegreeCache(self, dataset, plan.feature_cache_rows)
 
     def fill(self, nodes: np.ndarray, x: np.ndarray) -> tuple[int, int]:
         """Rows of ``nodes`` into ``x``: hits copied from the cache, misses read; (hits, misses)."""
@@ -436,220 +462,3 @@ class _StaticRows(RowSource):
             lookups = self._mode.serving.metrics.feature_cache_lookups
             lookups.labels("hit").inc(hits)
             lookups.labels("miss").inc(misses)
-
-
-class StagedMode(OutOfCoreMode):
-    """The exact mode's batches, each superbatch's rows staged by one sequential pass (``loader.staging``), its
-    sampled structure spilled beside them so that RAM holds 4 B per row of a superbatch in flight."""
-
-    name = "staged"
-
-    def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
-        super().__init__(serving, dataset, plan)
-        config = serving.config
-        m = dataset.manifest
-        where = config.exact.staging_dir
-        if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
-            self.close()
-            raise UserError(f"[exact] staging_dir: {where} is not a writable directory")
-        checks = self.read_checks
-        self.stager = WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=where,
-                                   block_sums=None if checks is None else checks.feature_blocks,
-                                   check_block=m.feature_check_bytes, direct=config.io.direct_io,
-                                   direct_scratch=True,
-                                   chunk_bytes=plan.staging_chunk, scatter_bytes=plan.staging_chunk,
-                                   flush_bytes=STAGING_FLUSH)
-        self._ids = id_dtype(m.num_nodes)
-        # spill files are rewritten by later superbatches, as staging files are (ScratchFiles); both are O_DIRECT
-        # wherever their filesystem takes it, whatever [io] direct_io says of the dataset's files: written once
-        # and read once, through the page cache they cost flushes, drops and cgroup reclaim and save nothing
-        self.spill_files = ScratchFiles(where, direct_reads=True, direct_writes=True, keep=SUPERBATCHES_IN_FLIGHT + 1)
-        self.spill_reader = ThreadPoolExecutor(1, thread_name_prefix="megabatch-spill-read")
-        # the staging pass waits on the disk most of its time (reads, writes): on a pool thread of the two it
-        # left the publisher waiting for a thread (measured: publisher 53 ms a batch, 7 of them reading)
-        self.planner_pool = ThreadPoolExecutor(1, thread_name_prefix="megabatch-stage")
-        self.cache = _DegreeCache(self, dataset, plan.feature_cache_rows)
-        log.info("staged superbatches of %d batches in %s", self.superbatch, where)
-
-    def sample_superbatch(self, order: np.ndarray, pieces: Pieces, batch_size: int, keys: np.ndarray,
-                          fanouts: tuple[int, ...]) -> SampledPass:
-        """Sample the superbatch one sample group at a time, each group's edges spilled as it is sampled: the
-        whole superbatch is never in RAM, only its ids (a ``SpilledPass``, which the publisher reads like a
-        ``SampledPass``)."""
-        config = self.serving.config
-        spill = SpillFile(config.exact.staging_dir, files=self.spill_files,
-                          reader=self.spill_reader)
-        group = config.exact.sample_group
-
-        def spilled(parts: list[SpilledPass | SampledPass]) -> SpilledPass:
-            try:
-                return concat_spilled(parts, spill, self._ids)
-            except OSError as err:  # the sampler's own read failures are reported by the sampler, not here
-                raise UserError(f"spilling sampled batches in {config.exact.staging_dir}: {err.strerror or err} "
-                                f"(is the disk full?)") from err
-
-        def sample(seeds: np.ndarray, size: int, piece_keys: np.ndarray) -> SpilledPass:
-            return spilled([spilled([self.sample(seeds[g * size:(g + group) * size], size, fanouts,
-                                                 piece_keys[g:g + group])])
-                            for g in range(0, len(piece_keys), group)])
-
-        try:
-            sampled = sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts), spilled)
-            if not isinstance(sampled, SpilledPass):
-                sampled = spilled([sampled])
-        except BaseException:
-            spill.close()
-            raise
-        self._metrics.staging_written_bytes.labels("edges").inc(spill.bytes_written)
-        self._metrics.staging_file_bytes.labels("edges").set(self.spill_files.held_bytes)
-        return sampled  # type: ignore[return-value]  # read like a SampledPass (spilled_pass's docstring)
-
-    def stage(self, sampled: SampledPass) -> RowSource:
-        """Stage one superbatch's rows the cache does not hold (the planner stage's work), in one window where they
-        fit the plan's charge, else in several; its batches are then read back in order."""
-        started = time.perf_counter()
-        # the ids come back from the spill file a slice at a time (a plain pass, an empty piece, holds them)
-        ids_of = sampled.node_ids if isinstance(sampled, SpilledPass) else lambda b, e: sampled.nodes[b:e]
-        node_ptr = sampled.node_ptr
-        windows: list[tuple[int, StagedWindow]] = []
-        try:
-            bounds, misses = self._window_bounds(node_ptr, ids_of)
-            for b0, b1 in zip(bounds, bounds[1:]):
-                base = int(node_ptr[b0])
-
-                def offsets_of(begin: int, end: int, base: int = base) -> np.ndarray:
-                    return self._staged_offsets(ids_of(base + begin, base + end))
-
-                plan = plan_window(node_ptr[b0:b1 + 1] - base, offsets_of, self._row_bytes, self.stager.chunk_bytes,
-                                   sequential_rate=self.serving.config.io.sequential_rate,
-                                   random_reads=self.serving.config.io.random_reads,
-                                   max_rows=None if misses is None else int(misses[b0:b1].sum()))
-                windows.append((b0, self._stage_window(plan)))
-        except BaseException:
-            for _, staged in windows:
-                staged.close()
-            raise
-        finally:
-            self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
-        for _, staged in windows:
-            self.count_pass(staged.stats)
-            self._metrics.staging_written_bytes.labels("rows").inc(staged.stats.staged_bytes)
-        self._metrics.staging_file_bytes.labels("rows").set(self.stager.staging_file_bytes)
-        return _StagedRows(self, windows, len(node_ptr) - 1, getattr(sampled, "spill", None))
-
-    def _window_bounds(self, node_ptr: np.ndarray, ids_of: Callable[[int, int], np.ndarray]
-                       ) -> tuple[list[int], np.ndarray | None]:
-        """(where the staging windows of a superbatch start, and its end; each batch's uncached rows, or None): one
-        window where all its rows fit the plan's ``plan_rows``, else as many consecutive batches per window as their
-        uncached rows fit (at least one), counted by one more pass over the ids."""
-        count, total, capacity = len(node_ptr) - 1, int(node_ptr[-1]), self.budget_plan.plan_rows
-        if total <= capacity:
-            return [0, count], None
-        misses = np.zeros(count, dtype=np.int64)
-        for begin in range(0, total, PLAN_SLICE_ROWS):
-            end = min(total, begin + PLAN_SLICE_ROWS)
-            missed = np.flatnonzero(self.cache.slot_of[ids_of(begin, end)] < 0) + begin
-            misses += np.bincount(np.searchsorted(node_ptr, missed, side="right") - 1, minlength=count)
-        through = np.cumsum(misses)  # the uncached rows of batches 0..b
-        bounds = [0]
-        while bounds[-1] < count:
-            b0 = bounds[-1]
-            before = int(through[b0 - 1]) if b0 else 0
-            bounds.append(max(b0 + 1, int(np.searchsorted(through, before + capacity, side="right"))))
-        return bounds, misses
-
-    def _stage_window(self, plan: WindowPlan) -> StagedWindow:
-        try:
-            return self.stager.stage(plan)
-        except OSError as err:
-            if err.filename == str(self.stager.path):  # the stager names the byte; one line, as read_rows says it
-                raise UserError(f"{err.filename}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
-                                ) from err
-            raise UserError(f"staging in {self.stager.staging_dir}: {err.strerror or err} (is the disk full? "
-                            f"a window stages {format_size(plan.staging_bytes)})") from err
-
-    def _staged_offsets(self, ids: np.ndarray) -> np.ndarray:
-        """Each node's row's byte offset in ``features.bin``, or -1 where the cache holds it (the planner asks for
-        a slice of the superbatch at a time)."""
-        offsets = np.full(len(ids), -1, dtype=np.int64)
-        at = np.flatnonzero(self.cache.slot_of[ids] < 0)
-        offsets[at] = self.row_offsets(ids[at])
-        return offsets
-
-    def row_offsets(self, ids: np.ndarray) -> np.ndarray:
-        return self.disk.row_offsets(ids)
-
-    def load_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
-        """The feature cache's rows at startup: one sequential pass over the chunks holding them where that costs
-        less than a random read per page (by ``[io] sequential_rate`` and ``random_reads``), else as ``exact``
-        reads its misses. Measured on bench/compare's 1M-node graph: 160k rows of highest out-degree (16% of
-        the rows, in every chunk) took 9.1 s of row reads at startup."""
-        offsets = self.row_offsets(ids)
-        io, chunk = self.serving.config.io, self.stager.chunk_bytes
-        passed = len(np.unique(offsets // chunk)) * chunk / io.sequential_rate
-        pages = len(ids) * -(-self._row_bytes // 4096)
-        if passed >= pages / io.random_reads:
-            super().load_rows(ids, out)
-            return
-        stats = self.read_by_pass(self.stager, offsets, out)
-        log.info("staged feature cache loaded by one pass over %d chunks (%s)", stats.chunks,
-                 format_size(stats.file_bytes_read))
-
-    def start_stream(self) -> RowsFor:
-        return self.stage
-
-    def close(self) -> None:
-        super().close()
-        stager = getattr(self, "stager", None)
-        if stager is not None:
-            stager.close()
-        spill_files = getattr(self, "spill_files", None)
-        if spill_files is not None:
-            spill_files.close()
-            self.spill_reader.shutdown()
-
-
-class _StagedRows(RowSource):
-    """A staged superbatch's rows: batch b's cached rows copied, its region in its window read back, rows of chunks
-    not worth the pass read at random; each window's staging file goes back after its last batch, the spill file
-    after the superbatch's."""
-
-    fills_any_subset = False
-
-    def __init__(self, mode: StagedMode, windows: list[tuple[int, StagedWindow]], num_batches: int,
-                 spill: SpillFile | None) -> None:
-        self._mode, self._windows, self._spill = mode, windows, spill
-        self._starts = [b0 for b0, _ in windows]
-        self._num_batches = num_batches
-        self._spill_reported = 0
-
-    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        mode = self._mode
-        b0, staged = self._windows[bisect.bisect_right(self._starts, b) - 1]
-        local = b - b0
-        miss = mode.cache.copy_hits(nodes, x)
-        lookups = mode.serving.metrics.feature_cache_lookups
-        lookups.labels("hit").inc(len(nodes) - len(miss))
-        lookups.labels("miss").inc(len(miss))
-        offsets = mode.row_offsets(nodes[miss])
-        on_pass = staged.plan.is_staged(offsets)
-        if not on_pass.all():
-            direct = miss[~on_pass]
-            mode.read_rows(nodes[direct], direct, x)
-        started = time.perf_counter()
-        try:
-            mode.stager.read_batch(staged, local, batch_gather(offsets[on_pass]), x, miss[on_pass])
-        except OSError as err:
-            raise UserError(f"reading back batch {b} staged in {mode.stager.staging_dir}: {err.strerror or err}; "
-                            f"check the disk (dmesg)") from err
-        finally:
-            mode.serving.metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
-        read_back = staged.plan.region(local)[1]
-        if self._spill is not None:  # and the batch's edges, which the publisher read just before
-            read_back += self._spill.bytes_read - self._spill_reported
-            self._spill_reported = self._spill.bytes_read
-        mode.serving.metrics.disk_bytes.labels("staging").inc(read_back)
-        if local == staged.plan.num_batches - 1:
-            staged.close()
-        if b == self._num_batches - 1 and self._spill is not None:  # the publisher read its edges before its rows
-            self._spill.close()

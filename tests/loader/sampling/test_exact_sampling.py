@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.format.dataset import open_dataset
+from loader.format.read_checks import file_block_checksums
 from loader.offline.importers import import_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
-from loader.sampling.neighbor_reader import ALIGNMENT, NeighborReader
+from loader.sampling.neighbor_reader import ALIGNMENT, NeighborReader, staging_bound
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass
 from proto.errors import UserError
 from tests.graphs import generated_dataset, shared_graph
@@ -229,6 +230,25 @@ def test_reader_returns_exactly_the_lists(disk_graph: Graph, gap: int, direct: b
             assert reader.bytes_read - before[0] >= want.nbytes
             if gap == 0 and not direct:
                 assert reader.bytes_read - before[0] == want.nbytes  # no gap bytes without coalescing gaps
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_reader_stages_in_rounds_within_its_bound(disk_graph: Graph, direct: bool) -> None:
+    # a huge gap coalesces every list (and a checked read widens each to pages): without rounds the staging
+    # buffer grows to the whole file; with a 16 KiB cap it stays within the cap plus the longest list's pages
+    cap = 4 * ALIGNMENT
+    page_sums = file_block_checksums(disk_graph.path)
+    rng = np.random.default_rng(5)
+    with NeighborReader(disk_graph.indptr, disk_graph.path, gap_bytes=1 << 30, direct_io=direct, staging_cap=cap,
+                        read_threads=3, page_sums=page_sums if direct else None) as reader:
+        degree = np.diff(disk_graph.indptr)
+        assert reader.max_staging_bytes == staging_bound(int(degree.max()), 4, disk_graph.path.stat().st_size, cap)
+        assert reader.max_staging_bytes < disk_graph.path.stat().st_size // 2
+        for nodes in (np.arange(disk_graph.n), np.sort(rng.choice(disk_graph.n, 700, replace=False)),
+                      np.array([int(degree.argmax())])):
+            np.testing.assert_array_equal(reader.read(nodes).lists, expected_lists(disk_graph, nodes))
+            assert reader.staging_bytes <= reader.max_staging_bytes
+        assert reader.staging_bytes >= cap  # the 700 lists with gaps between them went through it
 
 
 def test_reader_coalesces_adjacent_lists(disk_graph: Graph) -> None:

@@ -123,21 +123,21 @@ def test_staged_superbatches_whose_misses_exceed_the_plan_are_staged_in_windows(
     in windows of consecutive batches, each within the charge (or a single batch), a pass each; its batches are the
     reference's all the same, and every window's staging file goes back. Every chunk is staged (windows of a
     batch or two would leave them to direct reads by the cost model), in chunks of 8 KiB."""
-    from loader.daemon.fullgraph import outofcore
+    from loader.daemon.fullgraph import outofcore, staged
     from loader.staging import window_plan
 
     monkeypatch.setattr(window_plan, "chunk_costs", lambda keys, shift, chunks, *args: (np.zeros(chunks),
                                                                                         np.ones(chunks)))
     monkeypatch.setattr(outofcore, "STAGING_CHUNK", 8192)
     windows: list[tuple[int, int, int]] = []  # (batches, staged rows, the plan's charge in rows)
-    stage_window = outofcore.StagedMode._stage_window
+    stage_window = staged.StagedMode._stage_window
 
     def recorded(self, plan):
         windows.append((plan.num_batches, plan.staged_rows, self.budget_plan.plan_rows))
         return stage_window(self, plan)
 
     monkeypatch.setattr(outofcore, "STAGED_PLAN_BATCHES", plan_batches)
-    monkeypatch.setattr(outofcore.StagedMode, "_stage_window", recorded)
+    monkeypatch.setattr(staged.StagedMode, "_stage_window", recorded)
     (tmp_path / "staging").mkdir()
     config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
                            exact={"superbatch": 7, "feature_cache": feature_cache,

@@ -1,6 +1,8 @@
 """The exact/static/staged/hybrid modes' memory split: every part charged, auto caches fill what is left, bad sizes
 refused."""
 
+import mmap
+import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,9 @@ from loader.format.dataset import open_dataset
 from loader.staging.scratch_files import takes_direct_writes
 from loader.staging.stager import stager_buffer_bytes
 from loader.staging.window_plan import PLAN_SLICE_ROWS, plan_window_bytes
+from proto.client import ControlClient
 from proto.errors import UserError
+from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch
 from tests.daemon_harness import small_dataset
 
 
@@ -85,9 +89,11 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     in_flight = 4 * SPILLED_BATCH_BYTES
     id_slice = 2 * 4 * (PLAN_SLICE_ROWS + 2 * 500)
     records = 2 * (500 * 4 + 1000 * 8)
+    group = config("1M").exact.sample_group
+    group_records = group * (records // 2 + 2 * 4096)  # a sample group's records, laid out to be written at once
     assert staged.working_bytes == (exact.working_bytes - SUPERBATCHES_IN_FLIGHT * 4 * sampled_batch + stager
                                     + SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(4 * 500) + id_slice
-                                    + records + config("1M").exact.sample_group * sampled_batch)
+                                    + records + group * sampled_batch + group_records)
     assert staged.total <= 256 << 20
     all_lists = 8 * m.num_nodes + 4 * m.num_edges
     small_stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK_SMALL,
@@ -138,3 +144,97 @@ def test_hybrid_charges_its_partitions_per_superbatch_in_flight_and_splits_the_f
     with pytest.raises(UserError, match="too small for mode hybrid"):
         plan_outofcore(config("4M", mode="hybrid", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000,
                        batch_edges=50000)
+
+
+class _MappedBytes:
+    """Live and peak bytes of the writable mappings the process makes (slots, page-aligned buffers), counted by
+    wrapping ``mmap.mmap``: a mapping is memory a plan must charge as much as an array (read-only ones, a client's
+    view of the slots, are not the daemon's)."""
+
+    def __init__(self) -> None:
+        self.live = self.peak = 0
+
+    def wrap(self) -> type:
+        counter = self
+
+        class Counted(mmap.mmap):
+            def __new__(cls, fileno: int, *args: object, **kwargs: object) -> "Counted":
+                obj = super().__new__(cls, fileno, *args, **kwargs)  # type: ignore[call-overload]
+                writable = kwargs.get("prot", mmap.PROT_WRITE) & mmap.PROT_WRITE and \
+                    kwargs.get("access") != mmap.ACCESS_READ
+                # anonymous memory and memfds; a map of a dataset file is page cache the kernel may take back
+                memory = fileno == -1 or os.readlink(f"/proc/self/fd/{fileno}").startswith("/memfd:")
+                obj._counted = len(obj) if writable and memory else 0
+                counter.live += obj._counted
+                counter.peak = max(counter.peak, counter.live)
+                return obj
+
+            def close(self) -> None:
+                super().close()  # raises while views are alive: then the mapping stays, and its charge
+                counter.live -= self._counted
+                self._counted = 0
+
+            def __del__(self) -> None:
+                counter.live -= self._counted
+                self._counted = 0
+
+        return Counted
+
+
+@pytest.mark.slow
+def test_staged_holds_no_more_than_its_plan_on_a_graph_that_fills_it(tmp_path_factory, monkeypatch):
+    """Mode staged on a 100k-node graph with a budget its parts fill (windows of a few batches, all lists and a
+    feature cache of a third of the rows): the arrays it allocates (tracemalloc, which numpy reports to) plus the
+    writable mappings it makes (slots, the stager's, spill's and neighbour reader's buffers), each at its peak
+    over startup and one epoch, stay within the plan's total. Numba's compiled kernels are warmed by a first run,
+    so the traced run sees no compiler; what numba kernels allocate inside themselves is not traced."""
+    import tracemalloc
+
+    from tests.daemon_harness import daemon_config, running_daemon
+
+    root = tmp_path_factory.mktemp("staged-memory")
+    data = small_dataset(root, nodes=100_000, feat_dim=64)
+    (root / "staging").mkdir()
+
+    # a superbatch's uncached rows exceed the plan's charge: staged in windows of 8 batches, 4 a superbatch
+    monkeypatch.setattr(outofcore, "STAGED_PLAN_BATCHES", 8)
+
+    def run(counted: bool) -> tuple[int, int, int, int]:
+        config = daemon_config(data, root / "s.sock", loader={"mode": "staged"}, memory={"budget": "64M"},
+                               exact={"superbatch": 32, "sample_group": 4, "staging_dir": str(root / "staging")},
+                               sampler={"batch_size": 256, "fanouts": [10, 5], "eval_batch_size": 256},
+                               publisher={"slots": 2}, server={"max_clients": 1, "socket": str(root / "s.sock")},
+                               io={"direct_io": True})
+        mapped = _MappedBytes()
+        if counted:
+            monkeypatch.setattr(mmap, "mmap", mapped.wrap())
+            tracemalloc.start()
+        try:
+            with running_daemon(config) as daemon:
+                client = ControlClient.connect(str(config.server.socket), client="test", timeout=60)
+                client.send(Credit(count=client.welcome.slots.count))
+                client.send(StartEpoch(epoch=0))
+                batches = 0
+                while not isinstance(msg := client.recv(timeout=120), EpochEnd):
+                    assert isinstance(msg, BatchReady), msg
+                    batches += 1
+                    client.send(Release(slot=msg.slot, seq=msg.seq))
+                client.close()
+                plan = daemon.mode.budget_plan
+                assert isinstance(plan, outofcore.OutOfCoreBudget)
+            traced = tracemalloc.get_traced_memory()[1] if counted else 0
+        finally:
+            if counted:
+                tracemalloc.stop()
+                monkeypatch.setattr(mmap, "mmap", real_mmap)
+        return plan.total, traced, mapped.peak, batches
+
+    real_mmap = mmap.mmap
+    run(counted=False)  # numba compiles here, outside the measurement
+    total, traced, mapped, batches = run(counted=True)
+    assert batches > 2 * 32  # the epoch spans superbatches
+    held = traced + mapped
+    # the caches take what the budget leaves, so everything planned is allocated: the count sees all of it
+    assert held >= 0.75 * total, (held, total)
+    # the pipeline's Python objects (futures, messages, log records) and allocator rounding: 1 MiB
+    assert held <= total + (1 << 20), f"held {held:,} B (arrays {traced:,}, mappings {mapped:,}), plan {total:,} B"
