@@ -1,17 +1,27 @@
-"""Accuracy to convergence: the daemon's batches vs in-memory neighbour sampling vs the full graph.
+"""Accuracy to convergence: the daemon's batches vs in-memory neighbour sampling vs the full graph, out of core.
 
 Every shared graph (../shared/data: cora-planetoid, citeseer-planetoid, amazon-photo, coauthor-cs,
 coauthor-physics) is imported with a seeded stratified 60/20/20 split (a file's published split is
 kept: the Planetoid graphs) and prepared with METIS into ``--partitions`` partitions, once per
 ``--work`` directory. Then, per mode and seed (model seed = sampler seed), 2-layer GraphSAGE
 (hidden 256, dropout 0.5, Adam lr 0.003, fanouts 10,5 for training and evaluation, batch 1024)
-trains for up to ``--max-epochs`` epochs with early stopping on validation accuracy (``--patience``):
+trains for up to ``--max-epochs`` epochs with early stopping on validation accuracy (``--patience``).
+
+Out of core (``--feature-ratio R``, default 4): every hierarchical daemon mode that sets no fraction of
+its own runs with ``[hierarchy] megabatch_fraction = 1/R``, so the features are R times what a mega-batch
+holds; ``--feature-ratio auto`` leaves the daemon's "auto" (on every shared graph but coauthor-physics the
+2G default budget then holds the whole graph, and HB is in-memory sampling in another order).
 
     NS    megabatch train --mode inmemory: the in-memory neighbour-sampling reference
-    HB    through the daemon with its default settings (the config sets only [dataset] path,
-          [sampler] seed/batch/fanouts, [server] socket and [metrics] port = 0)
-    HB25  the same plus [hierarchy] megabatch_fraction = 0.25
-    EX    the same plus [loader] mode = "exact" (full-graph sampling, Ginex)
+    HB    through the daemon with its default settings at ratio R (the config sets only [dataset] path,
+          [sampler] seed/batch/fanouts, [server] socket, [metrics] port = 0 and the fraction of R)
+    HB25  the same with [hierarchy] megabatch_fraction = 0.25 whatever R
+    EX, STAGED, HYBRID, STATIC, MMAP: the exact-semantics modes ([loader] mode = exact, staged, hybrid,
+          static, mmap, at the same default budget). They serve NS's batches bitwise
+          (tests/loader/daemon/fullgraph/test_fullgraph_modes.py), so by default they are not trained:
+          their runs are NS's (accuracy, epochs; "NS's curve" in the tables, no wall seconds of their own)
+          and only their time to accuracy at scale is theirs. ``--train-exact`` trains them through the
+          daemon instead (what EX always did before), which checks the claim at the price of the runs.
     HB25r, HB25s, HB50 (not run by default; the remedy study): HB25 with schedule = "random" (the
           grouping before the balanced one), HB25 without the static cache, megabatch_fraction = 0.5
     HB2   (not run by default) HB trained by 2 DDP ranks (--nproc-per-node 2, gloo) through the one
@@ -22,15 +32,25 @@ trains for up to ``--max-epochs`` epochs with early stopping on validation accur
           evaluation with every neighbour)
 
 Reported per graph (bench/results/accuracy-<names>.{json,md}, accuracy-<graph>.png):
-  - test accuracy at the best validation epoch (first epoch of the highest validation accuracy),
-    mean and per seed, and its difference to NS in points; mean best epoch and epochs run;
-  - time to accuracy: cumulative train_s + eval_s until validation accuracy first reaches NS's mean
-    best validation accuracy minus 1 point, mean over the seeds that reach it ("never" if none);
+  - test accuracy at the best validation epoch (first epoch of the highest validation accuracy; the
+    final score at convergence, since training stops ``--patience`` epochs after it), mean and per seed,
+    and its difference to NS in points; mean best epoch and epochs run;
+  - epochs and wall time to accuracy: the first epoch, and the cumulative train_s + eval_s until then, whose
+    validation accuracy reaches NS's mean best validation accuracy minus 1 point, mean over the seeds that
+    reach it ("never" if none); the epochs over NS's (the issue's bar: <= 1.25x);
+  - time to accuracy at scale = epochs to target x epoch seconds of that mode on bench/compare.py's
+    graph (2M nodes by default), where epoch seconds = epoch_batches / batches_per_s of the mode's row in
+    ``--compare-json`` (default bench/results/compare.json: loader-only, first epoch). Rows: NS ->
+    inmemory, every HB* -> the daemon's default mode (hierarchical; HB2 -> its -r2 row), EX -> exact,
+    STAGED -> staged, HYBRID -> hybrid, STATIC -> static, MMAP -> mmap; "-" where the file or the row is
+    absent or the row has no rate (a daemon that died), and the header says which;
+  - the bars each mode misses (epochs > 1.25x NS's or a seed that never reaches the target; test more
+    than 1 point below NS), and a table of every graph and mode at the end;
   - the mean "neighbour coverage" the daemon logs once per epoch ("-" where it logs none);
   - the worst gap over epoch budgets: for each E from ``--min-budget`` (10) to the shortest run of the
     pair, each run's test accuracy at its best validation epoch among epochs 1..E, mean over seeds;
     the largest NS - mode (points; positive = the mode below NS) and its E;
-  - validation accuracy per epoch, mean over the seeds still running, one line per mode (needs
+  - validation accuracy per epoch, mean over the seeds still running, one line per trained mode (needs
     matplotlib, the ``bench`` extra; skipped with a note without it).
 
 The commands of one run (TRAIN = --model sage --hidden 256 --dropout 0.5 --lr 0.003 --epochs MAX
@@ -38,148 +58,129 @@ The commands of one run (TRAIN = --model sage --hidden 256 --dropout 0.5 --lr 0.
 
     NS:   python -m trainer --mode inmemory --dataset DS --batch-size 1024 --fanouts 10,5
               --eval-fanouts 10,5 --eval-batch-size 1024 --sampler-seed S TRAIN
-    HB*, EX: python -m loader.cli --no-progress serve --config WORK/runs/NAME-MODE-seedS.toml
-              (output to WORK/logs/NAME-MODE-seedS.daemon.log; without -q, which would hide the
-              INFO lines that carry the coverage), then
+    HB*, EX...: python -m loader.cli --no-progress serve --config WORK/runs/STEM.toml (STEM =
+              NAME-pP-MODE[-rR]-seedS, -rR where the ratio sets the mode's fraction; output to
+              WORK/logs/STEM.daemon.log; without -q, which would hide the INFO lines that carry the
+              coverage), then
           python -m trainer --socket SOCK --connect-timeout 60 TRAIN; the daemon gets SIGTERM after.
     FULL: python bench/fullgraph_reference.py DS --seed S --max-epochs MAX --patience P --json-out OUT
 
 Usage (a full run takes hours on 2 cores; keep --work to rerun without importing and preparing):
 
     .venv/bin/python bench/accuracy_bench.py [--work /var/tmp/mb-acc]
-    .venv/bin/python bench/accuracy_bench.py --datasets amazon-photo --modes NS,HB,HB25 --work /var/tmp/mb-acc
+    .venv/bin/python bench/accuracy_bench.py --datasets amazon-photo --modes NS,HB,EX,STAGED --work /var/tmp/mb-acc
     .venv/bin/python bench/accuracy_bench.py --datasets cora-planetoid --seeds 0 --max-epochs 3 --patience 2
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.accuracy_report import (
+    EXACT_MODES,
+    CompareEpochs,
+    DatasetReport,
+    EpochPoint,
+    Run,
+    analyse,
+    dataset_markdown,
+    mean,
+    plot_curves,
+    read_compare,
+    scale_header,
+    scale_markdown,
+)
 from bench.harness import machine_description, sh, stop_process, wait_for_socket
+from loader.daemon.config import ModeConfig
 
-__all__ = ["DATASETS", "MODES", "EpochPoint", "Run", "ModeSummary", "BudgetGap", "DatasetReport", "main"]
+__all__ = ["DATASETS", "MODES", "DAEMON_EXTRA", "TomlValue", "megabatch_fraction", "takes_ratio", "daemon_tables",
+           "toml_text", "run_stem", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "results"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs", "coauthor-physics")
-MODES = ("NS", "HB", "HB25", "EX", "FULL", "HB25r", "HB25s", "HB50", "HB2")
-DEFAULT_MODES = ("NS", "HB", "HB25", "EX", "FULL")
-DAEMON_EXTRA = {"HB": "", "HB25": "[hierarchy]\nmegabatch_fraction = 0.25\n", "EX": '[loader]\nmode = "exact"\n',
-                # the remedy study (docs/PERFORMANCE.md): the old default grouping, no static cache, a half
-                "HB25r": '[hierarchy]\nmegabatch_fraction = 0.25\nschedule = "random"\n',
-                "HB25s": "[hierarchy]\nmegabatch_fraction = 0.25\nstatic_cache = false\n",
-                "HB50": "[hierarchy]\nmegabatch_fraction = 0.5\n", "HB2": '[memory]\nbudget = "3G"\n'}
-"""What each daemon mode adds to the default config."""
+TomlValue = str | int | float | bool | list[int]
+"""What the bench's daemon configs hold."""
+MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2")
+# HB25 is HB at the default ratio 4; the exact-semantics modes cost no run unless --train-exact
+DEFAULT_MODES = ("NS", "HB", *EXACT_MODES, "FULL")
+DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
+    "HB": {}, "HB25": {"hierarchy": {"megabatch_fraction": 0.25}},
+    **{mode: {"loader": {"mode": daemon_mode}} for mode, daemon_mode in EXACT_MODES.items()},
+    # the remedy study (docs/PERFORMANCE.md): the old default grouping, no static cache, a half
+    "HB25r": {"hierarchy": {"megabatch_fraction": 0.25, "schedule": "random"}},
+    "HB25s": {"hierarchy": {"megabatch_fraction": 0.25, "static_cache": False}},
+    "HB50": {"hierarchy": {"megabatch_fraction": 0.5}}, "HB2": {"memory": {"budget": "3G"}}}
+"""What each daemon mode adds to the default config (the fraction of ``--feature-ratio`` comes on top where
+the mode sets none: ``daemon_tables``)."""
+DEFAULT_DAEMON_MODE = ModeConfig().mode
+"""The daemon mode HB runs (its config sets no [loader] mode): its row of compare.json times HB."""
 RANKS = {"HB2": 2}
 """Daemon modes trained by several DDP ranks (the others: one trainer)."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
 SKEW = re.compile(r"neighbour coverage [0-9.]+, label skew ([0-9.]+)")
-CURVE_EPOCHS = (5, 10, 20)
-"""Epochs whose mean validation accuracy the table shows (how fast a mode converges)."""
-TARGET_MARGIN = 0.01
-"""Time to accuracy counts until validation accuracy reaches NS's mean best minus this (1 point)."""
 
 
-@dataclass(frozen=True)
-class EpochPoint:
-    """One evaluated epoch: accuracies, loss and its wall seconds (train_s + eval_s)."""
-
-    epoch: int
-    val_acc: float
-    test_acc: float
-    loss: float
-    seconds: float
+def megabatch_fraction(ratio: float) -> float:
+    """``[hierarchy] megabatch_fraction`` under which the features are ``ratio`` times a mega-batch (1 / ratio)."""
+    if not math.isfinite(ratio) or ratio < 1:
+        raise ValueError(f"feature ratio: expected a number >= 1 (features over a mega-batch), got {ratio!r}")
+    return 1 / ratio
 
 
-@dataclass(frozen=True)
-class Run:
-    """One (dataset, mode, seed) training run, read back from its JSON and logs."""
-
-    dataset: str
-    mode: str
-    seed: int
-    epochs: list[EpochPoint]
-    stopped_early: bool
-    wall_seconds: float
-    coverage: list[float]
-    """Every "neighbour coverage" value the daemon logged (empty without a daemon or such lines)."""
-    skew: list[float]
-    """Every "label skew" value the daemon logged."""
-
-    def best(self, budget: int | None = None) -> EpochPoint:
-        """The first epoch of the highest validation accuracy among epochs 1..budget (default all)."""
-        points = [p for p in self.epochs if budget is None or p.epoch <= budget]
-        return max(points, key=lambda p: (p.val_acc, -p.epoch))
-
-    def epochs_to(self, target: float) -> int | None:
-        """The first epoch whose validation accuracy reaches ``target`` (None: never); unlike seconds, it does
-        not depend on what else shared the machine."""
-        return next((p.epoch for p in self.epochs if p.val_acc >= target), None)
-
-    def seconds_to(self, target: float) -> float | None:
-        """Cumulative seconds until validation accuracy first reaches ``target`` (None: never)."""
-        total = 0.0
-        for point in self.epochs:
-            total += point.seconds
-            if point.val_acc >= target:
-                return total
-        return None
+def takes_ratio(extra: Mapping[str, Mapping[str, TomlValue]]) -> bool:
+    """Whether a mode adding ``extra`` gets the fraction of ``--feature-ratio``: it sets no fraction of its own and
+    picks no ``[loader] mode`` (a full-graph mode has no mega-batch to size)."""
+    return "megabatch_fraction" not in extra.get("hierarchy", {}) and "mode" not in extra.get("loader", {})
 
 
-@dataclass(frozen=True)
-class ModeSummary:
-    """One mode on one dataset, over its seeds."""
-
-    mode: str
-    test_acc: list[float]
-    mean_test_acc: float
-    vs_ns_points: float | None
-    mean_best_epoch: float
-    mean_epochs_run: float
-    seconds_to_target: list[float | None]
-    epochs_to_target: list[int | None]
-    mean_coverage: float | None
-    mean_skew: float | None
-    val_at: dict[int, float | None]
-    """Mean validation accuracy at each of CURVE_EPOCHS over the seeds that evaluated it."""
+def daemon_tables(base: Mapping[str, Mapping[str, TomlValue]], extra: Mapping[str, Mapping[str, TomlValue]],
+                  ratio: float | None) -> dict[str, dict[str, TomlValue]]:
+    """``base`` with ``extra``'s keys over it, plus the fraction of ``ratio`` (None: the daemon's "auto") where
+    ``takes_ratio(extra)``."""
+    tables = {name: dict(keys) for name, keys in base.items()}
+    for name, keys in extra.items():
+        tables.setdefault(name, {}).update(keys)
+    if ratio is not None and takes_ratio(extra):
+        tables.setdefault("hierarchy", {})["megabatch_fraction"] = megabatch_fraction(ratio)
+    return tables
 
 
-@dataclass(frozen=True)
-class BudgetGap:
-    """The largest NS - mode test-accuracy gap (points) over epoch budgets ``first``..``last``."""
+def _toml_value(table: str, key: str, value: TomlValue) -> str:
+    # bool before int: True is an int to isinstance
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string takes JSON's escapes
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    raise TypeError(f"[{table}] {key}: no TOML for {value!r}")
 
-    mode: str
-    first: int
-    last: int
-    gap_points: float | None
-    at_budget: int | None
 
-
-@dataclass(frozen=True)
-class DatasetReport:
-    """Everything reported for one graph: the time-to-accuracy target (None without NS), one summary
-    per mode, one budget gap per mode other than NS (none without NS), and the runs themselves."""
-
-    name: str
-    target_val_acc: float | None
-    summaries: list[ModeSummary]
-    gaps: list[BudgetGap]
-    runs: dict[str, list[Run]]
+def toml_text(tables: Mapping[str, Mapping[str, TomlValue]]) -> str:
+    """The TOML of ``tables`` (one level of tables of scalars and integer lists), tables in insertion order."""
+    lines = []
+    for name, keys in tables.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {_toml_value(name, key, value)}" for key, value in keys.items()]
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -201,6 +202,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fanouts", default="10,5")
     parser.add_argument("--min-budget", type=int, default=10, help="smallest epoch budget E of the gap (default 10)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--feature-ratio", default="4", type=_feature_ratio,
+                        help="features over a mega-batch: megabatch_fraction = 1/R for every hierarchical mode that "
+                        "sets none (default 4; auto: the daemon's own, the largest the budget holds)")
+    parser.add_argument("--compare-json", type=Path, default=RESULTS / "compare.json",
+                        help="bench/compare.py's results, whose per-mode epoch times give the time to accuracy at "
+                        "scale (default bench/results/compare.json; absent: \"-\")")
+    parser.add_argument("--train-exact", action="store_true",
+                        help=f"train {', '.join(EXACT_MODES)} through the daemon instead of reusing NS's runs")
     parser.add_argument("--work", type=Path, help="prepared datasets, run outputs and logs (default: a temp dir); "
                         "datasets already there are reused")
     args = parser.parse_args(argv)
@@ -210,7 +219,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
         parser.error(f"--modes: unknown {', '.join(unknown)} (choose from {', '.join(MODES)})")
+    if not args.train_exact and "NS" not in args.modes and set(args.modes) & set(EXACT_MODES):
+        parser.error(f"--modes: {', '.join(m for m in args.modes if m in EXACT_MODES)} reuse NS's runs: add NS, "
+                     "or pass --train-exact")
     return args
+
+
+def _feature_ratio(text: str) -> float | None:
+    """None for "auto", else a ratio >= 1."""
+    if text == "auto":
+        return None
+    try:
+        ratio = float(text)
+        megabatch_fraction(ratio)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or auto, got {text!r}") from None
+    return ratio
+
+
+def reused(mode: str, args: argparse.Namespace) -> bool:
+    """Whether ``mode``'s runs are NS's: an exact-semantics mode serves NS's batches, so unless asked to train
+    it, its accuracy is known without a run."""
+    return mode in EXACT_MODES and not args.train_exact
 
 
 # ---------------------------------------------------------------- datasets and runs
@@ -240,15 +270,19 @@ def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis") 
 
 
 def daemon_config(mode: str, dataset: Path, sock: Path, seed: int, args: argparse.Namespace) -> str:
-    """The TOML of a daemon run: defaults, plus what ``mode`` changes (``DAEMON_EXTRA``)."""
-    fanouts = ", ".join(args.fanouts.split(","))
+    """The TOML of a daemon run: defaults, plus what ``mode`` changes (``DAEMON_EXTRA``) and the fraction of
+    ``--feature-ratio``."""
+    fanouts = [int(f) for f in args.fanouts.split(",")]
     ranks = RANKS.get(mode, 1)
-    # several ranks: the same global batch, and a session for each rank
-    clients = f"max_clients = {ranks}\n" if ranks > 1 else ""
-    return (f'[dataset]\npath = "{dataset}"\n'
-            f"[sampler]\nbatch_size = {args.batch_size // ranks}\nfanouts = [{fanouts}]\n"
-            f"eval_fanouts = [{fanouts}]\neval_batch_size = {args.batch_size}\nseed = {seed}\n"
-            f'[server]\nsocket = "{sock}"\n{clients}[metrics]\nport = 0\n' + DAEMON_EXTRA[mode])
+    server: dict[str, TomlValue] = {"socket": str(sock)}
+    if ranks > 1:  # the same global batch, and a session for each rank
+        server["max_clients"] = ranks
+    base: dict[str, dict[str, TomlValue]] = {
+        "dataset": {"path": str(dataset)},
+        "sampler": {"batch_size": args.batch_size // ranks, "fanouts": fanouts, "eval_fanouts": fanouts,
+                    "eval_batch_size": args.batch_size, "seed": seed},
+        "server": server, "metrics": {"port": 0}}
+    return toml_text(daemon_tables(base, DAEMON_EXTRA[mode], args.feature_ratio))
 
 
 def train_flags(seed: int, out: Path, args: argparse.Namespace) -> list[str]:
@@ -292,9 +326,18 @@ def daemon(config: Path, sock: Path, log: Path) -> Iterator[None]:
         stop_process(process, 60)
 
 
+def run_stem(name: str, mode: str, seed: int, args: argparse.Namespace) -> str:
+    """The file names of one run: they name the partitioning and the ratio where the run depends on them, so
+    that --reuse in a --work shared by several settings never takes another setting's run."""
+    partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
+    ratio = f"-r{args.feature_ratio:g}" if args.feature_ratio is not None and mode in DAEMON_EXTRA and \
+        takes_ratio(DAEMON_EXTRA[mode]) else ""
+    return f"{name}-{partitions}-{mode}{ratio}-seed{seed}"
+
+
 def one_run(name: str, dataset: Path, mode: str, seed: int, dirs: dict[str, Path], args: argparse.Namespace) -> Run:
     """Train once in ``mode`` and read the result back."""
-    stem = f"{name}-{mode}-seed{seed}"
+    stem = run_stem(name, mode, seed, args)
     out = dirs["runs"] / f"{stem}.json"
     trainer_log, daemon_log = dirs["logs"] / f"{stem}.trainer.log", dirs["logs"] / f"{stem}.daemon.log"
     if args.reuse and out.exists():  # the json is written atomically once a run ends: a finished run
@@ -344,137 +387,19 @@ def parse_values(log: Path | None, pattern: re.Pattern[str]) -> list[float]:
     return [float(m.group(1)) for m in pattern.finditer(log.read_text(errors="replace"))]
 
 
-# ---------------------------------------------------------------- analysis
-
-def mean(values: list[float]) -> float:
-    return statistics.fmean(values)
-
-
-def summarize(mode: str, runs: list[Run], ns_mean: float | None, target: float | None) -> ModeSummary:
-    tests = [r.best().test_acc for r in runs]
-    coverage = [c for r in runs for c in r.coverage]
-    skew = [c for r in runs for c in r.skew]
-    val_at: dict[int, float | None] = {}
-    for epoch in CURVE_EPOCHS:
-        values = [p.val_acc for r in runs for p in r.epochs if p.epoch == epoch]
-        val_at[epoch] = mean(values) if values else None
-    return ModeSummary(
-        mode=mode, test_acc=tests, mean_test_acc=mean(tests),
-        vs_ns_points=None if ns_mean is None else 100 * (mean(tests) - ns_mean),
-        mean_best_epoch=mean([r.best().epoch for r in runs]), mean_epochs_run=mean([r.epochs[-1].epoch for r in runs]),
-        seconds_to_target=[None if target is None else r.seconds_to(target) for r in runs],
-        epochs_to_target=[None if target is None else r.epochs_to(target) for r in runs],
-        mean_coverage=mean(coverage) if coverage else None, mean_skew=mean(skew) if skew else None, val_at=val_at)
-
-
-def worst_gap(mode: str, runs: list[Run], ns: list[Run], min_budget: int) -> BudgetGap:
-    """Largest mean(NS) - mean(mode) test accuracy at the best validation epoch within 1..E, over E
-    from ``min_budget`` to the shortest run of either mode."""
-    last = min(r.epochs[-1].epoch for r in [*runs, *ns])
-    gaps = [(100 * (mean([r.best(e).test_acc for r in ns]) - mean([r.best(e).test_acc for r in runs])), e)
-            for e in range(min_budget, last + 1)]
-    if not gaps:
-        return BudgetGap(mode, min_budget, last, None, None)
-    gap, at = max(gaps)
-    return BudgetGap(mode, min_budget, last, gap, at)
-
-
-def val_curve(runs: list[Run]) -> tuple[list[int], list[float]]:
-    """Mean validation accuracy per epoch over the runs that reached that epoch."""
-    by_epoch: dict[int, list[float]] = {}
-    for run in runs:
-        for point in run.epochs:
-            by_epoch.setdefault(point.epoch, []).append(point.val_acc)
-    epochs = sorted(by_epoch)
-    return epochs, [mean(by_epoch[e]) for e in epochs]
-
-
-def analyse(name: str, runs: dict[str, list[Run]], min_budget: int) -> DatasetReport:
-    """Summaries and gaps of one graph; the target is NS's mean best validation accuracy - 1 point."""
-    ns = runs.get("NS")
-    ns_mean = mean([r.best().test_acc for r in ns]) if ns else None
-    target = mean([r.best().val_acc for r in ns]) - TARGET_MARGIN if ns else None
-    gaps = [worst_gap(m, r, ns, min_budget) for m, r in runs.items() if m != "NS"] if ns else []
-    return DatasetReport(name, target, [summarize(m, r, ns_mean, target) for m, r in runs.items()], gaps, runs)
-
-
-# ---------------------------------------------------------------- reports
-
-def _seconds(values: list[float | None] | list[int | None]) -> str:
-    reached = [v for v in values if v is not None]
-    if not reached:
-        return "never"
-    note = "" if len(reached) == len(values) else f" ({len(reached)}/{len(values)} seeds)"
-    return f"{mean(reached):.1f}{note}"
-
-
-def _optional(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def dataset_markdown(report: DatasetReport, min_budget: int) -> str:
-    target = report.target_val_acc
-    lines = [f"## {report.name}", ""]
-    if target is not None:
-        lines += [f"Time to accuracy: until validation accuracy >= {target:.4f} "
-                  f"(NS's mean best validation accuracy - 1 point).", ""]
-    curve = " | ".join(f"val @{e}" for e in CURVE_EPOCHS)
-    lines += ["| mode | test acc at best val (mean) | per seed | vs NS (pt) | best epoch (mean) | epochs run (mean) | "
-              f"time to accuracy (s) | epochs to accuracy | {curve} | neighbour coverage | label skew |",
-              "|---|---|---|---|---|---|---|---|" + "---|" * len(CURVE_EPOCHS) + "---|---|"]
-    for s in report.summaries:
-        at = " | ".join(_optional(s.val_at[e], ".3f") for e in CURVE_EPOCHS)
-        lines.append(f"| {s.mode} | {s.mean_test_acc:.4f} | {', '.join(f'{a:.4f}' for a in s.test_acc)} | "
-                     f"{_optional(s.vs_ns_points, '+.2f')} | {s.mean_best_epoch:.1f} | {s.mean_epochs_run:.1f} | "
-                     f"{'-' if target is None else _seconds(s.seconds_to_target)} | "
-                     f"{'-' if target is None else _seconds(s.epochs_to_target)} | {at} | "
-                     f"{_optional(s.mean_coverage, '.3f')} | {_optional(s.mean_skew, '.3f')} |")
-    if report.gaps:
-        lines += ["", f"Worst gap over epoch budgets E >= {min_budget} (NS - mode, test accuracy at the best "
-                  "validation epoch within 1..E, mean over seeds; positive = below NS):", ""]
-        for gap in report.gaps:
-            text = ("- (the shortest run is shorter)" if gap.gap_points is None
-                    else f"{gap.gap_points:+.2f} pt at E = {gap.at_budget} (E = {gap.first}..{gap.last})")
-            lines.append(f"- {gap.mode}: {text}")
-    return "\n".join(lines) + "\n"
-
-
-def plot_curves(report: DatasetReport, path: Path) -> bool:
-    """Validation accuracy per epoch (mean over seeds), one line per mode; False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, runs in report.runs.items():
-        # EX samples NS's very batches: dashed, so that NS stays visible beneath it
-        ax.plot(*val_curve(runs), label=mode, linewidth=1.4, linestyle="--" if mode == "EX" else "-")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if report.target_val_acc is not None:
-        ax.axhline(report.target_val_acc, color="grey", linestyle="--", linewidth=0.8, label="NS best val - 1 pt")
-    ax.set(title=f"{report.name}: validation accuracy (mean over seeds)", xlabel="epoch",
-           ylabel="validation accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def write_outputs(stem: str, reports: list[DatasetReport], args: argparse.Namespace) -> None:
+def write_outputs(stem: str, reports: list[DatasetReport], args: argparse.Namespace,
+                  scale: CompareEpochs | None) -> None:
     """``RESULTS/STEM.{json,md}`` with every graph finished so far."""
     machine = machine_description()
     header = (f"# Accuracy to convergence\n\n{machine}; seeds {args.seeds}, max {args.max_epochs} epochs, "
               f"patience {args.patience}, {args.partitions} {args.partitioner} partitions, fanouts {args.fanouts}, "
-              f"batch {args.batch_size}, device {args.device}; `bench/accuracy_bench.py`.\n\n")
-    (RESULTS / f"{stem}.md").write_text(header + "\n".join(dataset_markdown(r, args.min_budget) for r in reports))
+              f"batch {args.batch_size}, device {args.device}; `bench/accuracy_bench.py`.\n\n"
+              + scale_header(args.feature_ratio, scale, args.compare_json, args.batch_size) + "\n")
+    (RESULTS / f"{stem}.md").write_text(header + "\n".join(dataset_markdown(r, args.min_budget) for r in reports)
+                                        + "\n" + scale_markdown(reports))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    data = {"args": settings, "machine": machine, "datasets": {r.name: asdict(r) for r in reports}}
+    data = {"args": settings, "machine": machine, "compare": None if scale is None else asdict(scale),
+            "datasets": {r.name: asdict(r) for r in reports}}
     (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=2))
 
 
@@ -482,6 +407,8 @@ def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> d
     dataset = prepare(name, dirs["work"], args.partitions, args.partitioner)
     runs: dict[str, list[Run]] = {}
     for mode in args.modes:
+        if reused(mode, args):
+            continue
         for seed in args.seeds:
             run = one_run(name, dataset, mode, seed, dirs, args)
             runs.setdefault(mode, []).append(run)
@@ -490,7 +417,9 @@ def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> d
             print(f"{name} {mode} seed {seed}: test {best.test_acc:.4f} at best val {best.val_acc:.4f} (epoch "
                   f"{best.epoch} of {run.epochs[-1].epoch}{', stopped early' if run.stopped_early else ''}), "
                   f"{run.wall_seconds:.0f} s{coverage}", flush=True)
-    return runs
+    # the reused modes take NS's runs wherever they stand in --modes, so the report keeps that order
+    return {mode: [replace(r, mode=mode, wall_seconds=float("nan"), reused_from="NS") for r in runs["NS"]]
+            if reused(mode, args) else runs[mode] for mode in args.modes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -501,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     # one file per dataset set (and tag), so runs of other sets are kept
     stem = "accuracy-" + "-".join(args.datasets) + (f"-{args.tag}" if args.tag else "")
     reports: list[DatasetReport] = []
+    scale = read_compare(args.compare_json) if args.compare_json.exists() else None
+    if scale is None:
+        print(f"bench: {args.compare_json} is absent: no time to accuracy at scale (\"-\")", flush=True)
     with (tempfile.TemporaryDirectory(prefix="mb-acc-", dir=os.environ.get("TMPDIR")) as tmp,
           tempfile.TemporaryDirectory(prefix="mb-sock-", dir="/tmp") as sockets):  # short path: sun_path <= 107 B
         work = (args.work or Path(tmp)).resolve()
@@ -508,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in dirs.values():
             path.mkdir(parents=True, exist_ok=True)
         for name in args.datasets:
-            reports.append(analyse(name, run_dataset(name, dirs, args), args.min_budget))
-            write_outputs(stem, reports, args)
+            reports.append(analyse(name, run_dataset(name, dirs, args), args.min_budget, scale, DEFAULT_DAEMON_MODE))
+            write_outputs(stem, reports, args, scale)
             if not plot_curves(reports[-1], RESULTS / f"accuracy-{name}{f'-{args.tag}' if args.tag else ''}.png"):
                 print("bench: matplotlib not importable (pip install -e '.[bench]'); no accuracy curve", flush=True)
         print((RESULTS / f"{stem}.md").read_text())
