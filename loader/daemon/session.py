@@ -260,6 +260,9 @@ class Session:
             return False
         except asyncio.CancelledError:
             self.flow.abandon(slot)  # never announced: the client does not hold it (the drain waits for held ones)
+            # the publisher is the job's task, which may land after this session's own stream ended and the
+            # client released the rest: the drain must hear that the last slot is free
+            self._check_drained()
             raise
         finally:
             self._ctx.metrics.stage_busy.labels("publisher" if kind == "train" else "eval").inc(
@@ -286,6 +289,7 @@ class Session:
                 acquire.cancel()  # it takes nothing until it returns: cancelling leaves the flow as it was
             elif not acquire.cancelled() and acquire.exception() is None:
                 self.flow.abandon(acquire.result())
+                self._check_drained()
             raise
         failed.cancel()
         if acquire.done():
