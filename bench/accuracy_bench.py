@@ -88,7 +88,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
 from bench.accuracy_report import (
     EXACT_MODES,
     CompareEpochs,
@@ -103,16 +104,14 @@ from bench.accuracy_report import (
     scale_header,
     scale_markdown,
 )
-from bench.harness import machine_description, sh, stop_process, wait_for_socket
+from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process, wait_for_socket
 from loader.daemon.config import ModeConfig
 
 __all__ = ["DATASETS", "MODES", "DAEMON_EXTRA", "TomlValue", "megabatch_fraction", "takes_ratio", "daemon_tables",
            "toml_text", "run_stem", "main"]
 
-ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
-RESULTS = ROOT / "bench" / "results"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs", "coauthor-physics")
 TomlValue = str | int | float | bool | list[int]
 """What the bench's daemon configs hold."""

@@ -58,11 +58,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import (  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import (
     DAEMON_OVERHEAD,
+    RESULTS,
     drop_caches,
     generated_dataset,
     join_before_exec,
@@ -77,15 +77,14 @@ from bench.harness import (  # noqa: E402
     wait_for_socket,
     warn,
 )
-from bench.read_check_bench import replay_read_checks, report_lines  # noqa: E402
-from loader.daemon.config import STAGED_SUPERBATCH  # noqa: E402
-from loader.format.dataset import open_dataset  # noqa: E402
-from proto.client import ControlClient, JobMember  # noqa: E402
-from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
-from proto.sizes import format_size, parse_size  # noqa: E402
+from bench.read_check_bench import replay_read_checks, report_lines
+from loader.daemon.fullgraph.staged import STAGED_SUPERBATCH
+from loader.format.dataset import open_dataset
+from proto.client import ControlClient, JobMember
+from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch
+from proto.sizes import format_size, parse_size
 
 PY = sys.executable
-RESULTS = ROOT / "bench" / "results"
 MODES = ("hierarchical", "exact", "static", "staged", "hybrid", "mmap", "inmemory")
 CHECKED_MODES = ("hierarchical", "exact", "static")
 """The modes that verify what they read (format 1.1 read checks); ``--read-checks both`` runs each unchecked too."""
@@ -115,7 +114,7 @@ def write_config(path: Path, run: str, dataset: Path, sock: Path, budget: int, a
 path = "{dataset}"
 [loader]
 mode = "{mode}"
-[exact]
+[fullgraph]
 superbatch = {superbatch}
 sample_group = {args.sample_group}
 staging_dir = "{staging}"
@@ -302,8 +301,9 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                     for stage in ("sampler", "planner", "staging", "rows", "publisher", "reader", "assembler")}
             staged_written = sum(delta(after, before, f'megabatch_staging_written_bytes_total{{kind="{kind}"}}')
                                  for kind in ("rows", "edges"))
-            reader_bytes = delta(after, before, 'megabatch_disk_read_bytes_total{file="features"}') + \
-                delta(after, before, 'megabatch_disk_read_bytes_total{file="indices"}')
+            # the partition reader's bytes: the hierarchical mode's training reads of both files
+            reader_bytes = sum(delta(after, before, f'megabatch_disk_read_bytes_total{{file="{file}",purpose="train"}}')
+                               for file in ("features", "indices"))
             rate = batches / seconds if seconds > 0 else 0.0
             out.update({
                 "feature_cache_bytes": after.get("megabatch_feature_cache_bytes"),

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import (  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import (
     DAEMON_OVERHEAD,
+    RESULTS,
     drop_caches,
     generated_dataset,
     join_before_exec,
@@ -39,15 +39,14 @@ from bench.harness import (  # noqa: E402
     stop_process,
     wait_for_socket,
 )
-from loader.format.dataset import open_dataset  # noqa: E402
-from loader.sampling.inmemory import epoch_batches_inmemory, load_in_memory  # noqa: E402
-from loader.sampling.sampling import sample_pass  # noqa: E402
-from proto.client import ControlClient  # noqa: E402
-from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch  # noqa: E402
-from proto.sizes import format_size, parse_size  # noqa: E402
+from loader.format.dataset import open_dataset
+from loader.sampling.inmemory import epoch_batches_inmemory, load_in_memory
+from loader.sampling.sampling import sample_pass
+from proto.client import ControlClient
+from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch
+from proto.sizes import format_size, parse_size
 
 PY = sys.executable
-RESULTS = ROOT / "bench" / "results"
 
 
 

@@ -3,6 +3,14 @@ memory limit when one is available, timed by /usr/bin/time -v for wall time and 
 
 Where the cgroup or drop_caches is unavailable (not root, cgroup v2 only), the run goes on
 with a warning: the numbers may then include the page cache quietly holding the dataset.
+
+It also holds what every bench script shares: ``ROOT`` (the repository root, put on ``sys.path`` here, once) and
+``RESULTS`` (``bench/results``). A script run as ``python bench/x.py`` has ``bench/`` on ``sys.path``, not the root,
+so it imports this module by its bare name first, then everything else as ``bench.*``:
+
+    if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+        import harness  # noqa: F401
+    from bench.harness import RESULTS, ROOT, ...
 """
 
 import json
@@ -24,14 +32,24 @@ from pathlib import Path
 
 import numpy as np
 
+# the one sys.path insertion of bench/: the repository root, so that scripts run as python bench/x.py import bench.*
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "harness":  # imported by its bare name from a script in bench/: the same module as bench.harness
+    sys.modules.setdefault("bench.harness", sys.modules[__name__])
+
 from loader.format.dataset import FORMAT_VERSION, Dataset, open_dataset
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
 
-__all__ = ["RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup", "join_before_exec",
-           "first_training_batches", "machine_description", "sh", "generated_dataset", "sequential_rate",
-           "sequential_rates", "scrape", "wait_for_socket", "process_read_bytes", "process_cpu_seconds",
-           "DAEMON_OVERHEAD", "stop_process"]
+__all__ = ["ROOT", "RESULTS", "RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup",
+           "join_before_exec", "first_training_batches", "machine_description", "write_results", "warn", "sh",
+           "generated_dataset", "sequential_rate", "sequential_rates", "scrape", "wait_for_socket",
+           "process_read_bytes", "process_cpu_seconds", "DAEMON_OVERHEAD", "stop_process"]
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root."""
+RESULTS = ROOT / "bench" / "results"
+"""Where benches write their reports (git ignores it)."""
 
 DAEMON_OVERHEAD = 320 << 20
 """What a daemon holds beyond its [memory] budget: interpreter, numpy, numba/LLVM code and compile
@@ -129,11 +147,10 @@ def machine_description() -> str:
 
 def write_results(name: str, args: object, payload: dict[str, object], text: str) -> None:
     """``bench/results/<name>.json`` (the machine, the arguments and ``payload``) and ``<name>.md`` (``text``)."""
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{name}.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args), **payload},
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args), **payload},
                                                      indent=2))
-    (results / f"{name}.md").write_text(text + "\n")
+    (RESULTS / f"{name}.md").write_text(text + "\n")
 
 
 def sh(cmd: list[str]) -> None:

@@ -1,6 +1,6 @@
 """How much a longer Belady horizon would save: feature-row misses per superbatch length, next to static.
 
-The exact mode plans its feature cache per superbatch (``[exact] superbatch`` batches, all sampled and
+The exact mode plans its feature cache per superbatch (``[fullgraph] superbatch`` batches, all sampled and
 held in RAM until published), so the budget caps the horizon Belady sees. This bench takes the
 first ``--batches`` training batches of epoch 0 on a prepared dataset (the same seeds, keys and
 sampler as the daemon), then replays them through
@@ -20,19 +20,17 @@ with the RAM for it), so no cgroup applies.
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
-from loader.caches.changeset import CachePlanner, CacheState  # noqa: E402
-from loader.daemon.fullgraph.outofcore import BYTES_PER_SAMPLED_EDGE, BYTES_PER_SAMPLED_NODE, out_degree_ranking  # noqa: E402
-from loader.format.dataset import open_dataset  # noqa: E402
-from proto.errors import UserError  # noqa: E402
-from proto.sizes import format_size  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import first_training_batches, machine_description, write_results
+from loader.caches.changeset import CachePlanner, CacheState
+from loader.daemon.fullgraph.outofcore import BYTES_PER_SAMPLED_EDGE, BYTES_PER_SAMPLED_NODE, out_degree_ranking
+from loader.format.dataset import open_dataset
+from proto.errors import UserError
+from proto.sizes import format_size
 
 
 def belady_misses(node_ptr: np.ndarray, nodes: np.ndarray, num_nodes: int, capacity: int, horizon: int) -> int:

@@ -24,18 +24,16 @@ timed: a planning simulation, so no cgroup applies.
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
-from bench.horizon_bench import belady_misses  # noqa: E402
-from loader.daemon.fullgraph.outofcore import out_degree_ranking  # noqa: E402
-from loader.format.dataset import open_dataset  # noqa: E402
-from proto.errors import UserError  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import first_training_batches, machine_description, write_results
+from bench.horizon_bench import belady_misses
+from loader.daemon.fullgraph.outofcore import out_degree_ranking
+from loader.format.dataset import open_dataset
+from proto.errors import UserError
 
 
 def best_partitions(accesses: np.ndarray, nbytes: np.ndarray, capacity: int) -> np.ndarray:

@@ -19,15 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.harness import RunResult, machine_description, run_measured
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import RESULTS, ROOT, RunResult, machine_description, run_measured
 
 MIB = 1 << 20
 OVERHEAD_ALLOWANCE = 384 * MIB
 """cgroup limit headroom over the budget: prepare's FIXED_OVERHEAD_BYTES (192 MiB) plus room for
 the page cache of the files being written, which the cgroup also charges (reclaimable)."""
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = ROOT.parent / "shared" / "data"
 MEGABATCH = [sys.executable, "-m", "loader.cli", "--no-progress"]
 
 
@@ -168,8 +169,8 @@ def main() -> None:
     results["memory"] = memory_section(work, 1_200_000, 10, 256, 256 * MIB, "1.2M x 256", ("stream", "random"))
     if args.scale:
         results["memory"] += memory_section(work, 10_000_000, 20, 128, 4096 * MIB, "10M x 128", ("stream",))
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
+    out = RESULTS
+    out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (out / f"prepare-{stamp}.json").write_text(json.dumps(results, indent=2))
     table = markdown(results)

@@ -31,18 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
-from loader.caches.row_reader import RowReader  # noqa: E402
-from loader.daemon.disk_graph import ROW_READ_THREADS  # noqa: E402
-from loader.format.dataset import Dataset, open_dataset  # noqa: E402
-from loader.format.partition_table import row_offsets_for  # noqa: E402
-from loader.format.read_checks import load_read_checks  # noqa: E402
-from loader.sampling.neighbor_reader import NeighborReader  # noqa: E402
-from loader.sampling.sampling import SampledPass  # noqa: E402
-from proto.errors import UserError  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import first_training_batches, machine_description, write_results
+from loader.caches.row_reader import RowReader
+from loader.daemon.disk_graph import ROW_READ_THREADS
+from loader.format.dataset import Dataset, open_dataset
+from loader.format.partition_table import row_offsets_for
+from loader.format.read_checks import load_read_checks
+from loader.sampling.neighbor_reader import NeighborReader
+from loader.sampling.sampling import SampledPass
+from proto.errors import UserError
 
 SIDES = ("checked", "unchecked")
 

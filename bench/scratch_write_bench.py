@@ -18,12 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import machine_description  # noqa: E402
-from proto.errors import UserError  # noqa: E402
-from proto.sizes import parse_size  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import machine_description
+from proto.errors import UserError
+from proto.sizes import parse_size
 
 KINDS = ("sparse", "fallocated", "written")
 

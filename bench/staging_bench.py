@@ -29,26 +29,25 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import (  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import (
     drop_caches,
     first_training_batches,
     machine_description,
     sequential_rate,
     write_results,
 )
-from loader.caches.row_reader import RowReader  # noqa: E402
-from loader.daemon.disk_graph import ROW_READ_THREADS  # noqa: E402
-from loader.format.dataset import Dataset, open_dataset  # noqa: E402
-from loader.format.partition_table import row_offsets_for  # noqa: E402
-from loader.format.read_checks import load_read_checks  # noqa: E402
-from loader.sampling.sampling import SampledPass, slice_pass  # noqa: E402
-from loader.staging.stager import StagedWindow, WindowStager  # noqa: E402
-from loader.staging.window_plan import batch_gather, plan_window  # noqa: E402
-from proto.errors import UserError  # noqa: E402
-from proto.sizes import format_size  # noqa: E402
+from loader.caches.row_reader import RowReader
+from loader.daemon.disk_graph import ROW_READ_THREADS
+from loader.format.dataset import Dataset, open_dataset
+from loader.format.partition_table import row_offsets_for
+from loader.format.read_checks import load_read_checks
+from loader.sampling.sampling import SampledPass, slice_pass
+from loader.staging.stager import StagedWindow, WindowStager
+from loader.staging.window_plan import batch_gather, plan_window
+from proto.errors import UserError
+from proto.sizes import format_size
 
 
 def run_staged(dataset: Dataset, sampled: SampledPass, window: int, windows: int, staging_dir: Path,

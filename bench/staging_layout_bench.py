@@ -26,12 +26,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import drop_caches, machine_description  # noqa: E402
-from proto.errors import UserError  # noqa: E402
-from proto.sizes import format_size, parse_size  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import drop_caches, machine_description
+from proto.errors import UserError
+from proto.sizes import format_size, parse_size
 
 PAGE = 4096
 CHUNK = 16 << 20

@@ -23,16 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import generated_dataset, wait_for_socket  # noqa: E402
-from proto.sizes import format_size, parse_size  # noqa: E402
-from trainer.daemon_source import DaemonSource  # noqa: E402
-from trainer.device_cache import DeviceFeatureCache  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import RESULTS, generated_dataset, wait_for_socket
+from proto.sizes import format_size, parse_size
+from trainer.daemon_source import DaemonSource
+from trainer.device_cache import DeviceFeatureCache
 
 PY = sys.executable
-RESULTS = ROOT / "bench" / "results"
 
 
 

@@ -29,19 +29,17 @@ window, what a window costs.
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.harness import first_training_batches, machine_description, write_results  # noqa: E402
-from loader.daemon.fullgraph.outofcore import out_degree_ranking  # noqa: E402
-from loader.format.dataset import open_dataset  # noqa: E402
-from loader.format.partition_table import row_offsets_for  # noqa: E402
-from proto.errors import UserError  # noqa: E402
-from proto.sizes import format_size, parse_size  # noqa: E402
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import first_training_batches, machine_description, write_results
+from loader.daemon.fullgraph.outofcore import out_degree_ranking
+from loader.format.dataset import open_dataset
+from loader.format.partition_table import row_offsets_for
+from proto.errors import UserError
+from proto.sizes import format_size, parse_size
 
 PAGE = 4096
 

@@ -5,6 +5,7 @@ In-process keeps numba's compiled kernels across tests; readiness and shutdown a
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,9 @@ from proto.messages import BatchReady, Credit, Message, Release, StartEpoch
 
 __all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume", "read_message",
            "train_until_error"]
+
+BATCH_ARRAY_NAMES = [field.name for field in dataclasses.fields(BatchArrays)]
+"""The arrays a batch may carry, in ``BatchArrays``' order (PROTOCOL.md's names)."""
 
 
 def small_dataset(root: Path, *, nodes: int = 3000, partitions: int = 16, feat_dim: int = 16, classes: int = 4,
@@ -108,16 +112,19 @@ def connect(config: LoaderConfig) -> ControlClient:
 
 def consume(client: ControlClient, request: Message, end_type: type
             ) -> tuple[list[tuple[BatchReady, dict[str, np.ndarray]]], Any]:
-    """All batches of one stream as copies: (ready, arrays); releases every slot after reading it."""
+    """All batches of one stream as copies: (ready, arrays by name); releases every slot after reading it.
+
+    Each batch is read as a trainer reads it, through the wire reader (``BatchArrays.read``: a batch whose
+    arrays contradict each other fails the test with the ``SlotError``), and the arrays are copied from what
+    the reader returns: its six arrays, and the three of a feature cache plan when the batch carries one."""
     client.send(request)
     batches = []
     while True:
         msg = client.recv(timeout=60)
         if isinstance(msg, BatchReady):
-            views = client.read_batch(msg).arrays
-            # what a trainer checks of every batch (the wire reader), on every batch a daemon test consumes
-            BatchArrays.read(views, client.welcome.feature_cache_rows)
-            arrays = {k: np.array(v) for k, v in views.items()}
+            batch = BatchArrays.read(client.read_batch(msg).arrays, client.welcome.feature_cache_rows)
+            arrays = {name: np.array(value) for name in BATCH_ARRAY_NAMES
+                      if (value := getattr(batch, name)) is not None}
             batches.append((msg, arrays))
             client.send(Release(slot=msg.slot, seq=msg.seq))
         else:

@@ -50,3 +50,24 @@ def generated_dataset(root: Path, *, nodes: int = 3000, avg_degree: float = 10, 
     prepare_dataset(root / "raw", root / "ds", PrepareOptions(num_partitions=partitions, memory_budget=256 << 20,
                                                               progress=False))
     return root / "ds"
+
+
+DATASET_400_TRAIN_NODES = 151
+"""Training nodes of ``split_dataset_400``'s split."""
+
+
+def split_dataset_400(root: Path) -> Path:
+    """A prepared dataset at ``root / "ds"``: 400 nodes, 2400 random edges (``random_graph``, seed 8), 8 float32
+    features, 3 classes, 4 partitions; its split (seed 9) has ``DATASET_400_TRAIN_NODES`` training nodes, 109
+    validation and 140 test nodes."""
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
+
+    n = 400
+    src, dst, features, labels = random_graph(np.random.default_rng(8), n, 2400, 8, classes=3)
+    ids = np.random.default_rng(9).permutation(n)
+    train = DATASET_400_TRAIN_NODES
+    split = (np.sort(ids[:train]), np.sort(ids[train:260]), np.sort(ids[260:]))
+    write_raw(root / "raw", src, dst, features, labels, 3, split)
+    prepare_dataset(root / "raw", root / "ds", PrepareOptions(num_partitions=4, memory_budget=256 << 20,
+                                                              progress=False))
+    return root / "ds"

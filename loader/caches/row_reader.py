@@ -36,7 +36,7 @@ read (11x measured for a memmap gather of 1 KiB rows) and polluting the page cac
 
 Calls are serialized by a lock (one call in flight per reader; its pool already overlaps the
 reads). Counters ``bytes_read``, ``reads`` (pread calls) and ``rows_read`` accumulate over calls;
-each call returns its own ``RowReadStats``.
+each call returns its own ``RowReadStats``, summed from each share's ``ShareResult``.
 """
 
 import errno
@@ -56,7 +56,7 @@ from loader.format.checksum_kernels import PAGE_BYTES as PAGE
 from loader.format.checksum_kernels import first_bad_row
 from loader.format.read_checks import CorruptData
 
-__all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader"]
+__all__ = ["DEFAULT_MAX_SPAN", "INLINE_MAX_SPANS", "RowReadStats", "RowReader", "ShareResult"]
 
 log = logging.getLogger("megabatch.row_reader")
 
@@ -79,6 +79,52 @@ class RowReadStats:
     """Bytes returned by pread: a multiple of 4096 unless a span ran into the end of the file."""
     seconds: float
     """Wall time of the call, validation and sorting included."""
+
+
+@dataclass(frozen=True)
+class ShareResult:
+    """What ``row_reader_kernels.read_groups`` reported for one share of a call's spans."""
+
+    status: int
+    """``row_reader_kernels.STATUS_OK``, or how the share stopped (an OS error, the end of the file, a failed check)."""
+    errno: int
+    """The errno pread failed with (``STATUS_OS_ERROR``), else 0."""
+    reads: int
+    """pread calls made, the failed one included."""
+    bytes: int
+    """Bytes returned by pread."""
+    offset: int
+    """File offset of the failed read, or of the block that failed its check; -1 when the share succeeded."""
+
+    @classmethod
+    def from_kernel(cls, result: np.ndarray) -> "ShareResult":
+        """The share's result row as the kernel wrote it (``row_reader_kernels.RESULT_FIELDS``: this order)."""
+        status, err, reads, nbytes, offset = (int(v) for v in result)
+        return cls(status=status, errno=err, reads=reads, bytes=nbytes, offset=offset)
+
+
+@dataclass(frozen=True)
+class _ReadPlan:
+    """One call's reads, as ``row_reader_kernels.read_groups`` takes them (its arguments of the same names)."""
+
+    span_start: np.ndarray
+    """int64 per span: its first byte in the file (page-aligned); ascending, disjoint."""
+    span_len: np.ndarray
+    """int64 per span: its bytes (whole pages, at most ``max_span``)."""
+    span_need: np.ndarray
+    """int64 per span: the bytes that must arrive (a span may run past the end of the file)."""
+    row_lo: np.ndarray
+    """int64 per span: the first row of the sorted request intersecting it."""
+    row_hi: np.ndarray
+    """int64 per span: one past the last row intersecting it."""
+    offsets: np.ndarray
+    """int64 per row: the request's offsets, sorted."""
+    dest: np.ndarray
+    """int64 per row: the row of ``out`` each sorted offset goes to."""
+    out: np.ndarray
+    """The caller's ``out`` as flat bytes."""
+    block_sums: np.ndarray
+    """The read checks the read threads verify (empty: none there, checked after the reads or not at all)."""
 
 
 class RowReader:
@@ -225,11 +271,12 @@ class RowReader:
             check_after = bool(len(self.block_sums)) and self.row_bytes % self.check_block == 0 and \
                 not np.any(off % self.check_block)
             in_threads = self.block_sums[:0] if check_after else self.block_sums
-            plan = (starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat, in_threads)
+            plan = _ReadPlan(span_start=starts, span_len=lengths, span_need=need, row_lo=row_lo, row_hi=row_hi,
+                             offsets=sorted_off, dest=sorted_dest, out=flat, block_sums=in_threads)
 
             results = self._run(plan)
             failure = _first_failure(results)
-            if failure is not None and failure[1] == errno.EINVAL and self.direct_active:
+            if failure is not None and failure.errno == errno.EINVAL and self.direct_active:
                 self._account(results, 0)
                 self._fall_back_to_buffered()
                 results = self._run(plan)
@@ -242,26 +289,26 @@ class RowReader:
                 if bad >= 0:
                     raise CorruptData(self.path, int(bad), f"the {self.check_block}-byte block")
             if failure is not None:
-                status, err, at = failure
-                if status == kernels.STATUS_CORRUPT:
+                at = failure.offset
+                if failure.status == kernels.STATUS_CORRUPT:
                     raise CorruptData(self.path, at, f"the {self.check_block}-byte block")
-                if status == kernels.STATUS_EOF:
+                if failure.status == kernels.STATUS_EOF:
                     raise OSError(errno.EIO, f"file ends at byte {at}, before the requested rows (truncated?)",
                                   self.path)
-                raise OSError(err, f"{os.strerror(err)} (pread at byte {at})", self.path)
-            return RowReadStats(count, int(results[:, 2].sum()), int(results[:, 3].sum()),
-                                time.perf_counter() - t0)
+                raise OSError(failure.errno, f"{os.strerror(failure.errno)} (pread at byte {at})", self.path)
+            return RowReadStats(rows=count, reads=sum(r.reads for r in results),
+                                bytes=sum(r.bytes for r in results), seconds=time.perf_counter() - t0)
 
-    def _run(self, plan: tuple[np.ndarray, ...]) -> np.ndarray:
-        starts, lengths = plan[0], plan[1]
-        spans = len(starts)
+    def _run(self, plan: _ReadPlan) -> list[ShareResult]:
+        """Read ``plan``'s spans, in shares of about equal bytes on the pool's threads (or here, for a few)."""
+        spans = len(plan.span_start)
         shares = 1 if self._pool is None or spans <= INLINE_MAX_SPANS else min(self.threads, spans)
         results = np.zeros((shares, kernels.RESULT_FIELDS), dtype=np.int64)
         if shares == 1:
             self._share(plan, 0, spans, self._bounce[0], results[0])
-            return results
+            return [ShareResult.from_kernel(results[0])]
         # contiguous shares of about equal bytes, so the threads finish together
-        cum = np.cumsum(lengths)
+        cum = np.cumsum(plan.span_len)
         cuts = np.searchsorted(cum, cum[-1] * np.arange(1, shares) / shares, side="left")
         bounds = np.concatenate(([0], cuts, [spans]))
         assert self._pool is not None
@@ -276,16 +323,17 @@ class RowReader:
             wait(futures)
         for fut in futures:
             fut.result()
-        return results
+        # a share left without spans keeps its zeros: STATUS_OK, nothing read
+        return [ShareResult.from_kernel(row) for row in results]
 
-    def _share(self, plan: tuple[np.ndarray, ...], g0: int, g1: int, bounce: np.ndarray, result: np.ndarray) -> None:
-        starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest, flat, sums = plan
-        kernels.read_groups(self._fd, starts, lengths, need, row_lo, row_hi, sorted_off, sorted_dest,
-                            self.row_bytes, flat, bounce, g0, g1, result, sums, self.check_block)
+    def _share(self, plan: _ReadPlan, g0: int, g1: int, bounce: np.ndarray, result: np.ndarray) -> None:
+        kernels.read_groups(self._fd, plan.span_start, plan.span_len, plan.span_need, plan.row_lo, plan.row_hi,
+                            plan.offsets, plan.dest, self.row_bytes, plan.out, bounce, g0, g1, result,
+                            plan.block_sums, self.check_block)
 
-    def _account(self, results: np.ndarray, rows: int) -> None:
-        self.reads += int(results[:, 2].sum())
-        self.bytes_read += int(results[:, 3].sum())
+    def _account(self, results: list[ShareResult], rows: int) -> None:
+        self.reads += sum(r.reads for r in results)
+        self.bytes_read += sum(r.bytes for r in results)
         self.rows_read += rows
 
     def close(self) -> None:
@@ -310,10 +358,6 @@ class RowReader:
         self.close()
 
 
-def _first_failure(results: np.ndarray) -> tuple[int, int, int] | None:
-    """(status, errno, offset) of the first failed share, or None."""
-    failed = np.flatnonzero(results[:, 0] != kernels.STATUS_OK)
-    if len(failed) == 0:
-        return None
-    status, err, _, _, at = (int(v) for v in results[failed[0]])
-    return status, err, at
+def _first_failure(results: list[ShareResult]) -> ShareResult | None:
+    """The first share that failed, or None."""
+    return next((r for r in results if r.status != kernels.STATUS_OK), None)

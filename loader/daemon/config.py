@@ -2,9 +2,11 @@
 
 Every option is documented in docs/CONFIG.md; defaults are given there and in each field's
 docstring. Errors name the table and key (``[sampler] fanouts: ...``) and the offending value.
-Unknown tables or keys are errors too: a typo must not silently fall back to a default.
+Unknown tables or keys are errors too: a typo must not silently fall back to a default. A renamed table
+(``RENAMED_TABLES``) is still read under its old name, with a warning.
 """
 
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -12,11 +14,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from loader.daemon.modes import DEFAULT_MODE, MODES, unknown_mode
 from proto.errors import UserError
 from proto.sizes import parse_size
 
 __all__ = [
-    "MODES", "SCHEDULES", "DatasetConfig", "ModeConfig", "ExactConfig",
+    "RENAMED_TABLES", "SCHEDULES", "DatasetConfig", "ModeConfig", "FullGraphConfig",
     "MemoryConfig", "HierarchyConfig", "SamplerConfig", "IOConfig", "PublisherConfig",
     "ServerConfig", "MetricsConfig", "LogConfig", "LoaderConfig", "load_config", "config_from_mapping",
 ]
@@ -28,7 +31,10 @@ class DatasetConfig:
     """Directory written by ``megabatch prepare`` (required)."""
 
 
-MODES = ("hierarchical", "exact", "static", "staged", "hybrid", "mmap", "inmemory")
+log = logging.getLogger("megabatch.config")
+
+RENAMED_TABLES = {"exact": "fullgraph"}
+"""Old table name -> new: the old one is still read, with a warning; both in one file is an error."""
 
 SCHEDULES = ("balanced", "random")
 """How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
@@ -36,22 +42,26 @@ SCHEDULES = ("balanced", "random")
 
 @dataclass(frozen=True)
 class ModeConfig:
-    mode: str = "hierarchical"
+    mode: str = DEFAULT_MODE
     """How training batches are made (default "hierarchical"): "hierarchical" (HierBatching mega-batches),
     "exact" (Ginex: full-graph sampling, neighbour cache, Belady feature cache from changesets),
     "static" (Ali+PG: full-graph sampling, static neighbour and degree-ranked feature caches),
     "staged" (the exact mode's batches, each superbatch's rows staged by one sequential pass over the
-    feature file into per-batch regions of a staging file under ``[exact] staging_dir``),
+    feature file into per-batch regions of a staging file under ``[fullgraph] staging_dir``),
     "hybrid" (the exact mode's batches, each superbatch's densest partitions loaded whole by one sequential
     pass, its other rows from a Belady cache and row reads),
-    "mmap" (PyG+: full-graph sampling over memory maps, readahead off), "inmemory" (all in RAM)."""
+    "mmap" (PyG+: full-graph sampling over memory maps, readahead off), "inmemory" (all in RAM). The values are the
+    keys of ``loader.daemon.modes.MODES``."""
 
 
 @dataclass(frozen=True)
-class ExactConfig:
-    superbatch: int = 64
-    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes (default 64; 512 in mode "staged",
-    whose pass over the feature file a longer superbatch shares between more batches, ``STAGED_SUPERBATCH``)."""
+class FullGraphConfig:
+    """``[fullgraph]`` (read as ``[exact]`` too, its old name): the options of the full-graph modes."""
+
+    superbatch: int | None = None
+    """Mini-batches sampled ahead at once (Ginex's S) in the full-graph modes, or None for the mode's own default
+    (``FullGraphMode.default_superbatch``: 64; 512 in mode "staged", whose pass over the feature file a longer
+    superbatch shares between more batches)."""
     sample_group: int = 16
     """Batches whose frontiers share one neighbour-list fetch per hop (default 16)."""
     neighbor_cache: int | None = None
@@ -62,14 +72,6 @@ class ExactConfig:
     """Mode "staged": the directory its staging files go to (unnamed files, kept for later superbatches and gone
     when the daemon stops; default /var/tmp, on disk where /tmp may be RAM). Each superbatch in flight takes its
     batches' feature bytes there."""
-
-
-STAGED_SUPERBATCH = 512
-"""``[exact] superbatch`` when unset in mode "staged": its pass over the feature file is shared by more batches the
-longer it is, and since its plan is charged for 256 batches' rows at most (``STAGED_PLAN_BATCHES``), a superbatch
-of 512 costs the feature cache nothing where its uncached rows fit that. On bench/compare's 1M-node graph at 448M,
-256 had run 47.9 batches/s against 45.6 at 128 and 46.8 at 512 when the plan was charged for every row of the
-superbatch (29k rows of cache lost at 512); docs/PERFORMANCE.md."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class LogConfig:
 class LoaderConfig:
     dataset: DatasetConfig
     loader: ModeConfig = ModeConfig()
-    exact: ExactConfig = ExactConfig()
+    fullgraph: FullGraphConfig = FullGraphConfig()
     memory: MemoryConfig = MemoryConfig()
     hierarchy: HierarchyConfig = HierarchyConfig()
     sampler: SamplerConfig = SamplerConfig()
@@ -307,27 +309,42 @@ def _mode(t: Mapping[str, Any]) -> ModeConfig:
     _check_keys("loader", t, ModeConfig)
     mode = t.get("mode", ModeConfig().mode)
     if mode not in MODES:
-        raise _fail("loader", "mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+        raise unknown_mode(mode)
     return ModeConfig(mode=mode)
 
 
-def _exact(t: Mapping[str, Any], base: Path, mode: str) -> ExactConfig:
-    _check_keys("exact", t, ExactConfig)
-    d = ExactConfig(superbatch=STAGED_SUPERBATCH) if mode == "staged" else ExactConfig()
+def _fullgraph(t: Mapping[str, Any], base: Path, table: str) -> FullGraphConfig:
+    """``table``: the name the file gave it (errors name what the user wrote, old name included)."""
+    _check_keys(table, t, FullGraphConfig)
+    d = FullGraphConfig()
 
     def cache(key: str) -> int | None:
         value = t.get(key, "auto")
         if value == "auto":
             return None
         # zero is a valid cache size (everything misses); parse_size insists on positive
-        return 0 if value in (0, "0") else _size("exact", key, value)
+        return 0 if value in (0, "0") else _size(table, key, value)
 
-    return ExactConfig(superbatch=_int("exact", "superbatch", t.get("superbatch", d.superbatch), minimum=1,
-                                       maximum=1 << 20),
-                       sample_group=_int("exact", "sample_group", t.get("sample_group", d.sample_group), minimum=1,
-                                         maximum=1 << 16),
-                       neighbor_cache=cache("neighbor_cache"), feature_cache=cache("feature_cache"),
-                       staging_dir=_path(base, _str("exact", "staging_dir", t.get("staging_dir", str(d.staging_dir)))))
+    superbatch = t.get("superbatch")
+    return FullGraphConfig(
+        superbatch=None if superbatch is None else _int(table, "superbatch", superbatch, minimum=1, maximum=1 << 20),
+        sample_group=_int(table, "sample_group", t.get("sample_group", d.sample_group), minimum=1, maximum=1 << 16),
+        neighbor_cache=cache("neighbor_cache"), feature_cache=cache("feature_cache"),
+        staging_dir=_path(base, _str(table, "staging_dir", t.get("staging_dir", str(d.staging_dir)))))
+
+
+def _renamed(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` with each old table name (``RENAMED_TABLES``) read as its new one, and what the file called each
+    renamed table; one warning per old name used, a UserError where both names are given."""
+    tables, spelled = dict(data), {}
+    for old, new in RENAMED_TABLES.items():
+        if old not in tables:
+            continue
+        if new in tables:
+            raise UserError(f"[{old}] and [{new}]: [{old}] is renamed [{new}]; keep only [{new}]")
+        log.warning("[%s] is renamed [%s]: rename the table (the old name is read for now)", old, new)
+        tables[new], spelled[new] = tables.pop(old), old
+    return tables, spelled
 
 
 def _sampler(t: Mapping[str, Any]) -> SamplerConfig:
@@ -382,6 +399,7 @@ def _ids(table: str, key: str, value: Any) -> tuple[int, ...]:
 
 def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> LoaderConfig:
     """Validate a parsed TOML document; relative paths resolve against ``base`` (the file's directory)."""
+    data, spelled = _renamed(data)
     known = {f.name for f in fields(LoaderConfig)}
     for name in data:
         if name not in known:
@@ -429,7 +447,8 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
 
     mode = _mode(_table(data, "loader"))
     return LoaderConfig(dataset=dataset, loader=mode,
-                        exact=_exact(_table(data, "exact"), base, mode.mode), memory=memory,
+                        fullgraph=_fullgraph(_table(data, "fullgraph"), base, spelled.get("fullgraph", "fullgraph")),
+                        memory=memory,
                         hierarchy=_hierarchy(_table(data, "hierarchy")),
                         sampler=_sampler(_table(data, "sampler")), io=io, publisher=publisher,
                         server=_server(_table(data, "server"), base), metrics=metrics, log=LogConfig(level))

@@ -32,7 +32,7 @@ from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_time
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
 from loader.sampling.ranks import LocalRanks
-from proto.messages import EpochEnd, ErrorCode
+from proto.messages import EpochEnd, Error, ErrorCode
 
 __all__ = ["Job", "JobMember", "JobRank", "JobFailed", "job_mismatch"]
 
@@ -55,8 +55,6 @@ class JobMember(Protocol):
 
     async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int,
                             pipeline: TrainPipeline, cache_plan: CachePlan | None) -> bool: ...
-
-    def refuse(self, message: str) -> None: ...
 
     def fail(self, code: str, message: str) -> None: ...
 
@@ -89,6 +87,11 @@ class _EpochStream:
     ends: dict[int, EpochEnd] = field(default_factory=dict)
     """rank -> its EpochEnd, once every batch is published (its session sends it, as its stream's last act: a
     client that answers with the next StartEpoch must find that stream over)."""
+    refusal: str | None = None
+    """Why a lone trainer's StartEpoch was refused (the pipeline is busy), sent by its session as that stream's
+    last act for the same reason as an EpochEnd: sent from here, it reached a client that asked again at once
+    while the session's stream was still finishing, and was refused a second time as "a stream is still
+    running"."""
     task: asyncio.Task[None] | None = None
 
     def started_event(self, rank: int) -> asyncio.Event:
@@ -227,10 +230,11 @@ class Job:
         return self.failure is not None or not self.members
 
     # -- training ---------------------------------------------------------------------------------
-    async def train(self, session: JobMember, rank: int, epoch: int) -> EpochEnd | None:
-        """Rank ``rank``'s StartEpoch(``epoch``): the first one starts the job's epoch; returns the rank's
-        EpochEnd once the epoch is over for every rank (None: the StartEpoch was refused, and the client
-        told why); JobFailed if the job failed."""
+    async def train(self, session: JobMember, rank: int, epoch: int) -> EpochEnd | Error | None:
+        """Rank ``rank``'s StartEpoch(``epoch``): the first one starts the job's epoch; returns what the session
+        sends as its stream's last act: the rank's EpochEnd once the epoch is over for every rank, or the
+        refusal's Error (a lone trainer, the pipeline busy); None when there is nothing to send (a drain);
+        JobFailed if the job failed."""
         if self.failure is not None:
             raise JobFailed(self.failure)
         stream = self._stream
@@ -244,6 +248,8 @@ class Job:
             raise JobFailed(self.failure or "")
         stream.started_event(rank).set()
         await asyncio.shield(stream.done)
+        if stream.refusal is not None:
+            return Error(ErrorCode.BAD_REQUEST, stream.refusal)
         return stream.ends.get(rank)
 
     async def _publish_epoch(self, stream: _EpochStream) -> None:
@@ -313,8 +319,7 @@ class Job:
         if self.name is not None:
             self.fail(reason)
             return
-        for member in self.members.values():
-            member.refuse(reason)
+        stream.refusal = reason
         if not stream.done.done():
             stream.done.set_result(None)
 

@@ -2,15 +2,19 @@
 
 A ``TrainingMode`` owns everything mode-specific: its share of ``[memory] budget`` (a
 ``BudgetPlan``), its caches, readers and buffers, the stages of a training stream
-(``start_pipeline``) and how evaluation batches are sampled and filled (``eval_access``). The
-daemon (``loader.daemon.server``) holds one and never asks which kind it is; ``loader.daemon.modes``
-opens the one a config names. docs/ARCHITECTURE.md, "Adding a mode", is the checklist.
+(``start_pipeline``) and how evaluation batches are sampled and filled (``eval_access``). What the
+daemon must know of a mode beyond that is a capability it asks the class or the instance
+(``loads_static_cache``, ``measures_quality``, ``cross_machine_problem``), never its name. The daemon
+(``loader.daemon.server``) holds one; ``loader.daemon.modes`` registers every mode and opens the one a
+config names through ``TrainingMode.open``. docs/ARCHITECTURE.md, "Adding a mode", is the checklist.
 """
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
-from loader.daemon.budget_plan import BudgetPlan
+from loader.daemon.budget_plan import BudgetPlan, FixedPart, fixed_part
+from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.resident import ResidentData
 from loader.daemon.serving import ServingContext
@@ -35,13 +39,50 @@ class ModeSetup:
     """A pilot sample's batch sizes, which bound the sampled passes a mode keeps in flight."""
     serving: ServingContext
 
+    @property
+    def fixed(self) -> FixedPart:
+        """Node arrays and slots: the part of the budget every mode's plan starts from."""
+        return fixed_part(self.dataset.manifest.num_nodes, self.sessions)
+
 
 class TrainingMode(ABC):
     """One ``[loader] mode``: its memory, its training stream's stages, its evaluation access."""
 
-    name: str
-    """The ``[loader] mode`` value."""
+    name: ClassVar[str]
+    """The ``[loader] mode`` value (its key in ``loader.daemon.modes.MODES``)."""
+    measures_quality: ClassVar[bool] = False
+    """Whether the mode measures its training quality (neighbour coverage, label skew) per epoch, so that
+    ``megabatch status`` reports it (default false: a full-graph mode's batches are the reference's)."""
     budget_plan: BudgetPlan
+
+    @classmethod
+    @abstractmethod
+    def open(cls, setup: ModeSetup) -> "TrainingMode":
+        """The one constructor the registry calls: plan the mode's share of the budget from ``setup`` (refused by
+        ``budget_plan.budget_too_small`` where it does not fit) and open the mode's files and buffers."""
+
+    @classmethod
+    def plan_budget(cls, setup: ModeSetup) -> BudgetPlan:
+        """The plan ``open`` would make from ``setup``, refused the same way, opening nothing (``serve --check``).
+
+        The default opens the mode and closes it again: right for any mode, but it allocates what the mode holds;
+        a mode whose ``open`` allocates or reads much overrides this with its planning step alone (every built-in
+        mode does, and its ``open`` calls it, so the two cannot disagree)."""
+        mode = cls.open(setup)
+        try:
+            return mode.budget_plan
+        finally:
+            mode.close()
+
+    @classmethod
+    def loads_static_cache(cls, config: LoaderConfig) -> bool:
+        """Whether the daemon loads the prepared static cache at startup, before the mode opens (default: no)."""
+        return False
+
+    def cross_machine_problem(self) -> str | None:
+        """Why this mode, as configured, cannot serve a training job whose ranks span machines (the daemons must
+        deal the same steps), or None (the default)."""
+        return None
 
     @abstractmethod
     def summary(self) -> str:

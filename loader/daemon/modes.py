@@ -1,53 +1,78 @@
-"""Open the ``TrainingMode`` a config names, after checking that the budget holds its fixed part.
+"""The registry of training modes: every ``[loader] mode`` and where its ``TrainingMode`` lives.
 
-The one place that knows every mode: the daemon calls ``open_mode`` and from then on sees only a
-``TrainingMode``. docs/ARCHITECTURE.md, "Adding a mode", lists what a new one needs.
+The one place that knows every mode. An entry is a ``"module:Class"`` string, imported when the mode is
+looked up, so opening one mode imports no other, and config.py can validate ``[loader] mode`` against
+``MODES`` without importing any mode (this module imports nothing of the daemon at load). The daemon calls
+``mode_class`` for what it must know before a mode opens (``loads_static_cache``) and ``open_mode`` to open
+it (``serve --check`` calls ``plan_mode``: the plan alone), and from then on sees only a ``TrainingMode``.
+docs/ARCHITECTURE.md, "Adding a mode", lists what a new one needs.
 """
 
-from loader.daemon.config import LoaderConfig
-from loader.daemon.fullgraph.fullgraph_modes import InMemoryMode, MmapMode
-from loader.daemon.fullgraph.hybrid import HybridMode
-from loader.daemon.fullgraph.outofcore import ExactMode, StaticMode, plan_outofcore
-from loader.daemon.fullgraph.staged import StagedMode
-from loader.daemon.hierarchical.mode import HierarchicalMode
-from loader.daemon.mode import ModeSetup, TrainingMode
-from loader.daemon.resident import NODE_ARRAY_BYTES
+import importlib
+from typing import TYPE_CHECKING
+
 from proto.errors import UserError
-from proto.sizes import format_size
 
-__all__ = ["open_mode", "loads_static_cache"]
+if TYPE_CHECKING:
+    from loader.daemon.budget_plan import BudgetPlan
+    from loader.daemon.mode import ModeSetup, TrainingMode
+
+__all__ = ["MODES", "DEFAULT_MODE", "unknown_mode", "mode_class", "open_mode", "plan_mode"]
+
+MODES: dict[str, str] = {
+    "hierarchical": "loader.daemon.hierarchical.mode:HierarchicalMode",
+    "exact": "loader.daemon.fullgraph.outofcore:ExactMode",
+    "static": "loader.daemon.fullgraph.outofcore:StaticMode",
+    "staged": "loader.daemon.fullgraph.staged:StagedMode",
+    "hybrid": "loader.daemon.fullgraph.hybrid:HybridMode",
+    "mmap": "loader.daemon.fullgraph.fullgraph_modes:MmapMode",
+    "inmemory": "loader.daemon.fullgraph.fullgraph_modes:InMemoryMode",
+}
+"""``[loader] mode`` -> ``"module:Class"`` of its ``TrainingMode``, in the order error messages list them."""
+
+DEFAULT_MODE = "hierarchical"
+"""``[loader] mode`` where the config leaves it unset."""
 
 
-def loads_static_cache(config: LoaderConfig) -> bool:
-    """Whether the daemon loads the prepared static cache at startup (only the hierarchical mode reads it)."""
-    return config.loader.mode == "hierarchical" and config.hierarchy.static_cache is not False
+def unknown_mode(name: object) -> UserError:
+    """The one-line error for a ``[loader] mode`` nobody registered (it lists those that are)."""
+    return UserError(f"[loader] mode: expected one of {', '.join(MODES)}, got {name!r}")
 
 
-def open_mode(setup: ModeSetup) -> TrainingMode:
-    """The ``[loader] mode`` backend; UserError when the budget cannot hold it."""
+def mode_class(name: str) -> "type[TrainingMode]":
+    """The ``TrainingMode`` registered as ``name``, its module imported now; UserError for an unknown name."""
+    from loader.daemon.mode import TrainingMode  # here, not at load: config.py imports this module
+
+    target = MODES.get(name)
+    if target is None:
+        raise unknown_mode(name)
+    module, _, attribute = target.partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    # a registry bug, not the user's: the entry must name a mode that calls itself by its key
+    if not (isinstance(cls, type) and issubclass(cls, TrainingMode)) or cls.name != name:
+        raise TypeError(f"MODES[{name!r}] = {target!r} is not a TrainingMode named {name!r}")
+    return cls
+
+
+def _fitting_mode(setup: "ModeSetup") -> "type[TrainingMode]":
+    """The configured mode's class, once the budget is known to hold the fixed part (node arrays and slots, refused
+    here in one place for every mode)."""
+    from loader.daemon.budget_plan import budget_too_small
+
     config = setup.serving.config
-    mode = config.loader.mode
-    if mode == "hierarchical":
-        return HierarchicalMode(setup)
-    m = setup.dataset.manifest
-    fixed = m.num_nodes * NODE_ARRAY_BYTES + setup.sessions.total
-    budget = config.memory.budget
-    if fixed > budget:
-        raise UserError(f"memory budget {format_size(budget)} is too small: node arrays and "
-                        f"{setup.sessions.describe()} need {format_size(fixed)}; raise [memory] budget or lower "
-                        f"[publisher] slots / [server] max_clients")
-    if mode == "inmemory":
-        return InMemoryMode(setup.serving, setup.dataset, fixed)
-    if mode == "mmap":
-        return MmapMode(setup.serving, setup.dataset, setup.resident.partitions, fixed, setup.pilot.eval)
-    batch = setup.pilot.train_or_zero
-    plan = plan_outofcore(config, setup.dataset, fixed, batch.nodes, batch.edges)
-    if mode == "exact":
-        return ExactMode(setup.serving, setup.dataset, plan)
-    if mode == "static":
-        return StaticMode(setup.serving, setup.dataset, plan)
-    if mode == "staged":
-        return StagedMode(setup.serving, setup.dataset, plan)
-    if mode == "hybrid":
-        return HybridMode(setup.serving, setup.dataset, plan)
-    raise AssertionError(f"config validation let mode {mode!r} through")
+    cls = mode_class(config.loader.mode)
+    fixed, budget = setup.fixed, config.memory.budget
+    if fixed.total > budget:
+        raise budget_too_small(budget, cls.name, fixed.parts(), "lower [publisher] slots / [server] max_clients")
+    return cls
+
+
+def open_mode(setup: "ModeSetup") -> "TrainingMode":
+    """Open the ``[loader] mode`` backend (``TrainingMode.open``); UserError when the budget cannot hold its fixed
+    part or the mode's own plan."""
+    return _fitting_mode(setup).open(setup)
+
+
+def plan_mode(setup: "ModeSetup") -> "BudgetPlan":
+    """The memory plan ``open_mode`` would open the mode with, refused alike, opening nothing (``serve --check``)."""
+    return _fitting_mode(setup).plan_budget(setup)

@@ -9,14 +9,16 @@ capped by the slots and a slow trainer stalls the whole pipeline through the bou
 
 import asyncio
 
+import numpy as np
+
 from loader.daemon.slot_source import SlotSource
-from loader.sampling.sampling import SampledPass
-from proto.batch_arrays import BatchShape, open_batch
+from loader.sampling.sampling import SampledBatch, SampledBatches
+from proto.batch_arrays import BatchShape, OpenBatch, open_batch
 from proto.errors import SlotOverflow
 from proto.messages import BatchId
 from proto.slots import SlotRing
 
-__all__ = ["SlotFlow", "fill_slot", "overflow_message"]
+__all__ = ["SlotFlow", "open_slot", "fill_slot", "overflow_message"]
 
 
 class SlotFlow:
@@ -72,24 +74,38 @@ class SlotFlow:
         self._changed.set()
 
 
-def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
-              source: SlotSource) -> int:
-    """Write batch ``b`` of ``sampled`` into ``slot`` and commit it; returns payload bytes.
+def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, source: SlotSource, *,
+              ids: np.ndarray | None = None, shipped_rows: int | None = None, num_updates: int = 0) -> OpenBatch:
+    """Lay ``batch`` out in ``slot`` and write all of it but its rows (``x``) and a client cache's arrays: ``n_id``
+    (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges and the per-hop counts. The caller fills
+    the rest and commits. ``shipped_rows``, ``num_updates``: a batch for a client with a feature cache
+    (``BatchShape``). Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
 
-    Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
+    What every batch carries is written here once, for ``fill_slot`` and ``TrainerCache.fill_slot`` alike.
     """
-    batch = sampled.batch(b)
     nodes = batch.nodes
     seeds = int(batch.num_sampled_nodes[0])
-    out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], sampled.num_hops,
-                                            source.feat_dim, source.feat_dtype))
+    out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], num_hops,
+                                            source.feat_dim, source.feat_dtype, shipped_rows=shipped_rows,
+                                            num_updates=num_updates))
     arrays = out.arrays
-    source.rows.fill(b, nodes, arrays.x)
-    arrays.n_id[:] = source.global_ids(nodes)
+    arrays.n_id[:] = source.global_ids(nodes) if ids is None else ids
     arrays.y[:] = source.labels(nodes[:seeds])
     arrays.edge_index[:] = batch.edge_index
     arrays.nodes_per_hop[:] = batch.num_sampled_nodes
     arrays.edges_per_hop[:] = batch.num_sampled_edges
+    return out
+
+
+def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatches, b: int,
+              source: SlotSource) -> int:
+    """Write batch ``b`` of ``sampled``, every row, into ``slot`` and commit it; returns payload bytes.
+
+    Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
+    """
+    batch = sampled.batch(b)
+    out = open_slot(ring, slot, batch, sampled.num_hops, source)
+    source.rows.fill(b, batch.nodes, out.arrays.x)
     return out.commit(batch_id)
 
 

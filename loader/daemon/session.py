@@ -24,6 +24,7 @@ from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.jobs import JobFailed, JobRank
 from loader.daemon.publisher import SlotFlow, fill_slot, overflow_message
+from loader.daemon.read_metrics import ClientInfo
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import SlotSource
 from loader.daemon.stages import SampledWork, TrainPipeline, run_in_pool, user_cause
@@ -31,7 +32,7 @@ from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
 from loader.sampling.inmemory import eval_split_batches, split_stream
 from loader.sampling.ranks import deal_eval
-from loader.sampling.sampling import SampledPass
+from loader.sampling.sampling import SampledBatches
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, SlotOverflow
 from proto.messages import (
@@ -107,6 +108,8 @@ class Session:
         """Set by the daemon at the handshake: the job the session is a rank of (a lone trainer's is its own)."""
         self.queues = False
         """The client waits in the training queue when the pipeline is busy (``Hello.queue``)."""
+        self.client_info: ClientInfo | None = None
+        """Set by the daemon once the session has joined its job: who the client is (``megabatch_client_info``)."""
         self.id = session_id
         self.peer = peer
         self._ctx = ctx
@@ -223,7 +226,7 @@ class Session:
 
     # -- outgoing streams ------------------------------------------------------------------------
     async def _publish(self, kind: str, epoch: int, pass_index: int, index: int, num_batches: int,
-                       sampled: SampledPass, b: int, source: SlotSource, cache_plan: CachePlan | None = None,
+                       sampled: SampledBatches, b: int, source: SlotSource, cache_plan: CachePlan | None = None,
                        global_seeds: int = 0, pipeline: TrainPipeline | None = None) -> bool:
         """Publish batch ``b`` of ``sampled``; with ``cache_plan`` (training batches of a client with a
         feature cache) only the rows the client's cache does not hold are shipped. False: the session
@@ -268,8 +271,10 @@ class Session:
             self._ctx.metrics.stage_busy.labels("publisher" if kind == "train" else "eval").inc(
                 time.perf_counter() - t0)
         self._seq += 1
-        self._ctx.metrics.published.labels(kind).inc()
-        self._ctx.metrics.published_bytes.inc(nbytes)
+        # the batch's every row counts as served, shipped or taken from a client's cache: amplification is the read
+        # path's, whatever the client keeps
+        served = int(sampled.node_ptr[b + 1] - sampled.node_ptr[b]) * source.feat_dim * source.feat_dtype.itemsize
+        self._ctx.metrics.count_published(kind, int(sampled.num_sampled_nodes[b, 0]), served, nbytes)
         self._send(BatchReady.announce(slot, batch_id, global_seeds))
         return True
 
@@ -307,11 +312,6 @@ class Session:
         return await self._publish("train", epoch, item.pass_index, step, item.epoch_batches, item.sampled, b,
                                    item.source, cache_plan, global_seeds=global_seeds, pipeline=pipeline)
 
-    def refuse(self, message: str) -> None:
-        """The StartEpoch cannot be served now (the pipeline is busy and this client does not queue)."""
-        if not self.closed:
-            self._send(Error(ErrorCode.BAD_REQUEST, message))
-
     def tell_queued(self, position: int, holder: str) -> None:
         """This session's StartEpoch waits for the training pipeline (only a client that asked to queue)."""
         if self.queues and not self.closed:
@@ -323,9 +323,9 @@ class Session:
         self._ctx.metrics.epoch.set(epoch)
         # JobFailed: the job has told every rank, this one included, and disconnected them
         with contextlib.suppress(JobFailed):
-            end = await self.job.job.train(self, self.job.rank, epoch)
-            if end is not None:
-                self._send(end)
+            last = await self.job.job.train(self, self.job.rank, epoch)
+            if last is not None and not self.closed:
+                self._send(last)
 
     async def _eval_stream(self, split: str) -> None:
         cfg = self._ctx.config.sampler

@@ -9,6 +9,7 @@ these types, so they live beside the publisher rather than inside either mode.
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ import numpy as np
 
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.publisher import SlotSource
-from loader.sampling.sampling import SampledPass
+from loader.sampling.sampling import SampledBatches
 from proto.errors import UserError
 
 __all__ = ["SampledWork", "EpochDone", "TrainPipeline", "run_in_pool", "run_timed", "user_cause"]
@@ -40,7 +41,7 @@ class SampledWork:
     """Called once the last batch of a ``last_pass`` item is published (hands its buffer back; the hierarchical
     pipeline also reports an epoch from its last pass's: the one point where the epoch is known delivered)."""
     pass_index: int
-    sampled: SampledPass
+    sampled: SampledBatches
     first_batch: int
     """Index within the epoch of this pass's first step (its first batch, for a single rank)."""
     epoch_batches: int
@@ -75,6 +76,9 @@ class TrainPipeline:
     failed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set with ``failure``: wakes a publisher that waits for a slot, not on ``output`` (its client may
     hold every slot, and would otherwise hear a stall timeout instead of the failure)."""
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set when ``stop`` begins: a stage's job already on a thread, which a cancel cannot reach, checks it to
+    give up early (a staging pass, between two chunks) instead of running to its end."""
 
     def add_stage(self, name: str, coro: Awaitable[None]) -> None:
         """Run ``coro`` as stage ``name``; its failure is recorded and wakes the publisher."""
@@ -95,7 +99,9 @@ class TrainPipeline:
         return item
 
     async def stop(self) -> None:
-        """Cancel every stage and wait for them (reads in flight land first)."""
+        """Cancel every stage and wait for them (reads in flight land first; jobs that check ``stopping`` end
+        early)."""
+        self.stopping.set()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -29,9 +29,9 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
+from loader.daemon.publisher import open_slot
 from loader.daemon.slot_source import SlotSource
-from loader.sampling.sampling import SampledPass
-from proto.batch_arrays import BatchShape, open_batch
+from loader.sampling.sampling import SampledBatches
 from proto.messages import BatchId
 from proto.slots import SlotRing
 
@@ -85,16 +85,17 @@ class TrainerCache:
         """Bytes held for the session's lifetime: the planner's per-node scratch and the batch scratch."""
         return self._planner.scratch_bytes + self._scratch.nbytes
 
-    def plan(self, sampled: SampledPass, source: SlotSource) -> CachePlan:
+    def plan(self, sampled: SampledBatches, source: SlotSource) -> CachePlan:
         """The plan for every batch of ``sampled``, from the state the previous superbatch left."""
         ids = source.global_ids(sampled.nodes)
         plan = self._planner.plan(sampled.node_ptr, ids, self._state, prefetch=False)
         self._state = plan.final_state
         return plan
 
-    def fill_slot(self, ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledPass, b: int,
+    def fill_slot(self, ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatches, b: int,
                   source: SlotSource, plan: CachePlan) -> CachedSlot:
-        """Write batch ``b`` of ``sampled`` into ``slot`` with only its missed rows in ``x``, and commit.
+        """Write batch ``b`` of ``sampled`` into ``slot`` with only its missed rows in ``x``, and commit (the rest of
+        the batch as every slot carries it: ``publisher.open_slot``).
 
         Raises ``SlotOverflow`` when the batch does not fit.
         """
@@ -103,10 +104,9 @@ class TrainerCache:
         hits = plan.hit_slots(b)
         miss = np.flatnonzero(hits < 0)
         change = plan.changeset(b)
-        seeds = int(batch.num_sampled_nodes[0])
-        out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], sampled.num_hops,
-                                                source.feat_dim, source.feat_dtype, shipped_rows=len(miss),
-                                                num_updates=len(change.slots)))
+        # n_id: the dataset ids the plan was made for
+        out = open_slot(ring, slot, batch, sampled.num_hops, source, ids=plan.ids(b), shipped_rows=len(miss),
+                        num_updates=len(change.slots))
         arrays = out.arrays
         x = arrays.x
         if source.rows.fills_any_subset:
@@ -118,11 +118,6 @@ class TrainerCache:
             scratch = self._scratch_for(len(nodes))
             source.rows.fill(b, nodes, scratch)
             copy_rows(row_words(scratch), miss, row_words(x), np.arange(len(miss), dtype=np.int64))
-        arrays.n_id[:] = plan.ids(b)  # the dataset ids the plan was made for
-        arrays.y[:] = source.labels(nodes[:seeds])
-        arrays.edge_index[:] = batch.edge_index
-        arrays.nodes_per_hop[:] = batch.num_sampled_nodes
-        arrays.edges_per_hop[:] = batch.num_sampled_edges
         assert arrays.hit_slot is not None and arrays.upd_slot is not None and arrays.upd_pos is not None
         arrays.hit_slot[:] = hits
         arrays.upd_slot[:] = change.slots

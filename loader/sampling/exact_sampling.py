@@ -7,8 +7,8 @@ from a ``NeighborCache`` (static, filled offline by rank) or, on a miss, from di
 ``NeighborReader``.
 
 Order of work (hop-major over groups): the pass is cut into groups of ``group_size`` batches
-(default 16, as ``[exact] sample_group``). For hop h of a group, the frontiers of all its batches are merged into one
-ascending set (each list fetched once per hop per group, however many batches reach the node:
+(default 16, as ``[fullgraph] sample_group``). For hop h of a group, the frontiers of all its batches are merged
+into one ascending set (each list fetched once per hop per group, however many batches reach the node:
 BatchGNN's macro-batch dedup); cached lists are addressed in place, the misses read in one
 coalesced request; then every batch of the group picks (Floyd, from
 ``loader.sampling.sampling_kernels``) and relabels against that frontier set. A larger group shares more
@@ -38,6 +38,7 @@ from types import TracebackType
 import numpy as np
 
 from loader.format.dataset import Dataset
+from loader.format.read_latency import ReadRecorder
 from loader.sampling.exact_sampling_kernels import (
     STATUS_BAD_NEIGHBOUR,
     append_group,
@@ -48,12 +49,13 @@ from loader.sampling.exact_sampling_kernels import (
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import DEFAULT_GAP_BYTES, DEFAULT_READ_THREADS, NeighborReader
 from loader.sampling.sampling import SampledPass, as_int, as_int_array, check_pass_args
+from loader.sampling.sampling_kernels import pick_table_size
 
 __all__ = ["ExactSampler", "ExactSamplingStats", "DEFAULT_GROUP_SIZE"]
 
 DEFAULT_GROUP_SIZE = 16
 """Batches per hop-major group: enough that hub lists are fetched once for many batches; the same as the
-daemon's ``[exact] sample_group`` default (``loader.daemon.config.ExactConfig``)."""
+daemon's ``[fullgraph] sample_group`` default (``loader.daemon.config.FullGraphConfig``)."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,9 @@ class ExactSampler:
         return ExactSamplingStats(self._passes, self._from_cache, self._from_disk, self._bytes_read,
                                   self._read_calls, self._fetch_seconds, self._compute_seconds)
 
-    def _fetch(self, union: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(list starts, degrees, read lists) of the ascending frontier set ``union``.
+    def _fetch(self, union: np.ndarray, on_read: ReadRecorder | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(list starts, degrees, read lists) of the ascending frontier set ``union``; its one read request (the
+        missed lists, coalesced) reported to ``on_read``.
 
         Starts are in the two-array space of ``loader.sampling.exact_sampling_kernels``: a cached list at
         its place in the cache, a read one after the cache's end.
@@ -154,39 +157,42 @@ class ExactSampler:
         if not missed.any():
             return starts, degrees, np.empty(0, dtype=self.reader.dtype)
         calls, nbytes = self.reader.read_calls, self.reader.bytes_read
+        started = time.perf_counter()
         lists = self.reader.read(union[missed])
-        self._read_calls += self.reader.read_calls - calls
-        self._bytes_read += self.reader.bytes_read - nbytes
+        calls, nbytes = self.reader.read_calls - calls, self.reader.bytes_read - nbytes
+        if on_read is not None:
+            on_read.record(time.perf_counter() - started, nbytes, calls)
+        self._read_calls += calls
+        self._bytes_read += nbytes
         self._from_disk += lists.num_lists
         starts[missed] = len(self.cache.lists) + lists.offsets[:-1]
         return starts, degrees, lists.lists
 
-    def sample_pass(self, seeds: np.ndarray, batch_size: int, fanouts: Sequence[int], keys: np.ndarray
-                    ) -> SampledPass:
+    def sample_pass(self, seeds: np.ndarray, batch_size: int, fanouts: Sequence[int], keys: np.ndarray, *,
+                    on_read: ReadRecorder | None = None) -> SampledPass:
         """Sample every batch of a pass: ``loader.sampling.sampling.sample_pass`` on the full graph, from cache
         and disk.
 
         seeds: node ids in batch order, cut into batches of ``batch_size`` (the last may be
         smaller), distinct within a batch; fanouts[h]: most neighbours per target at hop h+1,
-        -1 for all; keys: one uint64 per batch (``loader.sampling.sampling.batch_keys``).
+        -1 for all; keys: one uint64 per batch (``loader.sampling.sampling.batch_keys``); on_read: told of each
+        read request (one per hop per group that misses the cache), so a caller can tell apart the passes of
+        several callers sharing this sampler (training and evaluation).
         """
         seed_array, size, fanout_list, key_array = check_pass_args(seeds, batch_size, fanouts, keys, self.num_nodes)
         num_batches = len(key_array)
         with self._lock:
-            return self._sample(seed_array, size, fanout_list, key_array, num_batches)
+            return self._sample(seed_array, size, fanout_list, key_array, num_batches, on_read)
 
-    def _sample(self, seeds: np.ndarray, batch_size: int, fanouts: list[int], keys: np.ndarray, num_batches: int
-                ) -> SampledPass:
+    def _sample(self, seeds: np.ndarray, batch_size: int, fanouts: list[int], keys: np.ndarray, num_batches: int,
+                on_read: ReadRecorder | None) -> SampledPass:
         mark, slot = self._mark, self._slot
         batch, seed = first_duplicate_seed(seeds, batch_size, mark)
         if batch >= 0:
             raise ValueError(f"seeds: local id {seed} occurs twice in batch {batch}")
         num_hops = len(fanouts)
         max_fanout = max([1, *fanouts])
-        table_size = 2
-        while table_size < 2 * max_fanout:
-            table_size *= 2
-        table = np.empty(table_size, dtype=np.int64)
+        table = np.empty(pick_table_size(max_fanout), dtype=np.int64)
         chosen = np.empty(max_fanout, dtype=np.int64)
         node_ptr = np.zeros(num_batches + 1, dtype=np.int64)
         edge_ptr = np.zeros(num_batches + 1, dtype=np.int64)
@@ -221,7 +227,7 @@ class ExactSampler:
                 # next pass (a retried epoch) starts from a dirty map
                 try:
                     if fanout != 0:
-                        starts, degrees, read_lists = self._fetch(union)
+                        starts, degrees, read_lists = self._fetch(union, on_read)
                     else:
                         starts = degrees = np.empty(0, dtype=np.int64)
                         read_lists = np.empty(0, dtype=self.reader.dtype)

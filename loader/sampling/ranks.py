@@ -22,16 +22,27 @@ batches: evaluation has no collective per batch, only one reduction of the count
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
 from loader.sampling.inmemory import STREAM_TRAIN, STREAM_TRAIN_RANK, EpochBatches, num_batches, shuffle_key
-from loader.sampling.sampling import as_int_array, batch_keys, concat_passes, empty_pass, shuffle
+from loader.sampling.sampling import (
+    SampledBatches,
+    SampledPass,
+    as_int_array,
+    batch_keys,
+    concat_passes,
+    empty_pass,
+    shuffle,
+)
 
 __all__ = ["RankBatches", "LocalRanks", "SINGLE_RANK", "Pieces", "check_rank", "num_steps", "piece_bounds", "rank_keys",
            "deal_epoch", "deal_eval", "deal_pieces", "piece_keys", "gather_pieces",
-           "sample_pieces"]
+           "sample_pieces", "sample_pieces_with"]
+
+Passes = TypeVar("Passes", bound=SampledBatches)
+"""What the ``sample`` of a ``sample_pieces_with`` call returns (a ``SampledPass``, or staged's ``SpilledPass``)."""
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -253,11 +264,19 @@ def piece_keys(seed: int, epoch: int, local: LocalRanks, first_step: int, steps:
     return np.stack(keys, axis=1).reshape(-1)
 
 
-def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], Any], order: np.ndarray, pieces: Pieces,
-                  batch_size: int, keys: np.ndarray, num_hops: int,
-                  concat: Callable[[list[Any]], Any] = concat_passes) -> Any:
+def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], SampledPass], order: np.ndarray, pieces: Pieces,
+                  batch_size: int, keys: np.ndarray, num_hops: int) -> SampledPass:
     """Piece i of ``pieces`` (seeds ``order[start[i]:start[i] + size[i]]``) sampled with ``keys[i]`` as batch i
-    of one pass. ``sample(seeds, batch_size, keys)`` samples consecutive batches (``sample_pass`` semantics).
+    of one pass in RAM (``sample_pieces_with``, the parts joined by ``concat_passes``)."""
+    return sample_pieces_with(sample, order, pieces, batch_size, keys, num_hops, concat_passes)
+
+
+def sample_pieces_with(sample: Callable[[np.ndarray, int, np.ndarray], Passes], order: np.ndarray, pieces: Pieces,
+                       batch_size: int, keys: np.ndarray, num_hops: int,
+                       concat: Callable[[list[Passes | SampledPass]], Passes | SampledPass]) -> Passes | SampledPass:
+    """Piece i of ``pieces`` (seeds ``order[start[i]:start[i] + size[i]]``) sampled with ``keys[i]`` as batch i
+    of one pass. ``sample(seeds, batch_size, keys)`` samples consecutive batches (``sample_pass`` semantics);
+    ``concat`` joins the parts, each of them ``sample``'s or an ``empty_pass`` (a rank's empty piece), into one.
 
     Every piece but those of the last global batch holds ``batch_size`` seeds: they are sampled in one call,
     with a short non-empty last piece when it is the only short one (``sample`` cuts a short last batch
@@ -271,7 +290,7 @@ def sample_pieces(sample: Callable[[np.ndarray, int, np.ndarray], Any], order: n
         full -= 1
     if full == pieces.count - 1 and pieces.size[full] > 0:
         full = pieces.count
-    parts: list[Any] = []
+    parts: list[Passes | SampledPass] = []
     if full:
         seeds = gather_pieces(order, pieces.start[:full], pieces.size[:full])
         parts.append(sample(seeds, batch_size, keys[:full]))

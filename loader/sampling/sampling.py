@@ -42,13 +42,14 @@ fanout bound, so time and memory follow the output, not B * prod(fanouts) nor B 
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from loader.sampling.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
-__all__ = ["CSCGraph", "SampledBatch", "SampledPass", "batch_keys", "shuffle", "sample_pass", "check_pass_args",
-           "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass"]
+__all__ = ["CSCGraph", "SampledBatch", "SampledBatches", "SampledPass", "batch_keys", "shuffle", "sample_pass",
+           "check_pass_args", "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -143,6 +144,43 @@ class SampledBatch:
     num_sampled_edges: np.ndarray
 
 
+class SampledBatches(Protocol):
+    """A pass of sampled batches as the daemon's stages read it: the full-graph planners (``rows_for``), the
+    publisher and a client's feature cache. Two types have it: ``SampledPass`` (the whole pass in RAM) and
+    the staged mode's ``SpilledPass`` (``loader.staging.spilled_pass``: per-batch tables in RAM, ids and edges
+    read back from a spill file), so a consumer typed against this works with either and reads nothing else.
+    """
+
+    @property
+    def num_batches(self) -> int: ...
+
+    @property
+    def num_hops(self) -> int: ...
+
+    @property
+    def node_ptr(self) -> np.ndarray:
+        """int64 [B + 1]: batch b is nodes ``node_ptr[b]:node_ptr[b + 1]`` of the pass."""
+        ...
+
+    @property
+    def num_sampled_nodes(self) -> np.ndarray:
+        """int64 [B, L + 1]: batch b's nodes per hop (column 0: its seeds), in RAM (the publisher counts seeds)."""
+        ...
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """Every batch's ids, concatenated (a spilled pass reads all of them back: ``node_ids`` reads a slice)."""
+        ...
+
+    def node_ids(self, begin: int, end: int) -> np.ndarray:
+        """Nodes ``begin:end`` of the pass, across batches (int32 or int64); ``IndexError`` outside the pass."""
+        ...
+
+    def batch(self, b: int) -> SampledBatch:
+        """Batch ``b`` (0 <= b < num_batches), ids as int64; ``IndexError`` outside the pass."""
+        ...
+
+
 @dataclass(frozen=True)
 class SampledPass:
     """Every batch of one pass, concatenated: batch b owns ``nodes[node_ptr[b]:node_ptr[b+1]]``
@@ -182,6 +220,12 @@ class SampledPass:
                             num_sampled_nodes=self.num_sampled_nodes[b],
                             num_sampled_edges=self.num_sampled_edges[b])
 
+    def node_ids(self, begin: int, end: int) -> np.ndarray:
+        """Nodes ``begin:end`` of the pass (a view of ``nodes``), checked as ``SpilledPass.node_ids`` checks them."""
+        if not 0 <= begin <= end <= len(self.nodes):
+            raise IndexError(f"nodes {begin}:{end} outside the pass's {len(self.nodes)}")
+        return self.nodes[begin:end]
+
     def max_batch_nodes(self) -> int:
         """Most nodes in any batch (0 for an empty pass): sizes a shared-memory slot."""
         return int(np.diff(self.node_ptr).max()) if self.num_batches else 0
@@ -189,6 +233,10 @@ class SampledPass:
     def max_batch_edges(self) -> int:
         """Most edges in any batch (0 for an empty pass)."""
         return int(np.diff(self.edge_ptr).max()) if self.num_batches else 0
+
+
+if TYPE_CHECKING:  # mypy checks here, not only where a consumer takes one, that a SampledPass is SampledBatches
+    _in_ram: type[SampledBatches] = SampledPass
 
 
 def empty_pass(num_batches: int, num_hops: int) -> SampledPass:

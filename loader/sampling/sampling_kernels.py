@@ -8,8 +8,8 @@ import numpy as np
 
 from loader.jit import kernel
 
-__all__ = ["GAMMA", "mix64", "number_first_seen", "sample_pass_kernel", "STATUS_OK", "STATUS_DUPLICATE_SEED",
-           "STATUS_BAD_NEIGHBOUR"]
+__all__ = ["GAMMA", "mix64", "number_first_seen", "pick_table_size", "sample_pass_kernel", "STATUS_OK",
+           "STATUS_DUPLICATE_SEED", "STATUS_BAD_NEIGHBOUR"]
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 """The splitmix64 increment (2^64 / golden ratio, odd)."""
@@ -50,6 +50,19 @@ def _grown(buffer: np.ndarray, used: int, need: int, projected: int) -> np.ndarr
 
 
 @kernel
+def pick_table_size(fanout: int) -> int:
+    """Entries of the open-addressing set in which Floyd's algorithm marks ``fanout`` picks: the smallest power
+    of two that is at least 2 and at least ``2 * fanout``, so the set is never more than half full.
+
+    A table this size for the largest fanout of a pass serves every smaller one (``_floyd_positions`` uses
+    the first ``pick_table_size(fanout)`` entries)."""
+    size = 2
+    while size < 2 * fanout:
+        size *= 2
+    return size
+
+
+@kernel
 def _floyd_positions(degree: int, fanout: int, target_key: np.uint64, table: np.ndarray,
                      chosen: np.ndarray) -> None:
     """Fill ``chosen[:fanout]`` with distinct positions in [0, degree), in Floyd's insertion order.
@@ -59,9 +72,7 @@ def _floyd_positions(degree: int, fanout: int, target_key: np.uint64, table: np.
     taken already. Membership is an open-addressing set in ``table`` keyed by the low bits
     of the position, which are uniform because positions are drawn uniformly.
     """
-    size = 2
-    while size < 2 * fanout:
-        size *= 2
+    size = pick_table_size(fanout)
     mask = size - 1
     table[:size] = -1
     for j in range(fanout):
@@ -195,10 +206,7 @@ def sample_pass_kernel(indptr: np.ndarray, indices: np.ndarray, global_ids: np.n
     max_fanout = 1
     for h in range(num_hops):
         max_fanout = max(max_fanout, fanouts[h])
-    table_size = 2
-    while table_size < 2 * max_fanout:
-        table_size *= 2
-    table = np.empty(table_size, dtype=np.int64)
+    table = np.empty(pick_table_size(max_fanout), dtype=np.int64)
     chosen = np.empty(max_fanout, dtype=np.int64)
     starts = np.empty(1, dtype=np.int64)
     degrees = np.empty(1, dtype=np.int64)

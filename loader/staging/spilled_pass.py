@@ -17,25 +17,27 @@ Record of batch b in the spill file, at a 4 KiB-aligned offset (O_DIRECT both wa
     edge_dst int32 [E_b]                                (batch-local positions, as in SampledPass)
 
 The XXH3-64 of each record's ids and of its edges are kept in RAM and checked on read, as staged rows
-are: the file is ours, the disk under it is not. A ``SpilledPass`` quacks like ``SampledPass`` where
-the publisher looks (``num_batches``, ``num_hops``, ``node_ptr``, ``batch``, ``max_batch_nodes``);
-its ``nodes`` reads every batch's ids back (for callers that need them all at once).
+are: the file is ours, the disk under it is not. A ``SpilledPass`` is ``SampledBatches``
+(``loader.sampling.sampling``), as a ``SampledPass`` is: the stages after the sampler take either; its
+``nodes`` reads every batch's ids back (for callers that need them all at once), ``node_ids`` a slice.
 """
 
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
 from loader.format.read_checks import CorruptData
-from loader.sampling.sampling import SampledBatch, SampledPass
+from loader.sampling.sampling import SampledBatch, SampledBatches, SampledPass
 from loader.staging.scratch_files import SCRATCH_ALIGN, ScratchFiles, aligned_buffer, read_exactly
 
 __all__ = ["SpillFile", "SpilledPass", "spill_batches", "concat_spilled", "id_dtype", "SPILL_GROWTH",
@@ -83,6 +85,9 @@ class SpillFile:
         self._count = threading.Lock()  # bytes_read: the publisher, its read ahead and the planner count into it
         self.bytes_written = 0
         self.bytes_read = 0
+        # the reads ``take_reads`` has not handed out yet: their bytes and each one's seconds
+        self._untaken_bytes = 0
+        self._untaken_seconds: list[float] = []
 
     def append(self, sampled: SampledPass, ids: np.dtype) -> np.ndarray:
         """Write every batch of ``sampled`` (its ids as ``ids``, its edges) as one record each, in one write; their
@@ -181,10 +186,22 @@ class SpillFile:
         """The first ``nbytes`` of record ``record`` (whole pages), read into a new buffer."""
         length = max(SCRATCH_ALIGN, -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN)
         buffer = aligned_buffer(length)
+        started = time.perf_counter()
         read_exactly(self._read_fd, buffer, self._base[record], length, "spill")
+        seconds = time.perf_counter() - started
         with self._count:
             self.bytes_read += length
+            self._untaken_bytes += length
+            self._untaken_seconds.append(seconds)
         return buffer
+
+    def take_reads(self) -> tuple[int, list[float]]:
+        """(bytes, each read's seconds) of the reads since the last call: the publisher reports them with the batch
+        that read them (reads of the planner and of the read ahead included), once each."""
+        with self._count:
+            taken = (self._untaken_bytes, self._untaken_seconds)
+            self._untaken_bytes, self._untaken_seconds = 0, []
+        return taken
 
     @property
     def records(self) -> int:
@@ -259,6 +276,10 @@ class SpilledPass:
     def close(self) -> None:
         """Free the spill file (every batch is published, or the stream stopped)."""
         self.spill.close()
+
+
+if TYPE_CHECKING:  # mypy checks here, not only where a stage takes one, that a SpilledPass is SampledBatches
+    _spilled: type[SampledBatches] = SpilledPass
 
 
 def spill_batches(sampled: SampledPass, spill: SpillFile, ids: np.dtype) -> SpilledPass:

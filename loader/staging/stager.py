@@ -8,31 +8,33 @@ writes each batch's rows (``loader.staging.window_plan``: file order, one region
 staging file: on SSD under ``staging_dir`` (an unnamed O_TMPFILE, gone when the stager closes or the
 process dies, and rewritten by later windows meanwhile, ``ScratchFiles``; O_DIRECT where the
 filesystem takes it, else written through the page cache and flushed every ``flush_bytes``), or in
-RAM (a memfd) without one. A read-ahead thread reads the next chunk while the stager copies the current one's
-rows out and writes them, so the disk and the copies overlap. At publish, ``read_batch`` reads a
-batch's region back sequentially, in pieces of at most ``READ_BACK_BYTES``, and gathers its rows into the
-sampled order. The batches are the exact mode's, so their features equal the in-memory sampler's
-bitwise; only where they come from changes. This is DiskGNN's packed per-batch layout (arXiv
-2405.05231) built online per window, with AGNES's block reads (arXiv 2601.01473) as the way in.
+RAM (a memfd) without one. The pass is a ``SequentialReader``'s (``loader.staging.sequential_reader``: read
+ahead, checked, stopped between chunks when its stream stops), and the stager writes one chunk's rows out while
+the next is read. At publish, ``read_batch`` reads a batch's region back sequentially, in pieces of at most
+``READ_BACK_BYTES``, and gathers its rows into the sampled order. The batches are the exact mode's, so their
+features equal the in-memory sampler's bitwise; only where they come from changes. This is DiskGNN's packed
+per-batch layout (arXiv 2405.05231) built online per window, with AGNES's block reads (arXiv 2601.01473) as the
+way in.
 
 Every byte is checked where it is read: the file's chunks against the dataset's block checksums
 (format 1.2, as the row reader does), each batch's region against the XXH3-64 of what was written
-into it (a staging file is ours, but the disk under it is not).
+into it (a staging file is ours, but the disk under it is not). A window whose pass stops (``PassStopped``)
+gives its staging file back and is never read.
 
-Memory held (``stager_buffer_bytes``): two chunk buffers (``chunk_bytes`` plus one row's pages each, O_DIRECT
-aligned), a scatter buffer (``scatter_bytes``), two read-back buffers of a piece of a region each
-(``READ_BACK_BYTES`` at most: the next piece is read ahead while one is gathered), and, with O_DIRECT
-writes, a second scatter buffer and a partial page per batch of the window, else about twice
-``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
+Memory held (``stager_buffer_bytes``): the reader's (``reader_buffer_bytes``: two chunk buffers of
+``chunk_bytes`` plus one row's pages each, O_DIRECT aligned, and a scatter buffer of ``scatter_bytes``), two
+read-back buffers of a piece of a region each (``READ_BACK_BYTES`` at most: the next piece is read ahead while
+one is gathered), and, with O_DIRECT writes, a second scatter buffer and a partial page per batch of the window,
+else about twice ``flush_bytes`` of staging writes in the page cache (dirty, or written back and not yet dropped).
 """
 
 import ctypes
-import errno
 import mmap
 import os
 import threading
+import time
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -42,18 +44,24 @@ import numpy as np
 import xxhash
 
 from loader.caches.changeset_kernels import copy_rows
-from loader.format.read_checks import CorruptData, verify_blocks
-from loader.staging.scratch_files import ScratchFile, ScratchFiles, aligned_buffer, open_direct, read_exactly
-from loader.staging.staging_kernels import copy_rows_from, scatter_pieces
+from loader.format.read_checks import CorruptData
+from loader.staging.scratch_files import ScratchFile, ScratchFiles, aligned_buffer, read_exactly
+from loader.staging.sequential_reader import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_SCATTER_BYTES,
+    SequentialReader,
+    StagingStats,
+    equal_runs,
+    reader_buffer_bytes,
+    scatter_buffer_bytes,
+)
+from loader.staging.staging_kernels import scatter_pieces
 from loader.staging.window_plan import STAGING_ALIGN, WindowPlan
 
+# the pass's sizes and stats are the reader's; named here too for the stager's callers
 __all__ = ["WindowStager", "StagedWindow", "StagingStats", "stager_buffer_bytes", "DEFAULT_CHUNK_BYTES",
            "DEFAULT_SCATTER_BYTES", "FLUSH_BYTES"]
 
-DEFAULT_CHUNK_BYTES = 8 << 20
-"""Bytes of ``features.bin`` per sequential read: large enough for the disk's sequential rate."""
-DEFAULT_SCATTER_BYTES = 32 << 20
-"""Most bytes of rows gathered before they are written out (a chunk's rows times the batches that want them)."""
 FLUSH_BYTES = 64 << 20
 """Staging bytes written to a file on disk between two flushes. A flush starts the write-back of what is
 dirty (``sync_file_range``, not waiting) and drops from the page cache what the previous flush wrote
@@ -84,16 +92,6 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 @dataclass
-class StagingStats:
-    """What staging one window cost."""
-
-    chunks: int = 0
-    file_bytes_read: int = 0
-    staged_bytes: int = 0
-    writes: int = 0
-
-
-@dataclass
 class StagedWindow:
     """One window's staging file, ready to read back; ``close`` gives the file back (to be rewritten by a later
     window, or closed)."""
@@ -105,7 +103,7 @@ class StagedWindow:
     release: Callable[[ScratchFile], None] = ScratchFile.close
     """What ``close`` does with the file (``ScratchFiles.give``)."""
     stats: StagingStats = field(default_factory=StagingStats)
-    reading: "Future[tuple[mmap.mmap, int]] | None" = None
+    reading: "Future[tuple[mmap.mmap, int, float]] | None" = None
     """A read ahead of a piece of one of its regions in flight (``close`` waits for it: it reads ``read_fd``)."""
 
     def __post_init__(self) -> None:
@@ -143,12 +141,6 @@ def _piece_buffer_bytes(row_bytes: int, rows: int) -> int:
     return -(-rows * row_bytes // STAGING_ALIGN) * STAGING_ALIGN + (STAGING_ALIGN if rows else 0)
 
 
-def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first, end) positions of each run of equal values in ``keys`` (non-empty)."""
-    first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    return first, np.append(first[1:], len(keys))
-
-
 def _start_writeback(fd: int) -> None:
     """Start writing back ``fd``'s dirty pages without waiting for them (``fdatasync`` where the libc lacks
     ``sync_file_range``)."""
@@ -158,14 +150,13 @@ def _start_writeback(fd: int) -> None:
 
 def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, scatter_bytes: int, flush_bytes: int,
                         on_disk: bool, direct_writes: bool = False, window_batches: int = 0) -> int:
-    """RAM a ``WindowStager`` of these sizes holds: two chunk buffers, the scatter buffer, two read-back buffers
+    """RAM a ``WindowStager`` of these sizes holds: its reader's (``reader_buffer_bytes``), two read-back buffers
     of a piece of a region, at most ``READ_BACK_BYTES`` or a batch of ``batch_rows`` distinct rows (one read
     ahead) and, staging on disk, either a second scatter buffer and a partial page per batch of a window of
     ``window_batches`` (``direct_writes``: O_DIRECT, nothing in the page cache) or twice ``flush_bytes`` of the
     page cache (the writes since the last flush, and those it sent to the disk, dropped at the next)."""
-    tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
-    chunk = -(-(chunk_bytes + tail) // STAGING_ALIGN) * STAGING_ALIGN
-    scatter = -(-max(scatter_bytes, chunk_bytes + tail + 2 * STAGING_ALIGN) // STAGING_ALIGN) * STAGING_ALIGN
+    reader = reader_buffer_bytes(row_bytes=row_bytes, chunk_bytes=chunk_bytes, scatter_bytes=scatter_bytes)
+    scatter = scatter_buffer_bytes(row_bytes=row_bytes, chunk_bytes=chunk_bytes, scatter_bytes=scatter_bytes)
     back = 2 * _piece_buffer_bytes(row_bytes, min(batch_rows, _piece_rows(row_bytes)))
     if not on_disk:
         pages = 0
@@ -173,7 +164,7 @@ def stager_buffer_bytes(*, row_bytes: int, batch_rows: int, chunk_bytes: int, sc
         pages = window_batches * STAGING_ALIGN + scatter  # and the second scatter buffer
     else:
         pages = 2 * flush_bytes
-    return 2 * chunk + scatter + back + pages
+    return reader + back + pages
 
 
 class WindowStager:
@@ -184,44 +175,34 @@ class WindowStager:
     direct: O_DIRECT for the file's chunks (falls back to buffered where refused); direct_scratch:
     O_DIRECT for the staging files' writes and read-backs where their filesystem takes it (default: as
     ``direct``); chunk_bytes, scatter_bytes, flush_bytes: the buffers (``stager_buffer_bytes`` sums what
-    they hold). ``stage`` calls are serialized, as are ``read_batch`` calls; one of each may run at once.
+    they hold). ``stage`` calls are serialized with each other and with ``reader``'s passes, ``read_batch`` calls
+    with each other; one of each may run at once.
     """
 
     def __init__(self, features_path: str | os.PathLike[str], *, row_bytes: int, staging_dir: Path | None,
                  block_sums: np.ndarray | None = None, check_block: int = 4096, direct: bool = True,
                  direct_scratch: bool | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  scatter_bytes: int = DEFAULT_SCATTER_BYTES, flush_bytes: int = FLUSH_BYTES) -> None:
-        if row_bytes <= 0:
-            raise ValueError(f"row_bytes: {row_bytes} is not positive")
-        if chunk_bytes < STAGING_ALIGN or chunk_bytes % STAGING_ALIGN:
-            raise ValueError(f"chunk_bytes: {chunk_bytes} is not a positive multiple of {STAGING_ALIGN}")
-        self.path = Path(features_path)
-        self.row_bytes = row_bytes
+        self.reader = SequentialReader(features_path, row_bytes=row_bytes, block_sums=block_sums,
+                                       check_block=check_block, direct=direct, chunk_bytes=chunk_bytes,
+                                       scatter_bytes=scatter_bytes)
+        """The file's checked sequential passes (a cache's rows load by its ``read_rows``)."""
+        self.path, self.row_bytes, self.chunk_bytes = self.reader.path, row_bytes, chunk_bytes
+        self.file_size, self.scatter_bytes = self.reader.file_size, self.reader.scatter_bytes
         self.staging_dir = staging_dir
-        self.block_sums = block_sums
-        self.check_block = check_block
-        self.chunk_bytes = chunk_bytes
-        # a chunk's read runs past its end by the pages of a row that starts inside it
-        self._tail = -(-row_bytes // STAGING_ALIGN) * STAGING_ALIGN
-        # a chunk's rows for one batch, after that batch's partial page and up to a page of padding
-        self.scatter_bytes = max(scatter_bytes, chunk_bytes + self._tail + 2 * STAGING_ALIGN)
-        self.direct = direct
         self.flush_bytes = flush_bytes
-        self._stage_lock = threading.Lock()
+        # a window is staged from the reader's buffers, so it holds the reader's lock throughout
+        self._stage_lock = self.reader.lock
         self._read_lock = threading.Lock()
-        self._fd = self._open(self.path, os.O_RDONLY)
         # staging files are rewritten by later windows (O_DIRECT writes into holes are slow; ScratchFiles)
         scratch = direct if direct_scratch is None else direct_scratch
         self._files = ScratchFiles(staging_dir, direct_reads=scratch, direct_writes=scratch, keep=KEPT_FILES)
-        self.file_size = os.fstat(self._fd).st_size
-        self._chunks = (aligned_buffer(chunk_bytes + self._tail), aligned_buffer(chunk_bytes + self._tail))
-        self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix="megabatch-staging")
         self._writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="megabatch-stage-write")
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="megabatch-flush")
         self._flushing: Future[None] | None = None
         # O_DIRECT writes leave from the scatter buffers: one is filled while the other's writes are in flight
         # (the second is touched only by direct writes, so only they hold its pages)
-        self._scatters = [np.frombuffer(aligned_buffer(self.scatter_bytes), dtype=np.uint8) for _ in range(2)]
+        self._scatters = [self.reader.scatter, np.frombuffer(aligned_buffer(self.scatter_bytes), dtype=np.uint8)]
         self._scatter = self._scatters[0]  # the buffered path's, and the last pages'
         self._writing: list[list[Future[None]]] = [[], []]
         self._turn = 0
@@ -231,15 +212,18 @@ class WindowStager:
         self._backs: list[mmap.mmap | None] = [None, None]
         self._back_turn = 0
         self._read_back = ThreadPoolExecutor(1, thread_name_prefix="megabatch-readback")
-        self._ahead: tuple[StagedWindow, int, int, Future[tuple[mmap.mmap, int]]] | None = None
+        self._ahead: tuple[StagedWindow, int, int, Future[tuple[mmap.mmap, int, float]]] | None = None
         self._unflushed = 0
 
-    def _open(self, path: Path, flags: int) -> int:
-        fd, self.direct = open_direct(path, flags, self.direct)
-        return fd
+    @property
+    def direct(self) -> bool:
+        """The file's chunks are read with O_DIRECT."""
+        return self.reader.direct
 
-    def stage(self, plan: WindowPlan) -> StagedWindow:
-        """Read every chunk of the file holding a row of ``plan`` once, in order, and write the rows out."""
+    def stage(self, plan: WindowPlan, stop: threading.Event | None = None) -> StagedWindow:
+        """Read every chunk of the file holding a row of ``plan`` once, in order, and write the rows out. Raises
+        ``PassStopped`` between two chunks once ``stop`` is set (or the stager closes), its staging file given
+        back and its writes landed."""
         if plan.row_bytes != self.row_bytes:
             raise ValueError(f"plan: rows of {plan.row_bytes} bytes, the file has {self.row_bytes}")
         if plan.chunk_bytes != self.chunk_bytes:
@@ -248,18 +232,18 @@ class WindowStager:
         if len(starts) and int(starts[-1]) + self._need(plan, int(los[-1]), int(his[-1])) > self.file_size:
             raise ValueError(f"plan: a row lies past the end of {self.path} ({self.file_size} bytes)")
         with self._stage_lock:
-            if self._fd < 0:
+            if self.reader.closed:
                 raise ValueError(f"{self.path}: the stager is closed")
             staged = StagedWindow(plan, self._files.take(plan.staging_bytes),
                                   np.zeros(plan.num_batches, dtype=np.uint64), self._files.give)
             try:
-                self._fill(staged)
+                self._fill(staged, stop)
             except BaseException:
                 staged.close()
                 raise
             return staged
 
-    def _fill(self, staged: StagedWindow) -> None:
+    def _fill(self, staged: StagedWindow, stop: threading.Event | None) -> None:
         plan, stats = staged.plan, staged.stats
         hashers = [xxhash.xxh3_64() for _ in range(plan.num_batches)]
         # bytes of each batch's region written, sent to the disk by a flush, and dropped from the page cache
@@ -273,12 +257,17 @@ class WindowStager:
         starts, los, his = plan.chunk_runs()  # only the chunks holding a staged row are read
         needs = [self._need(plan, lo, hi) for lo, hi in zip(los.tolist(), his.tolist())]
         try:
-            with closing(self._read_pass(starts.tolist(), needs, stats)) as chunks:
+            with closing(self.reader.chunks(starts.tolist(), needs, stats, stop)) as chunks:
                 for (_, chunk), lo, hi in zip(chunks, los.tolist(), his.tolist()):
                     batch, source = plan.fields(lo, hi)
                     self._scatter_chunk(staged, hashers, chunk, batch, source)
             self._settle(0)
             self._settle(1)
+        except BaseException:
+            if self._flushing is not None:  # a failed (or stopped) window's file goes back: its flush lands first
+                wait([self._flushing])
+                self._flushing = None
+            raise
         finally:
             # writes in flight read the scatter buffers and write the file, which a failed window gives back
             wait(self._writing[0] + self._writing[1])
@@ -305,58 +294,15 @@ class WindowStager:
             self._flushing = None
         staged.plan = plan.without_keys()  # read-back needs the regions only
 
-    def _read_pass(self, starts: list[int], needs: list[int], stats: StagingStats
-                   ) -> Generator[tuple[int, np.ndarray], None, None]:
-        """(start, bytes) of each chunk at ``starts`` (page aligned, ascending; at least ``needs`` bytes each), read
-        in order, counted in ``stats`` and checked against the block sums. The next chunk is read while the
-        caller copies out of this one, so the disk and the copies overlap; close the iterator
-        (``contextlib.closing``) so that a read in flight lands before its buffer is used again."""
-        pending: Future[int] | None = None
-        try:
-            for i, (c0, need) in enumerate(zip(starts, needs)):
-                buffer = self._chunks[i % 2]
-                got = pending.result() if pending is not None else self._read_chunk(buffer, c0, need)
-                pending = None
-                if i + 1 < len(starts):
-                    pending = self._read_ahead.submit(self._read_chunk, self._chunks[(i + 1) % 2], starts[i + 1],
-                                                      needs[i + 1])
-                stats.chunks += 1
-                stats.file_bytes_read += got
-                chunk = np.frombuffer(buffer, dtype=np.uint8)
-                if self.block_sums is not None:
-                    verify_blocks(self.block_sums, self.check_block, chunk, np.zeros(1, np.int64),
-                                  np.array([min(got, self.file_size - c0)], np.int64), np.array([c0], np.int64),
-                                  self.path)
-                yield c0, chunk
-        finally:
-            if pending is not None:
-                wait([pending])
-
     def _need(self, plan: WindowPlan, lo: int, hi: int) -> int:
         """Bytes of a chunk to read: up to the end of the last row starting in it that the pass wants."""
         return int(plan.fields(lo, hi)[1].max()) + self.row_bytes
-
-    def _read_chunk(self, buffer: mmap.mmap, at: int, need: int) -> int:
-        """Read at least ``need`` bytes of the file from ``at`` (page aligned) into ``buffer``."""
-        length = min(-(-need // STAGING_ALIGN) * STAGING_ALIGN, len(buffer))
-        view = memoryview(buffer)
-        done = 0
-        while done < need:
-            try:
-                got = os.preadv(self._fd, [view[done:length]], at + done)
-            except OSError as err:
-                raise OSError(err.errno, f"{err.strerror} (read at byte {at + done})", str(self.path)) from err
-            if got == 0:
-                raise OSError(errno.EIO, f"the file ends at byte {at + done}, before the rows staged from it (it "
-                                         f"shrank after the daemon started?)", str(self.path))
-            done += got
-        return done
 
     def _scatter_chunk(self, staged: StagedWindow, hashers: list["xxhash.xxh3_64"], chunk: np.ndarray,
                        batch: np.ndarray, source: np.ndarray) -> None:
         """Copy the chunk's rows (``source``: their offsets in it, grouped by ``batch``) into the scatter buffer
         batch by batch and write each batch's run out at the end of what its region holds so far."""
-        first, end = _runs(batch)
+        first, end = equal_runs(batch)
         if staged.direct_writes:
             self._scatter_direct(staged, hashers, chunk, batch, source, first, end)
             return
@@ -367,7 +313,7 @@ class WindowStager:
             # as many batches as the scatter buffer holds, at least one (a run never exceeds a chunk's rows)
             j = i + max(1, int(np.searchsorted(end[i:] - first[i], cap, side="right")))
             s0, s1 = int(first[i]), int(end[j - 1])
-            self._copy_rows(chunk, source[s0:s1], 0)
+            self.reader.gather(chunk, source[s0:s1], 0)
             at = 0
             for k0, k1 in zip(first[i:j].tolist(), end[i:j].tolist()):
                 b = int(batch[k0])
@@ -444,14 +390,6 @@ class WindowStager:
         for data, at in writes:
             cls._pwrite(fd, data, at)
 
-    def _copy_rows(self, chunk: np.ndarray, source: np.ndarray, at: int) -> None:
-        """The chunk's rows at ``source`` to the scatter buffer from byte ``at`` on."""
-        if self.row_bytes % 8 == 0 and at % 8 == 0:  # rows start 8-aligned in the chunk (pages, whole rows): words
-            copy_rows_from(chunk.view(np.uint64), source // 8, self._scatter[at:].view(np.uint64),
-                           self.row_bytes // 8)
-        else:
-            copy_rows_from(chunk, source, self._scatter[at:], self.row_bytes)
-
     @staticmethod
     def _pwrite(fd: int, data: memoryview, at: int) -> None:
         written = 0
@@ -473,49 +411,12 @@ class WindowStager:
         self._flushing = self._flusher.submit(_start_writeback, fd)
         self._unflushed = 0
 
-    def read_rows(self, offsets: np.ndarray, out: np.ndarray, rows: np.ndarray) -> StagingStats:
-        """The rows at byte ``offsets`` of the file into ``out[rows]`` (2-D, C-contiguous rows of ``row_bytes``;
-        ``rows`` distinct) by one sequential pass over the chunks holding them, read ahead and checked as
-        ``stage`` reads them: how a cache of rows spread over the whole file loads in seconds instead of a
-        random read per row. ``offsets`` distinct, in any order. Returns what it read (``chunks``,
-        ``file_bytes_read``)."""
-        offsets = np.asarray(offsets, dtype=np.int64)
-        rows = np.asarray(rows, dtype=np.int64)
-        if out.ndim != 2 or out.shape[1] * out.itemsize != self.row_bytes or not out.flags.c_contiguous:
-            raise ValueError(f"out: {out.dtype} {out.shape}, expected C-contiguous rows of {self.row_bytes} bytes")
-        if offsets.shape != rows.shape or offsets.ndim != 1:
-            raise ValueError("offsets and rows: expected two 1-D arrays of one length")
-        stats = StagingStats()
-        if not len(offsets):
-            return stats
-        if offsets.min() < 0 or int(offsets.max()) + self.row_bytes > self.file_size:
-            raise ValueError(f"offsets: a row lies outside {self.path} ({self.file_size} bytes)")
-        if rows.min() < 0 or rows.max() >= len(out):
-            raise ValueError(f"rows: expected row numbers of out's {len(out)}")
-        order = np.argsort(offsets, kind="stable")
-        offsets, rows = offsets[order], rows[order]
-        if np.any(offsets[1:] == offsets[:-1]):  # a chunk's rows must fit the scatter buffer
-            raise ValueError("offsets: a row is asked for twice")
-        dest = out.view(np.uint8).reshape(len(out), self.row_bytes)
-        # a chunk starts at a multiple of chunk_bytes and holds the rows starting in it (read past its end)
-        chunk_of = offsets // self.chunk_bytes
-        firsts, ends = _runs(chunk_of)
-        starts = (chunk_of[firsts] * self.chunk_bytes).tolist()
-        needs = (offsets[ends - 1] + self.row_bytes - chunk_of[firsts] * self.chunk_bytes).tolist()
-        with self._stage_lock:
-            if self._fd < 0:
-                raise ValueError(f"{self.path}: the stager is closed")
-            with closing(self._read_pass(starts, needs, stats)) as chunks:
-                for (c0, chunk), lo, hi in zip(chunks, firsts.tolist(), ends.tolist()):
-                    self._copy_rows(chunk, offsets[lo:hi] - c0, 0)  # into the scatter buffer, in file order
-                    dest[rows[lo:hi]] = self._scatter[:(hi - lo) * self.row_bytes].reshape(hi - lo, self.row_bytes)
-        return stats
-
     def read_batch(self, staged: StagedWindow, b: int, gather: np.ndarray, out: np.ndarray,
-                   rows: np.ndarray | None = None) -> None:
+                   rows: np.ndarray | None = None) -> list[float]:
         """Batch ``b``'s staged rows into ``out`` (2-D, C-contiguous, rows of ``row_bytes``): staged row
         ``gather[k]`` of the batch (``window_plan.batch_gather``) to ``out[rows[k]]`` (default: ``out[k]``;
-        ``rows`` distinct). Raises ``CorruptData`` when the region read back differs from what was written."""
+        ``rows`` distinct). Raises ``CorruptData`` when the region read back differs from what was written.
+        Returns the seconds each piece of the region took to read (read ahead or not), one per piece."""
         plan = staged.plan
         if not 0 <= b < plan.num_batches:
             raise ValueError(f"b: {b} is outside the window's {plan.num_batches} batches")
@@ -537,10 +438,10 @@ class WindowStager:
                 raise ValueError(f"rows: expected {count} row numbers of out's {out.shape[0]}")
             rows = rows.astype(np.int64, copy=False)
         with self._read_lock:
-            self._read_region(staged, b, gather.astype(np.int64, copy=False), out, rows)
+            return self._read_region(staged, b, gather.astype(np.int64, copy=False), out, rows)
 
     def _read_region(self, staged: StagedWindow, b: int, gather: np.ndarray, out: np.ndarray,
-                     rows: np.ndarray | None) -> None:
+                     rows: np.ndarray | None) -> list[float]:
         plan = staged.plan
         base, nbytes = plan.region(b)
         per = self._piece_rows
@@ -552,8 +453,10 @@ class WindowStager:
         targets = np.arange(len(gather), dtype=np.int64) if rows is None else rows
         piece_of = gather // per if len(pieces) > 1 else None
         hasher = xxhash.xxh3_64()
+        seconds: list[float] = []
         for k, (lo, hi) in enumerate(pieces):
-            back, skip = self._take_piece(staged, b, k)
+            back, skip, took = self._take_piece(staged, b, k)
+            seconds.append(took)
             self._read_ahead_after(staged, b, k, len(pieces))
             piece = np.frombuffer(back, dtype=np.uint8, count=(hi - lo) * self.row_bytes, offset=skip)
             hasher.update(piece.data)
@@ -576,10 +479,11 @@ class WindowStager:
         if self.staging_dir is not None and not staged.direct_writes:
             # the region's pages in the page cache (written back by now) are never read again
             os.posix_fadvise(staged.fd, base, -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN, os.POSIX_FADV_DONTNEED)
+        return seconds
 
-    def _take_piece(self, staged: StagedWindow, b: int, k: int) -> tuple[mmap.mmap, int]:
+    def _take_piece(self, staged: StagedWindow, b: int, k: int) -> tuple[mmap.mmap, int, float]:
         """Piece ``k`` of batch ``b``'s region, from the read ahead where it is that one: (buffer, offset of its
-        first row in it)."""
+        first row in it, seconds its read took)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             if ahead[0] is staged and ahead[1:3] == (b, k):
@@ -600,9 +504,9 @@ class WindowStager:
         staged.reading = self._read_back.submit(self._load, staged, b, k)
         self._ahead = (staged, b, k, staged.reading)
 
-    def _load(self, staged: StagedWindow, b: int, k: int) -> tuple[mmap.mmap, int]:
+    def _load(self, staged: StagedWindow, b: int, k: int) -> tuple[mmap.mmap, int, float]:
         """Piece ``k`` of batch ``b``'s region read into the next read-back buffer (grown as needed): (buffer,
-        offset of the piece's first row in it)."""
+        offset of the piece's first row in it, seconds the read took)."""
         base, nbytes = staged.plan.region(b)
         begin = k * self._piece_rows * self.row_bytes
         end = min(nbytes, begin + self._piece_rows * self.row_bytes)
@@ -613,8 +517,9 @@ class WindowStager:
         back = self._backs[turn]
         if back is None or len(back) < size:
             back = self._backs[turn] = aligned_buffer(max(size, len(back or b"")))
+        started = time.perf_counter()
         read_exactly(staged.read_fd, back, base + first, size, "staging")
-        return back, begin - first
+        return back, begin - first, time.perf_counter() - started
 
     @property
     def staging_file_bytes(self) -> int:
@@ -622,16 +527,14 @@ class WindowStager:
         return self._files.held_bytes
 
     def close(self) -> None:
+        # first the reader: a window being staged stops at its next chunk instead of staging to its end
+        self.reader.close()
         with self._stage_lock, self._read_lock:
-            self._read_ahead.shutdown()
             self._flusher.shutdown()
             self._read_back.shutdown()  # waits for a read ahead in flight (it reads a staging file's fd)
             self._writers.shutdown()
             self._ahead = None
             self._files.close()
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
 
     def __enter__(self) -> "WindowStager":
         return self

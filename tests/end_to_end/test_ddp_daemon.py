@@ -12,13 +12,12 @@ import torch
 from torch.distributed import TCPStore
 
 from tests.daemon_harness import daemon_config, running_daemon
-from tests.trainer.test_trainer_ddp import (  # noqa: F401 - dataset, launched: fixtures
+from tests.trainer.test_trainer_ddp import (  # noqa: F401 - launched: a fixture
     BATCH,
     CONFIG,
     SAMPLER,
     TRAIN_NODES,
     WORLD,
-    dataset,
     launched,
     rank_env,
 )
@@ -53,9 +52,9 @@ def exact_daemon(dataset_path, socket_path):
 
 
 @pytest.fixture(scope="module")
-def through_daemon(dataset, tmp_path_factory):  # noqa: F811
+def through_daemon(dataset_400, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp-daemon")
-    config = exact_daemon(dataset, out / "s.sock")
+    config = exact_daemon(dataset_400, out / "s.sock")
     args = ["--socket", config.server.socket, "--nproc-per-node", WORLD, *MODEL_ARGS,
             "--json-out", out / "result.json", "--checkpoint", out / "ck.pt"]
     with running_daemon(config):
@@ -80,8 +79,8 @@ def test_two_ranks_through_one_daemon_train_what_two_ranks_in_memory_train(throu
         torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
 
 
-def test_two_daemons_serve_a_job_of_two_machines_of_two_ranks(dataset, tmp_path):  # noqa: F811
-    configs = [exact_daemon(dataset, tmp_path / f"machine{m}.sock") for m in (0, 1)]
+def test_two_daemons_serve_a_job_of_two_machines_of_two_ranks(dataset_400, tmp_path):
+    configs = [exact_daemon(dataset_400, tmp_path / f"machine{m}.sock") for m in (0, 1)]
     world = 4
     argvs = [["--socket", configs[rank // 2].server.socket, *MODEL_ARGS, "--epochs", 1,
               "--json-out", tmp_path / "result.json"] for rank in range(world)]
@@ -112,8 +111,8 @@ cli.exit_program(cli.main(sys.argv[1:]))
 """
 
 
-def test_a_rank_killed_mid_epoch_fails_the_job_in_one_line_and_resume_finishes_it(dataset, tmp_path):  # noqa: F811
-    config = exact_daemon(dataset, tmp_path / "s.sock")
+def test_a_rank_killed_mid_epoch_fails_the_job_in_one_line_and_resume_finishes_it(dataset_400, tmp_path):
+    config = exact_daemon(dataset_400, tmp_path / "s.sock")
     common = ["--socket", str(config.server.socket), *map(str, MODEL_ARGS), "--epochs", "3",
               "--checkpoint", str(tmp_path / "ck.pt"), "--json-out", str(tmp_path / "result.json"),
               "--dist-timeout", "60"]
@@ -146,9 +145,9 @@ def test_a_rank_killed_mid_epoch_fails_the_job_in_one_line_and_resume_finishes_i
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
 
 
-def test_daemons_that_would_deal_different_epochs_stop_the_job_in_one_line(dataset, tmp_path):  # noqa: F811
+def test_daemons_that_would_deal_different_epochs_stop_the_job_in_one_line(dataset_400, tmp_path):
     # two "machines" whose daemons differ in the sampler seed: their ranks would train two different epochs
-    configs = [daemon_config(dataset, tmp_path / f"m{m}.sock", loader={"mode": "exact"}, sampler={"seed": m})
+    configs = [daemon_config(dataset_400, tmp_path / f"m{m}.sock", loader={"mode": "exact"}, sampler={"seed": m})
                for m in (0, 1)]
     argvs = [["--socket", configs[rank].server.socket, *MODEL_ARGS] for rank in range(WORLD)]
     with running_daemon(configs[0]), running_daemon(configs[1]):

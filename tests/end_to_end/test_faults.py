@@ -35,15 +35,10 @@ from loader.daemon.config import load_config
 from loader.daemon.server import Daemon
 from loader.daemon.session import Session
 from proto.messages import EpochEnd, StartEpoch, Stats, StatsRequest
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon
 from tests.paths import REPO_ROOT
 
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("faults"))
 
 
 # --- 1. a client killed in every state -----------------------------------------------------------------
@@ -154,9 +149,9 @@ def train_epoch(config, epoch: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference_epochs(dataset, tmp_path_factory):
+def reference_epochs(dataset_3k, tmp_path_factory):
     """Epochs 0 and 1 from a daemon no client ever died on (batches are a function of config and epoch)."""
-    config = daemon_config(dataset, tmp_path_factory.mktemp("reference") / "s.sock")
+    config = daemon_config(dataset_3k, tmp_path_factory.mktemp("reference") / "s.sock")
     with running_daemon(config):
         return {epoch: train_epoch(config, epoch) for epoch in (0, 1)}
 
@@ -294,9 +289,9 @@ def state_reached(state: str, slots: int) -> Callable[[ObservedDaemon], bool]:
 
 
 @pytest.mark.parametrize("state", STATES)
-def test_client_killed_in_any_state_leaves_nothing_behind(state, dataset, reference_epochs, tmp_path, observed,
+def test_client_killed_in_any_state_leaves_nothing_behind(state, dataset_3k, reference_epochs, tmp_path, observed,
                                                            caplog):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon:
         assert isinstance(daemon, ObservedDaemon)
         # libuv opens a reserve descriptor (/dev/null, for EMFILE) at the loop's first connection: a session
@@ -342,9 +337,9 @@ def test_client_killed_in_any_state_leaves_nothing_behind(state, dataset, refere
     assert not failures, failures
 
 
-def test_client_killed_while_the_daemon_drains_ends_the_drain(dataset, tmp_path, observed, caplog):
+def test_client_killed_while_the_daemon_drains_ends_the_drain(dataset_3k, tmp_path, observed, caplog):
     caplog.set_level(logging.INFO, logger="megabatch.server")
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 600.0})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"drain_timeout": 600.0})
     with running_daemon(config) as daemon:
         assert isinstance(daemon, ObservedDaemon)
         baseline_memfds = memfd_links()
@@ -424,15 +419,15 @@ def outcome(json_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_daemon_killed_mid_epoch_then_restarted_and_resumed_matches_an_uninterrupted_run(dataset, tmp_path):
+def test_daemon_killed_mid_epoch_then_restarted_and_resumed_matches_an_uninterrupted_run(dataset_3k, tmp_path):
     from proto.client import ControlClient
     from proto.errors import ConnectFailed
 
     sock, ckpt, log = tmp_path / "s.sock", tmp_path / "ckpt.pt", tmp_path / "serve.log"
-    config = write_config(tmp_path / "loader.toml", dataset, sock)
+    config = write_config(tmp_path / "loader.toml", dataset_3k, sock)
     # the uninterrupted reference runs beside the cut run, on a daemon of its own in this process: the same
     # configuration but for the socket (one process fewer to start on two cores)
-    ref_config = daemon_config(dataset, tmp_path / "ref.sock", **SERVE_TABLES)
+    ref_config = daemon_config(dataset_3k, tmp_path / "ref.sock", **SERVE_TABLES)
     assert replace(load_config(config), server=ref_config.server) == ref_config
     with running_daemon(ref_config), serving(config, log) as daemon:
         straight = subprocess.Popen(trainer(ref_config.server.socket, "--json-out", tmp_path / "straight.json"),

@@ -19,8 +19,7 @@ from proto.client import ControlClient, DaemonShuttingDown
 from proto.errors import RemoteError
 from proto.logs import JournalFormatter, syslog_priority, to_journal
 from proto.messages import BatchReady, Credit, Release, StartEpoch, Stats, StatsRequest
-from tests.daemon_harness import daemon_config, running_daemon, small_dataset
-from tests.graphs import generated_dataset
+from tests.daemon_harness import daemon_config, running_daemon
 from trainer.cli import checkpoint_note
 from trainer.loop import StopControl
 
@@ -36,11 +35,6 @@ class LoopDaemon(Daemon):
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.loop.call_soon_threadsafe(self.handle_exit, sig)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("lifecycle"))
 
 
 @pytest.fixture
@@ -70,8 +64,8 @@ def first_batch_then_sigterm(daemon, client) -> list[BatchReady]:
     return [first, *until_shutdown(client)[0]]
 
 
-def test_drain_sends_shutdown_and_published_batches_stay_valid(dataset, tmp_path, loop_daemon):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 600.0})
+def test_drain_sends_shutdown_and_published_batches_stay_valid(dataset_3k, tmp_path, loop_daemon):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"drain_timeout": 600.0})
     with running_daemon(config) as daemon:
         assert isinstance(daemon, LoopDaemon)
         with ControlClient.connect(str(config.server.socket), client="test", timeout=30) as client:
@@ -102,8 +96,8 @@ def test_drain_sends_shutdown_and_published_batches_stay_valid(dataset, tmp_path
     assert not config.server.socket.exists()
 
 
-def test_second_signal_cuts_the_drain(dataset, tmp_path, loop_daemon):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 3600.0})
+def test_second_signal_cuts_the_drain(dataset_3k, tmp_path, loop_daemon):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"drain_timeout": 3600.0})
     with running_daemon(config) as daemon, harness.connect(config) as client:
         first_batch_then_sigterm(daemon, client)
         # the batches stay held: only the second signal ends the hour-long drain
@@ -114,8 +108,8 @@ def test_second_signal_cuts_the_drain(dataset, tmp_path, loop_daemon):
     assert not config.server.socket.exists()
 
 
-def test_a_start_request_after_shutdown_is_refused_not_fatal(dataset, tmp_path, loop_daemon):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 600.0})
+def test_a_start_request_after_shutdown_is_refused_not_fatal(dataset_3k, tmp_path, loop_daemon):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"drain_timeout": 600.0})
     with running_daemon(config) as daemon, harness.connect(config) as client:
         held = first_batch_then_sigterm(daemon, client)
         client.send(StartEpoch(epoch=1))
@@ -128,10 +122,10 @@ def test_a_start_request_after_shutdown_is_refused_not_fatal(dataset, tmp_path, 
             client.recv(timeout=60)
 
 
-def test_trainer_source_reports_the_shutdown_not_a_broken_pipe(dataset, tmp_path, loop_daemon):
+def test_trainer_source_reports_the_shutdown_not_a_broken_pipe(dataset_3k, tmp_path, loop_daemon):
     from trainer.daemon_source import DaemonError, DaemonSource
 
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"drain_timeout": 600.0})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"drain_timeout": 600.0})
     with running_daemon(config) as daemon:
         assert isinstance(daemon, LoopDaemon)
         source = DaemonSource(str(config.server.socket))
@@ -174,11 +168,6 @@ def test_serve_exits_ex_config_on_a_bad_config_or_dataset(tmp_path, body, fragme
 
 # --- megabatch train: SIGTERM -------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def train_dataset(tmp_path_factory):
-    return generated_dataset(tmp_path_factory.mktemp("train-stop"), nodes=1500, feat_dim=16, classes=4)
-
-
 FIRST_EPOCH = re.compile(r"^epoch 1/\d+ ")
 
 
@@ -203,9 +192,9 @@ def train_until_sigterm(*args) -> tuple[int, list[str]]:
 
 
 @pytest.mark.slow
-def test_train_sigterm_stops_at_a_step_boundary_and_resumes(train_dataset, tmp_path):
+def test_train_sigterm_stops_at_a_step_boundary_and_resumes(dataset_1500, tmp_path):
     ckpt = tmp_path / "ck.pt"
-    common = ["--dataset", train_dataset, "--hidden", 16, "--batch-size", 50, "--fanouts", "5,5",
+    common = ["--dataset", dataset_1500, "--hidden", 16, "--batch-size", 50, "--fanouts", "5,5",
               "--eval-batch-size", 1000, "--checkpoint", ckpt]
     code, lines = train_until_sigterm(*common, "--epochs", 10000)
     assert code == 0, lines
@@ -228,8 +217,8 @@ def test_train_sigterm_stops_at_a_step_boundary_and_resumes(train_dataset, tmp_p
     assert out[-1].startswith("best val"), out
 
 
-def test_train_sigterm_without_checkpoint_says_none_was_written(train_dataset):
-    code, lines = train_until_sigterm("--dataset", train_dataset, "--hidden", 16, "--batch-size", 50,
+def test_train_sigterm_without_checkpoint_says_none_was_written(dataset_1500):
+    code, lines = train_until_sigterm("--dataset", dataset_1500, "--hidden", 16, "--batch-size", 50,
                                       "--fanouts", "5,5", "--eval-batch-size", 1000, "--epochs", 10000)
     assert code == 0, lines
     assert lines[-1] == "megabatch train: stopped; no checkpoint was written (no --checkpoint)", lines
@@ -240,10 +229,10 @@ def test_train_sigterm_without_checkpoint_says_none_was_written(train_dataset):
                         "no checkpoint was written (no --checkpoint)"),
     (signal.SIGINT, 130, "megabatch train: interrupted; no checkpoint was written (no --checkpoint)"),
 ], ids=["SIGTERM", "SIGINT"])
-def test_a_queued_trainer_stops_at_the_first_signal_in_one_line(dataset, tmp_path, sig, code, last):
+def test_a_queued_trainer_stops_at_the_first_signal_in_one_line(dataset_3k, tmp_path, sig, code, last):
     """A trainer waiting in the daemon's training queue has no step to finish: the first SIGTERM ends it (it
     used to be ignored until a second one), as Ctrl-C does."""
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"stall_timeout": 600, "idle_timeout": 600})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"stall_timeout": 600, "idle_timeout": 600})
     with running_daemon(config), harness.connect(config) as holder:
         holder.send(StartEpoch(epoch=0))
         assert isinstance(holder.recv(timeout=60), BatchReady)  # it holds the pipeline and releases nothing

@@ -16,13 +16,15 @@ from trainer.loop import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def accuracy_dataset(tmp_path_factory):
+    """Larger than ``dataset_3k`` (4000 nodes, 32 features, 5 classes): enough signal that the daemon's and the
+    in-memory trainer's accuracies can be compared after a few epochs."""
     return small_dataset(tmp_path_factory.mktemp("train-daemon"), nodes=4000, feat_dim=32, classes=5)
 
 
 @pytest.mark.slow
-def test_graphsage_through_the_daemon_learns_like_in_memory(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 128, "fanouts": [10, 5]})
+def test_graphsage_through_the_daemon_learns_like_in_memory(accuracy_dataset, tmp_path):
+    config = daemon_config(accuracy_dataset, tmp_path / "s.sock", sampler={"batch_size": 128, "fanouts": [10, 5]})
     cfg = TrainConfig(model="sage", hidden=64, epochs=4, seed=0, device="cpu")
     with running_daemon(config):
         source = DaemonSource(str(config.server.socket))
@@ -31,7 +33,7 @@ def test_graphsage_through_the_daemon_learns_like_in_memory(dataset, tmp_path):
         finally:
             source.close()
     s = config.sampler
-    reference = InMemorySource(open_dataset(dataset), batch_size=s.batch_size, fanouts=s.fanouts,
+    reference = InMemorySource(open_dataset(accuracy_dataset), batch_size=s.batch_size, fanouts=s.fanouts,
                                eval_fanouts=s.eval_fanouts, eval_batch_size=s.eval_batch_size, seed=s.seed)
     in_memory = train(reference, cfg, log=lambda line: None)
     chance = 1 / 5
@@ -41,8 +43,8 @@ def test_graphsage_through_the_daemon_learns_like_in_memory(dataset, tmp_path):
     assert all(r.batches > 0 for r in via_daemon.epochs)
 
 
-def test_resume_through_the_daemon_reproduces_the_uninterrupted_run(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 256})
+def test_resume_through_the_daemon_reproduces_the_uninterrupted_run(accuracy_dataset, tmp_path):
+    config = daemon_config(accuracy_dataset, tmp_path / "s.sock", sampler={"batch_size": 256})
     ckpt = tmp_path / "ckpt.pt"
     with running_daemon(config):
         def run(epochs, resume, checkpoint):
@@ -79,8 +81,8 @@ class _Lines(logging.Handler):
             self.seen.set()
 
 
-def test_a_trainer_waits_for_the_pipeline_of_another_and_then_trains(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 512})
+def test_a_trainer_waits_for_the_pipeline_of_another_and_then_trains(accuracy_dataset, tmp_path):
+    config = daemon_config(accuracy_dataset, tmp_path / "s.sock", sampler={"batch_size": 512})
     lines = _Lines("waiting for the loader daemon's training pipeline")
     logger = logging.getLogger("megabatch.trainer")
     level = logger.level
@@ -129,10 +131,10 @@ class _GatedSource(DaemonSource):
 
 @pytest.mark.parametrize("second_arrives", ["train", "val"])
 def test_two_trainers_both_finish_every_epoch_whoever_arrives_while_the_other_trains_or_evaluates(
-        dataset, tmp_path, second_arrives):
+        accuracy_dataset, tmp_path, second_arrives):
     """Issue 27: the holder's next StartEpoch comes while the other trainer waits for the pipeline; it must
     not be queued behind that trainer (which waits for it)."""
-    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 512})
+    config = daemon_config(accuracy_dataset, tmp_path / "s.sock", sampler={"batch_size": 512})
     held = _Lines("takes the training pipeline")
     queued = _Lines("waiting for the loader daemon's training pipeline")
     loggers = [(logging.getLogger("megabatch.ownership"), held), (logging.getLogger("megabatch.trainer"), queued)]

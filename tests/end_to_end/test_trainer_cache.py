@@ -8,25 +8,21 @@ import torch
 
 import proto.client
 from proto.messages import message_to_map
-from tests.daemon_harness import daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import daemon_config, running_daemon
 from trainer.batch import Batch, DeviceCachePlan
 from trainer.daemon_source import DaemonSource
 from trainer.device_cache import CacheOutOfStep, DeviceFeatureCache
 from trainer.loop import TrainConfig, train
 
-NODES, DIM = 1500, 16
+NODES, DIM = 1500, 16  # dataset_1500's nodes and features
 ROW_BYTES = DIM * 4
 EPOCHS = (0, 1)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("trainer_cache"), nodes=NODES, feat_dim=DIM, partitions=8)
-
-
 def config_for(dataset, tmp_path, mode):
     exact = {"superbatch": 4, "feature_cache": "8K"} if mode in ("exact", "staged") else {}
-    return daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"})
+    return daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, fullgraph=exact,
+                         memory={"budget": "512M"})
 
 
 def consume(socket, cache_bytes):
@@ -56,8 +52,8 @@ def consume(socket, cache_bytes):
 
 
 @pytest.mark.parametrize("mode", ["hierarchical", "exact", "static", "staged"])
-def test_cached_clients_get_the_batches_of_a_cacheless_client_bitwise(dataset, tmp_path, mode):
-    with running_daemon(config_for(dataset, tmp_path, mode)) as daemon:
+def test_cached_clients_get_the_batches_of_a_cacheless_client_bitwise(dataset_1500, tmp_path, mode):
+    with running_daemon(config_for(dataset_1500, tmp_path, mode)) as daemon:
         socket = daemon.config.server.socket
         reference, rows = consume(socket, 0)
         assert rows == 0
@@ -82,7 +78,7 @@ def test_cached_clients_get_the_batches_of_a_cacheless_client_bitwise(dataset, t
         assert stats.labels("hit")._value.get() > 0 and stats.labels("shipped")._value.get() > 0
 
 
-def test_a_hello_without_the_cache_field_gets_full_batches(dataset, tmp_path, monkeypatch):
+def test_a_hello_without_the_cache_field_gets_full_batches(dataset_1500, tmp_path, monkeypatch):
     sent = []
 
     def old_encode(msg):  # what a client from before the field sends: no feature_cache_bytes key at all
@@ -92,14 +88,14 @@ def test_a_hello_without_the_cache_field_gets_full_batches(dataset, tmp_path, mo
         return msgpack.packb(data, use_bin_type=True)
 
     monkeypatch.setattr(proto.client, "encode", old_encode)
-    with running_daemon(config_for(dataset, tmp_path, "hierarchical")) as daemon:
+    with running_daemon(config_for(dataset_1500, tmp_path, "hierarchical")) as daemon:
         epochs, rows = consume(daemon.config.server.socket, 0)
     assert sent[0]["t"] == "hello" and "feature_cache_bytes" not in sent[0]
     assert rows == 0 and all(shipped == len(n_id) for batches in epochs for n_id, _, shipped in batches)
 
 
-def test_a_cache_smaller_than_a_row_is_refused_quietly(dataset, tmp_path):
-    with running_daemon(config_for(dataset, tmp_path, "hierarchical")) as daemon:
+def test_a_cache_smaller_than_a_row_is_refused_quietly(dataset_1500, tmp_path):
+    with running_daemon(config_for(dataset_1500, tmp_path, "hierarchical")) as daemon:
         source = DaemonSource(str(daemon.config.server.socket), timeout=30, feature_cache_bytes=ROW_BYTES - 1)
         try:
             assert source.info.feature_cache_rows == 0
@@ -108,9 +104,9 @@ def test_a_cache_smaller_than_a_row_is_refused_quietly(dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_training_with_a_feature_cache_gives_the_same_model(dataset, tmp_path):
+def test_training_with_a_feature_cache_gives_the_same_model(dataset_1500, tmp_path):
     cfg = TrainConfig(hidden=16, epochs=2, device="cpu", seed=3)
-    with running_daemon(config_for(dataset, tmp_path, "hierarchical")) as daemon:
+    with running_daemon(config_for(dataset_1500, tmp_path, "hierarchical")) as daemon:
         socket = str(daemon.config.server.socket)
         results = []
         for cache_bytes in (0, 100 * ROW_BYTES):

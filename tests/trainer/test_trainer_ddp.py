@@ -9,16 +9,14 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed import TCPStore
 
-from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.sampling.inmemory import epoch_batches_inmemory
 from proto.errors import UserError
-from tests.graphs import random_graph, write_raw
+from tests.graphs import DATASET_400_TRAIN_NODES
 from trainer.checkpoint import Checkpoint, capture_rng, load_checkpoint, save_checkpoint
 from trainer.cli import main
 from trainer.inmemory_source import InMemorySource
@@ -31,22 +29,9 @@ WORLD = 2
 BATCH = 25
 """Seeds per rank and step: 151 training nodes make 3 global batches of 50 and a last one of a single
 seed, so rank 1's last piece is empty."""
-TRAIN_NODES = 151
+TRAIN_NODES = DATASET_400_TRAIN_NODES
 SAMPLER = {"batch_size": BATCH, "fanouts": (4, 3), "eval_batch_size": 40, "seed": 5}
 CONFIG = {"hidden": 16, "lr": 0.01, "epochs": 2, "seed": 3}
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddp")
-    n = 400
-    src, dst, features, labels = random_graph(np.random.default_rng(8), n, 2400, 8, classes=3)
-    ids = np.random.default_rng(9).permutation(n)
-    split = (np.sort(ids[:TRAIN_NODES]), np.sort(ids[TRAIN_NODES:260]), np.sort(ids[260:]))
-    write_raw(root / "raw", src, dst, features, labels, 3, split)
-    prepare_dataset(root / "raw", root / "ds", PrepareOptions(num_partitions=4, memory_budget=256 << 20,
-                                                              progress=False))
-    return root / "ds"
 
 
 def rank_env(rank: int, port: int, world: int = WORLD, local_world: int | None = None) -> dict[str, str]:
@@ -61,8 +46,8 @@ def store() -> TCPStore:
     return TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
 
 
-def test_the_ranks_sources_deal_the_single_process_epoch_between_them_once(dataset):
-    sources = [InMemorySource(dataset, rank=rank, world_size=WORLD, **SAMPLER) for rank in range(WORLD)]
+def test_the_ranks_sources_deal_the_single_process_epoch_between_them_once(dataset_400):
+    sources = [InMemorySource(dataset_400, rank=rank, world_size=WORLD, **SAMPLER) for rank in range(WORLD)]
     train_ids = sources[0].data.splits["train"]
     orders = []
     for epoch in (1, 2):
@@ -79,7 +64,7 @@ def test_the_ranks_sources_deal_the_single_process_epoch_between_them_once(datas
     assert orders[0] != orders[1]  # a new order each epoch
     # every evaluation batch once, whole, round-robin
     for split in ("val", "test"):
-        alone = [batch.n_id[:batch.batch_size].tolist() for batch in InMemorySource(dataset, **SAMPLER)
+        alone = [batch.n_id[:batch.batch_size].tolist() for batch in InMemorySource(dataset_400, **SAMPLER)
                  .eval_batches(split)]
         dealt = [[batch.n_id[:batch.batch_size].tolist() for batch in source.eval_batches(split)]
                  for source in sources]
@@ -87,11 +72,11 @@ def test_the_ranks_sources_deal_the_single_process_epoch_between_them_once(datas
 
 
 @pytest.fixture(scope="module")
-def launched(dataset, tmp_path_factory):
+def launched(dataset_400, tmp_path_factory):
     """One ``--nproc-per-node 2`` run, two epochs, dropout 0 (deterministic), judged by ROC AUC (whose
     scores the ranks gather): (completed process, run directory)."""
     out = tmp_path_factory.mktemp("launched")
-    args = ["--mode", "inmemory", "--dataset", dataset, "--nproc-per-node", WORLD, "--epochs", CONFIG["epochs"],
+    args = ["--mode", "inmemory", "--dataset", dataset_400, "--nproc-per-node", WORLD, "--epochs", CONFIG["epochs"],
             "--hidden", CONFIG["hidden"], "--dropout", 0, "--lr", CONFIG["lr"], "--seed", CONFIG["seed"],
             "--batch-size", BATCH, "--fanouts", "4,3", "--eval-batch-size", SAMPLER["eval_batch_size"],
             "--sampler-seed", SAMPLER["seed"], "--metric", "roc_auc", "--json-out", out / "result.json",
@@ -116,11 +101,11 @@ def test_nproc_per_node_trains_end_to_end_and_rank_0_alone_writes(launched):
     assert checkpoint["world_size"] == 2 and len(checkpoint["rank_rng"]) == 2 and checkpoint["epoch"] == 2
 
 
-def test_a_ddp_step_is_the_step_of_the_accumulated_pieces(launched, dataset):
+def test_a_ddp_step_is_the_step_of_the_accumulated_pieces(launched, dataset_400):
     # the reference: one process, the plain model, every step accumulating the gradients of both rank
     # pieces (the same sources, so the same seeds and keys) with the loop's scaling, averaged as DDP does
     torch.manual_seed(CONFIG["seed"])
-    sources = [InMemorySource(dataset, rank=rank, world_size=WORLD, **SAMPLER) for rank in range(WORLD)]
+    sources = [InMemorySource(dataset_400, rank=rank, world_size=WORLD, **SAMPLER) for rank in range(WORLD)]
     info = sources[0].info
     model = build_model("sage", info.num_features, CONFIG["hidden"], info.num_classes, info.num_hops, 0.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=CONFIG["lr"])
@@ -142,9 +127,9 @@ def test_a_ddp_step_is_the_step_of_the_accumulated_pieces(launched, dataset):
         torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
 
 
-def test_the_pooled_evaluation_is_the_single_process_evaluation(launched, dataset):
+def test_the_pooled_evaluation_is_the_single_process_evaluation(launched, dataset_400):
     # the ranks' summed counts and gathered scores are those of one process evaluating every batch
-    source = InMemorySource(dataset, **SAMPLER)
+    source = InMemorySource(dataset_400, **SAMPLER)
     info = source.info
     model = build_model("sage", info.num_features, CONFIG["hidden"], info.num_classes, info.num_hops, 0.0)
     model.load_state_dict(torch.load(launched[1] / "ck.pt", weights_only=True)["model_state"])
@@ -180,9 +165,9 @@ cli.exit_program(cli.main(sys.argv[1:]))
 
 @pytest.mark.parametrize("action, why", [("os.kill(os.getpid(), signal.SIGKILL)", r"Connection (closed|reset) by peer"),
                                          ("threading.Event().wait()", "Timed out")])
-def test_a_dead_or_hung_rank_fails_the_other_in_one_line_within_the_timeout(dataset, tmp_path, action, why):
-    args = ["--mode", "inmemory", "--dataset", str(dataset), "--epochs", "1", "--hidden", "8", "--batch-size", "10",
-            "--fanouts", "3,3", "--no-progress", "--device", "cpu", "--dist-timeout", "15"]
+def test_a_dead_or_hung_rank_fails_the_other_in_one_line_within_the_timeout(dataset_400, tmp_path, action, why):
+    args = ["--mode", "inmemory", "--dataset", str(dataset_400), "--epochs", "1", "--hidden", "8",
+            "--batch-size", "10", "--fanouts", "3,3", "--no-progress", "--device", "cpu", "--dist-timeout", "15"]
     rendezvous = store()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     survivor = subprocess.Popen([sys.executable, "-m", "trainer", *args], env={**env, **rank_env(0, rendezvous.port)},

@@ -21,20 +21,23 @@ slow trainer stalls the sampler and memory stays what the plan charged.
 
 import asyncio
 import itertools
+import threading
 from abc import abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
+from loader.daemon.config import LoaderConfig
 from loader.daemon.mode import TrainingMode
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import shuffle_key
 from loader.sampling.ranks import LocalRanks, Pieces, deal_pieces, piece_keys, sample_pieces
-from loader.sampling.sampling import SampledPass, shuffle
+from loader.sampling.sampling import SampledBatches, SampledPass, shuffle
 
 __all__ = ["FullGraphMode", "RowsFor", "SampledSuperbatch", "start_fullgraph_pipeline",
            "SUPERBATCHES_IN_FLIGHT"]
@@ -48,6 +51,8 @@ class FullGraphMode(TrainingMode):
 
     superbatch: int
     """Batches sampled per ``sample`` call."""
+    default_superbatch: ClassVar[int] = 64
+    """``[fullgraph] superbatch`` where the config leaves it unset (a mode may choose its own)."""
     planner_pool: ThreadPoolExecutor | None = None
     """Where the planner stage runs (None: the CPU pool). A mode whose planner mostly waits on the disk
     gives it a thread of its own, so that the sampler and the publisher keep the CPU pool's two."""
@@ -55,25 +60,32 @@ class FullGraphMode(TrainingMode):
     def __init__(self, serving: ServingContext) -> None:
         self.serving = serving
 
+    @classmethod
+    def superbatch_for(cls, config: LoaderConfig) -> int:
+        """``[fullgraph] superbatch``, or this mode's default where the config leaves it unset."""
+        configured = config.fullgraph.superbatch
+        return cls.default_superbatch if configured is None else configured
+
     @abstractmethod
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         """Sample consecutive batches (``loader.sampling.sampling.sample_pass`` semantics, dataset ids as local ids)."""
 
     @abstractmethod
-    def start_stream(self) -> "RowsFor":
+    def start_stream(self, stopped: threading.Event) -> "RowsFor":
         """A new training stream starts (the previous one may have stopped mid-superbatch): reset what
         the publisher side holds and return the stream's own ``rows_for``, called in superbatch order
         by its planner stage. State between superbatches lives in what it returns, not in the mode,
-        so a stopped stream's late planner cannot corrupt the next stream's."""
+        so a stopped stream's late planner cannot corrupt the next stream's. ``stopped`` is set when the
+        stream stops: a ``rows_for`` that runs long (a staging pass) checks it and gives up."""
 
     def sample_superbatch(self, order: np.ndarray, pieces: Pieces, batch_size: int, keys: np.ndarray,
-                          fanouts: tuple[int, ...]) -> SampledPass:
+                          fanouts: tuple[int, ...]) -> SampledBatches:
         """Piece i of ``pieces`` (seeds of ``order``) sampled with ``keys[i]`` as batch i of one superbatch (the
         sampler stage's work; a mode that keeps superbatches elsewhere than in RAM overrides it)."""
         def sample(seeds: np.ndarray, size: int, piece_keys: np.ndarray) -> SampledPass:
             return self.sample(seeds, size, fanouts, piece_keys)
 
-        return sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts))  # type: ignore[no-any-return]
+        return sample_pieces(sample, order, pieces, batch_size, keys, len(fanouts))
 
     def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
         return start_fullgraph_pipeline(self.serving, self, start_epoch, local)
@@ -87,7 +99,7 @@ class FullGraphMode(TrainingMode):
         return SlotSource(rows, s.labels, None, s.feat_dim, s.feat_dtype)
 
 
-RowsFor = Callable[[SampledPass], RowSource]
+RowsFor = Callable[[SampledBatches], RowSource]
 """A training stream's planner step: a sampled superbatch -> the rows its batches are filled from."""
 
 
@@ -98,7 +110,7 @@ class SampledSuperbatch:
     epoch: int
     first_batch: int
     epoch_batches: int
-    sampled: SampledPass
+    sampled: SampledBatches
     member: np.ndarray | None
     global_size: np.ndarray | None
 
@@ -149,7 +161,6 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
                              ) -> TrainPipeline:
     """Create the queues and stage tasks of a full-graph training stream starting at ``start_epoch`` for
     ``local``'s ranks."""
-    rows_for = mode.start_stream()
     # Superbatches alive at once (sampled, planned, being published), whatever the queues hold:
     # the memory plan charges exactly this many.
     tokens = asyncio.Semaphore(SUPERBATCHES_IN_FLIGHT)
@@ -158,6 +169,8 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
     for name, queue in (("sampled", sampled), ("planned", output)):
         ctx.metrics.watch_queue(name, queue)  # type: ignore[arg-type]
     pipeline = TrainPipeline(start_epoch, output)
+    # the planner's job, on a thread, learns of the stream's stop from ``stopping`` (a cancel cannot reach it)
+    rows_for = mode.start_stream(pipeline.stopping)
     pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, local, tokens, sampled))
     pipeline.add_stage("planner", _planner(ctx, mode, rows_for, tokens, sampled, output))
     return pipeline

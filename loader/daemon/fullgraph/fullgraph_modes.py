@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.budget_plan import BudgetPlan
+from loader.daemon.budget_plan import BudgetPlan, budget_too_small
 from loader.daemon.disk_graph import DiskGraph, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess, ModeEval
 from loader.daemon.fullgraph.fullgraph import FullGraphMode, RowsFor
 from loader.daemon.mapped_graph import MappedGraph, map_graph
+from loader.daemon.mode import ModeSetup
+from loader.daemon.read_metrics import EVAL
 from loader.daemon.serving import ServingContext
-from loader.daemon.slot_sizing import BatchBound
 from loader.daemon.slot_source import DenseRows, FileRows, RowSource
 from loader.format.dataset import Dataset
 from loader.format.partition_table import PartitionTable
@@ -67,23 +68,29 @@ class HeldBudget(BudgetPlan):
 
 
 class InMemoryMode(FullGraphMode):
-    """The whole graph in RAM; superbatches of ``[exact] superbatch`` batches."""
+    """The whole graph in RAM; superbatches of ``[fullgraph] superbatch`` batches."""
 
     name = "inmemory"
 
-    def __init__(self, serving: ServingContext, dataset: Dataset, fixed_bytes: int) -> None:
+    @classmethod
+    def open(cls, setup: ModeSetup) -> "InMemoryMode":
+        return cls(setup.serving, setup.dataset, cls.plan_budget(setup))
+
+    @classmethod
+    def plan_budget(cls, setup: ModeSetup) -> HeldBudget:
+        fixed, need, budget = setup.fixed, inmemory_bytes(setup.dataset), setup.serving.config.memory.budget
+        if fixed.total + need > budget:
+            raise budget_too_small(budget, cls.name, [*fixed.parts(), ("graph and features", need)],
+                                   "use an out-of-core mode, which holds neither")
+        return HeldBudget(cls.name, fixed.total, need, f"graph and features {format_size(need)} in RAM")
+
+    def __init__(self, serving: ServingContext, dataset: Dataset, plan: HeldBudget) -> None:
         super().__init__(serving)
-        need = inmemory_bytes(dataset)
-        budget = serving.config.memory.budget - fixed_bytes
-        if need > budget:
-            raise UserError(f"[loader] mode = \"inmemory\" holds the graph and features ({format_size(need)}) in RAM, "
-                            f"more than [memory] budget {format_size(budget)}; raise the budget or use \"exact\"")
         data = load_in_memory(dataset)
         self.graph = data.graph
         self.features = data.features
-        self.superbatch = serving.config.exact.superbatch
-        self.budget_plan = HeldBudget(self.name, fixed_bytes, need,
-                                    f"graph and features {format_size(need)} in RAM")
+        self.superbatch = self.superbatch_for(serving.config)
+        self.budget_plan = plan
         self.rows: RowSource = DenseRows(self.features.reshape(-1).view(np.uint8), dataset.manifest.row_bytes)
 
     def eval_access(self) -> EvalAccess:
@@ -92,7 +99,7 @@ class InMemoryMode(FullGraphMode):
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def start_stream(self) -> RowsFor:
+    def start_stream(self, stopped: threading.Event) -> RowsFor:
         return lambda sampled: self.rows
 
     def close(self) -> None:
@@ -106,10 +113,13 @@ class MmapMode(FullGraphMode):
     superbatch = 1
     """PyG+ samples each mini-batch on its own, just before it is trained on."""
 
-    def __init__(self, serving: ServingContext, dataset: Dataset, partitions: PartitionTable, fixed_bytes: int,
-                 eval_batch: BatchBound | None) -> None:
-        super().__init__(serving)
-        config = serving.config
+    @classmethod
+    def open(cls, setup: ModeSetup) -> "MmapMode":
+        return cls(setup.serving, setup.dataset, setup.resident.partitions, cls.plan_budget(setup))
+
+    @classmethod
+    def plan_budget(cls, setup: ModeSetup) -> HeldBudget:
+        config, dataset, fixed, eval_batch = setup.serving.config, setup.dataset, setup.fixed, setup.pilot.eval
         if config.io.check_reads and dataset.manifest.has_read_checks:
             # a mapped row cannot be checked without hashing its whole check block (a read of the block per
             # row: no baseline), and a mapped file that shrinks kills the process: the mode runs only where
@@ -119,16 +129,20 @@ class MmapMode(FullGraphMode):
                             "changed byte is then served and a file that shrinks under the daemon kills it")
         eval_bytes = eval_graph_bytes(dataset, config.io, 0 if eval_batch is None else eval_batch.nodes,
                                       config.sampler.eval_fanouts)
-        if eval_bytes > config.memory.budget - fixed_bytes:
-            raise UserError(f"[loader] mode = \"mmap\" reads evaluation batches through a reader of "
-                            f"{format_size(eval_bytes)} (indptr, read checks, buffers), more than [memory] budget "
-                            f"{format_size(config.memory.budget)} leaves after node arrays and slots; raise the budget")
+        if fixed.total + eval_bytes > config.memory.budget:
+            raise budget_too_small(config.memory.budget, cls.name,
+                                   [*fixed.parts(), ("evaluation reads (indptr, read checks, buffers)", eval_bytes)],
+                                   "lower [sampler] eval_batch_size, [publisher] slots or [server] max_clients")
+        return HeldBudget(cls.name, fixed.total, eval_bytes,
+                          f"evaluation reads (indptr, read checks, buffers) {format_size(eval_bytes)} from the first "
+                          f"evaluation; the kernel's page cache holds what training reads")
+
+    def __init__(self, serving: ServingContext, dataset: Dataset, partitions: PartitionTable, plan: HeldBudget) -> None:
+        super().__init__(serving)
         self._data: MappedGraph = map_graph(dataset, partitions)
         self._dataset = dataset
         self.graph: CSCGraph = self._data.graph
-        self.budget_plan = HeldBudget(self.name, fixed_bytes, eval_bytes,
-                                      f"evaluation reads (indptr, read checks, buffers) {format_size(eval_bytes)} "
-                                      f"from the first evaluation; the kernel's page cache holds what training reads")
+        self.budget_plan = plan
         d = self._data
         self.rows: RowSource = FileRows(d.features, d.row_bytes, d.node_begin, d.feat_offset)
         self._eval_graph: DiskGraph | None = None
@@ -153,12 +167,12 @@ class MmapMode(FullGraphMode):
 
     def _eval_sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray
                      ) -> SampledPass:
-        return self.eval_graph().sample(seeds, batch_size, fanouts, keys)
+        return self.eval_graph().sample(seeds, batch_size, fanouts, keys, purpose=EVAL)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
         return sample_pass(self.graph, seeds, batch_size, fanouts, keys)
 
-    def start_stream(self) -> RowsFor:
+    def start_stream(self, stopped: threading.Event) -> RowsFor:
         return lambda sampled: self.rows
 
     def close(self) -> None:
@@ -175,4 +189,4 @@ class _EvalRows(RowSource):
         self._mode = mode
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        self._mode.eval_graph().read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
+        self._mode.eval_graph().read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x, purpose=EVAL)

@@ -9,7 +9,8 @@ regrouped). What changes is where a row comes from. The planner stage takes a sa
    one sequential pass (``[io] sequential_rate``) costs less than reading their distinct rows at random
    (``[io] random_reads``);
 3. loads them whole: one pass over their contiguous ranges of ``features.bin`` (the prepared layout keeps a
-   partition's rows together), read ahead and checked as the staged mode's passes are (``WindowStager.read_rows``);
+   partition's rows together), read ahead and checked as the staged mode's passes are
+   (``SequentialReader.read_rows``);
 4. plans the Belady cache over the accesses those partitions do not serve, from the state the previous superbatch
    left.
 
@@ -34,18 +35,21 @@ import numpy as np
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
 from loader.daemon.fullgraph.outofcore import (
+    HYBRID_BYTES_PER_SAMPLED_NODE,
+    HYBRID_RESIDENT_SHARE,
     STAGING_CHUNK_SMALL,
     BeladyRows,
     BeladyStream,
     ExactMode,
     OutOfCoreBudget,
 )
+from loader.daemon.read_metrics import TRAIN
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
 from loader.format.partition_table import PartitionTable
-from loader.sampling.sampling import SampledPass
-from loader.staging.stager import WindowStager
+from loader.sampling.sampling import SampledBatches
+from loader.staging.sequential_reader import SequentialReader
 
 __all__ = ["HybridMode", "ResidentPartitions", "choose_resident"]
 
@@ -91,17 +95,22 @@ class HybridMode(ExactMode):
     Belady cache and row reads (the module docstring)."""
 
     name = "hybrid"
+    scratch_bytes_per_node = ExactMode.scratch_bytes_per_node + 1
+    """And the map of a superbatch's distinct nodes (which partitions are worth their pass)."""
+    bytes_per_sampled_node_beside = HYBRID_BYTES_PER_SAMPLED_NODE
+    resident_share = HYBRID_RESIDENT_SHARE
 
     def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving, dataset, plan)
         try:
             m = dataset.manifest
             checks = self.read_checks
-            # the stager's checked, read-ahead pass over the file, used only to read (nothing is staged)
-            self.partition_reader = WindowStager(dataset.file("features"), row_bytes=m.row_bytes, staging_dir=None,
-                                                 block_sums=None if checks is None else checks.feature_blocks,
-                                                 check_block=m.feature_check_bytes, direct=serving.config.io.direct_io,
-                                                 chunk_bytes=STAGING_CHUNK_SMALL, scatter_bytes=STAGING_CHUNK_SMALL)
+            # the staged mode's checked, read-ahead pass over the file (nothing is staged)
+            self.partition_reader = SequentialReader(dataset.file("features"), row_bytes=m.row_bytes,
+                                                     block_sums=None if checks is None else checks.feature_blocks,
+                                                     check_block=m.feature_check_bytes,
+                                                     direct=serving.config.io.direct_io,
+                                                     chunk_bytes=STAGING_CHUNK_SMALL, scatter_bytes=STAGING_CHUNK_SMALL)
             self.partitions = dataset.partitions()
             self._seen = np.zeros(m.num_nodes, dtype=bool)
             # the partitions' pass waits on the disk most of its time: a thread of its own, as staged's stager
@@ -112,7 +121,7 @@ class HybridMode(ExactMode):
         log.info("hybrid: up to %s of whole partitions per superbatch, a Belady cache of %s rows",
                  f"{plan.resident_bytes:,} B", f"{plan.feature_cache_rows:,}")
 
-    def load_resident(self, sampled: SampledPass) -> ResidentPartitions:
+    def load_resident(self, sampled: SampledBatches) -> ResidentPartitions:
         """The partitions worth a pass for ``sampled``, loaded (the planner stage's work)."""
         started = time.perf_counter()
         parts, row_bytes, io = self.partitions, self._row_bytes, self.serving.config.io
@@ -136,7 +145,7 @@ class HybridMode(ExactMode):
         offsets = first + np.arange(total, dtype=np.int64) * row_bytes
         # the choice's time here; the pass charges its own
         self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
-        self.read_by_pass(self.partition_reader, offsets, rows)
+        self.read_by_pass(self.partition_reader, offsets, rows, TRAIN)
         return ResidentPartitions(rows, base, parts)
 
     def stream(self) -> BeladyStream:
@@ -157,7 +166,7 @@ class _HybridStream(BeladyStream):
         super().__init__(mode)
         self._hybrid = mode
 
-    def rows_for(self, sampled: SampledPass) -> RowSource:
+    def rows_for(self, sampled: SampledBatches) -> RowSource:
         resident = self._hybrid.load_resident(sampled)
         elsewhere = resident.positions(sampled.nodes) < 0
         through = np.zeros(len(elsewhere) + 1, dtype=np.int64)

@@ -18,7 +18,7 @@ They differ in the feature cache:
 * ``staged`` (``staged.py``): static's degree-ranked feature cache; the planner stage stages each superbatch's other
   rows (``loader.staging``): one
   sequential O_DIRECT pass over the chunks of ``features.bin`` its batches use, each batch's rows
-  written to its region of a staging file under ``[exact] staging_dir``, which the publisher reads
+  written to its region of a staging file under ``[fullgraph] staging_dir``, which the publisher reads
   back sequentially (in reads of at most 4 MiB). A chunk holding too few of the superbatch's rows to pay for its pass
   (``choose_staged``, fed ``[io] sequential_rate`` and ``random_reads``) is not staged: its rows are
   read at random at publish, as in ``exact``. Sequential bytes instead of random reads: the disk moves the file's
@@ -47,10 +47,13 @@ is tens of bytes and saves one random read each time its node is a frontier targ
 feature row is a whole row for the same one read.
 """
 
+import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Self
 
 import numpy as np
 
@@ -58,20 +61,23 @@ from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import FeatureCache, row_words
 from loader.caches.row_reader import DEFAULT_MAX_SPAN
-from loader.daemon.budget_plan import BudgetPlan
+from loader.daemon.budget_plan import BudgetPlan, budget_too_small
 from loader.daemon.config import LoaderConfig
 from loader.daemon.disk_graph import ROW_READ_THREADS, DiskGraph, DiskRows, expanded_share
 from loader.daemon.eval_stream import EvalAccess, ModeEval
 from loader.daemon.fullgraph.fullgraph import SUPERBATCHES_IN_FLIGHT, FullGraphMode, RowsFor
+from loader.daemon.mode import ModeSetup
+from loader.daemon.read_metrics import EVAL, STARTUP, TRAIN
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource
 from loader.format.dataset import Dataset
 from loader.format.read_checks import block_table_bytes, load_read_checks
 from loader.sampling.neighbor_reader import max_degree, staging_bound
-from loader.sampling.sampling import SampledPass
+from loader.sampling.sampling import SampledBatches, SampledPass
 from loader.staging.scratch_files import takes_direct_writes
+from loader.staging.sequential_reader import SequentialReader, StagingStats, reader_buffer_bytes
 from loader.staging.spilled_pass import id_dtype
-from loader.staging.stager import StagingStats, WindowStager, stager_buffer_bytes
+from loader.staging.stager import stager_buffer_bytes
 from loader.staging.window_plan import PLAN_SLICE_ROWS, plan_window_bytes
 from proto.errors import UserError
 from proto.sizes import format_size
@@ -102,7 +108,7 @@ they did: 17.4 batches/s against 21.1, the sampler reading lists)."""
 STAGING_FLUSH = 8 << 20
 """Mode staged: staging writes between two flushes (the page cache holds about twice this)."""
 HYBRID_RESIDENT_SHARE = 0.5
-"""Mode hybrid: the share of the feature bytes (``[exact] feature_cache``) that goes to the superbatches' resident
+"""Mode hybrid: the share of the feature bytes (``[fullgraph] feature_cache``) that goes to the superbatches' resident
 partitions, split evenly between the ``SUPERBATCHES_IN_FLIGHT`` of them; the rest is the Belady cache. A design
 default, not a measured optimum: bench/hybrid_bench found Belady serving more accesses per byte (0.52 of them at 10%
 of the 1M-node graph's file, the best partitions 0.13), so the partitions pay only by loading sequentially what
@@ -170,31 +176,29 @@ class OutOfCoreBudget(BudgetPlan):
                 + (f" (staging chunks of {format_size(self.staging_chunk)})" if self.staging_chunk else ""))
 
 
-def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, batch_nodes: int, batch_edges: int
-                   ) -> OutOfCoreBudget:
-    """Split ``[memory] budget`` for ``[loader] mode`` = exact, static, staged or hybrid; UserError when it cannot
-    fit."""
-    m, ex, mode = dataset.manifest, config.exact, config.loader.mode
+def plan_outofcore(mode: "type[OutOfCoreMode]", config: LoaderConfig, dataset: Dataset, fixed_bytes: int,
+                   batch_nodes: int, batch_edges: int) -> OutOfCoreBudget:
+    """Split ``[memory] budget`` for the out-of-core ``mode``, from its class's budget hooks (``OutOfCoreMode``);
+    UserError when it cannot fit."""
+    m, fg = dataset.manifest, config.fullgraph
+    superbatch = mode.superbatch_for(config)
     n = m.num_nodes
     index_itemsize = np.dtype(m.index_dtype.value).itemsize
-    scratch = 8 + 4  # the sampler's two int32 maps + the planner's int32 map (exact) or the static address table
-    if mode == "hybrid":
-        scratch += 1  # the map of a superbatch's distinct nodes (which partitions are worth their pass)
     # the read checks' block tables (8 B per block of features.bin and page of indices.npy) live as long as the mode;
     # the sampler stage holds the epoch's shuffled training ids (8 B each) for the whole epoch
-    graph_bytes = (8 * (n + 1) + scratch * n + (block_table_bytes(dataset) if config.io.check_reads else 0)
-                   + 8 * m.splits.train)
+    graph_bytes = (8 * (n + 1) + mode.scratch_bytes_per_node * n
+                   + (block_table_bytes(dataset) if config.io.check_reads else 0) + 8 * m.splits.train)
     sampled_batch = batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE
     mean_degree = m.num_edges / max(1, n)
-    list_staging = int(ex.sample_group * batch_nodes * expanded_share(config.sampler.fanouts) * mean_degree
+    list_staging = int(fg.sample_group * batch_nodes * expanded_share(config.sampler.fanouts) * mean_degree
                        * index_itemsize)
     # lists read from disk pass through the reader's staging buffer (whole pages, shared memory), bounded by its
     # rounds; a superbatch's seeds are gathered from the epoch's order before it is sampled
     working = (list_staging + ROW_READ_THREADS * DEFAULT_MAX_SPAN + _reader_staging_bytes(dataset)
-               + 8 * ex.superbatch * config.sampler.batch_size)
+               + 8 * superbatch * config.sampler.batch_size)
     all_lists = 8 * n + index_itemsize * m.num_edges
     staging_chunk = plan_rows = 0
-    if mode == "staged":
+    if mode.spills_superbatches:
         # a superbatch in flight is per-batch tables (its ids and edges are spilled, its rows staged); the planner
         # plans one at a time, reading its ids back a slice at a time; the sampler holds one sample group before
         # spilling it; the publisher holds a batch's record and the next one's, read ahead
@@ -202,54 +206,51 @@ def plan_outofcore(config: LoaderConfig, dataset: Dataset, fixed_bytes: int, bat
         id_slice = 2 * ids * (PLAN_SLICE_ROWS + 2 * batch_nodes)  # the records' pages and their concatenation
         records = 2 * (batch_nodes * ids + batch_edges * 8)
         # a sample group's records are laid out in one buffer (whole pages each) to be written in one go
-        group_records = ex.sample_group * (records // 2 + 2 * 4096)
-        plan_rows = min(STAGED_PLAN_ROWS, min(ex.superbatch, STAGED_PLAN_BATCHES) * batch_nodes)
+        group_records = fg.sample_group * (records // 2 + 2 * 4096)
+        plan_rows = min(STAGED_PLAN_ROWS, min(superbatch, STAGED_PLAN_BATCHES) * batch_nodes)
         plan_rows = max(plan_rows, batch_nodes)  # a window holds at least one batch
-        working += (SUPERBATCHES_IN_FLIGHT * ex.superbatch * SPILLED_BATCH_BYTES
+        working += (SUPERBATCHES_IN_FLIGHT * superbatch * SPILLED_BATCH_BYTES
                     + plan_window_bytes(plan_rows) + id_slice + records
-                    + ex.sample_group * sampled_batch + group_records)
-        direct_writes = _takes_direct_writes(ex.staging_dir)  # scratch files: O_DIRECT wherever taken
+                    + fg.sample_group * sampled_batch + group_records)
+        direct_writes = _takes_direct_writes(fg.staging_dir)  # scratch files: O_DIRECT wherever taken
 
         def stager_bytes(chunk: int) -> int:
             return stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=batch_nodes, chunk_bytes=chunk,
                                        scatter_bytes=chunk, flush_bytes=STAGING_FLUSH, on_disk=True,
-                                       direct_writes=direct_writes, window_batches=ex.superbatch)
+                                       direct_writes=direct_writes, window_batches=superbatch)
 
         # large chunks where the budget still gives the neighbour cache every list after them, else small ones
         fits = config.memory.budget - fixed_bytes - graph_bytes - working - stager_bytes(STAGING_CHUNK) >= all_lists
         staging_chunk = STAGING_CHUNK if fits else STAGING_CHUNK_SMALL
         working += stager_bytes(staging_chunk)
-    elif mode == "hybrid":
-        # each superbatch in flight also holds the ids its resident partitions do not serve (the Belady plan's
-        # trace), and the partitions' pass has the stager's chunk buffers (nothing staged, nothing read back)
-        per_batch = sampled_batch + HYBRID_BYTES_PER_SAMPLED_NODE * batch_nodes
-        working += (SUPERBATCHES_IN_FLIGHT * ex.superbatch * per_batch
-                    + stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=1, chunk_bytes=STAGING_CHUNK_SMALL,
-                                          scatter_bytes=STAGING_CHUNK_SMALL, flush_bytes=0, on_disk=False))
     else:
-        working += SUPERBATCHES_IN_FLIGHT * ex.superbatch * sampled_batch
+        working += SUPERBATCHES_IN_FLIGHT * superbatch * (sampled_batch
+                                                          + mode.bytes_per_sampled_node_beside * batch_nodes)
+    if mode.resident_share:
+        # the partitions' pass has a sequential reader's chunk and scatter buffers (nothing staged or read back)
+        working += reader_buffer_bytes(row_bytes=m.row_bytes, chunk_bytes=STAGING_CHUNK_SMALL,
+                                       scatter_bytes=STAGING_CHUNK_SMALL)
+    fixed_parts = [("node arrays and slots", fixed_bytes),
+                   ("indptr, scratch, read checks and seed order", graph_bytes),
+                   (f"{SUPERBATCHES_IN_FLIGHT} superbatches of {superbatch} batches in flight and read buffers",
+                    working)]
     left = config.memory.budget - fixed_bytes - graph_bytes - working
     if left < 0:
-        raise UserError(f"memory budget {format_size(config.memory.budget)} is too small for mode {mode}: node "
-                        f"arrays and slots {format_size(fixed_bytes)}, indptr, scratch, read checks and seed order "
-                        f"{format_size(graph_bytes)}, "
-                        f"{SUPERBATCHES_IN_FLIGHT} superbatches of {ex.superbatch} batches in flight and read buffers "
-                        f"{format_size(working)}; raise [memory] budget or lower [exact] superbatch / sample_group")
-    # staged: a cached row saves three sequential transfers of its bytes, a cached list one random read, so
-    # the lists come first there
-    neighbor = ex.neighbor_cache if ex.neighbor_cache is not None else \
-        min(all_lists, left if mode == "staged" else left // 2)
-    feature = ex.feature_cache if ex.feature_cache is not None else left - neighbor
+        raise budget_too_small(config.memory.budget, mode.name, fixed_parts,
+                               "lower [fullgraph] superbatch / sample_group")
+    neighbor = fg.neighbor_cache if fg.neighbor_cache is not None else \
+        min(all_lists, left if mode.lists_first else left // 2)
+    feature = fg.feature_cache if fg.feature_cache is not None else left - neighbor
     if neighbor + feature > left:
-        raise UserError(f"[exact] neighbor_cache ({format_size(neighbor)}) + feature_cache ({format_size(feature)}) "
-                        f"exceed the {format_size(left)} the budget leaves for caches; lower them or use \"auto\"")
-    resident = 0
-    if mode == "hybrid":  # the feature bytes split between the superbatches' partitions and the Belady cache
-        resident = int(feature * HYBRID_RESIDENT_SHARE) // SUPERBATCHES_IN_FLIGHT
-        feature -= SUPERBATCHES_IN_FLIGHT * resident
+        raise budget_too_small(config.memory.budget, mode.name,
+                               [*fixed_parts, ("neighbour cache", neighbor), ("feature cache", feature)],
+                               "lower [fullgraph] neighbor_cache / feature_cache or leave them \"auto\"")
+    # the feature bytes split between the superbatches' resident partitions and the feature cache
+    resident = int(feature * mode.resident_share) // SUPERBATCHES_IN_FLIGHT
+    feature -= SUPERBATCHES_IN_FLIGHT * resident
     rows = min(n, feature // m.row_bytes) if m.row_bytes else 0
-    return OutOfCoreBudget(mode, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows, m.row_bytes,
-                           staging_chunk, plan_rows, resident)
+    return OutOfCoreBudget(mode.name, config.memory.budget, fixed_bytes, graph_bytes, working, neighbor, rows,
+                           m.row_bytes, staging_chunk, plan_rows, resident)
 
 
 def _reader_staging_bytes(dataset: Dataset) -> int:
@@ -280,40 +281,67 @@ def out_degree_ranking(dataset: Dataset, chunk: int = 1 << 23) -> np.ndarray:
 
 
 class OutOfCoreMode(FullGraphMode):
-    """What both out-of-core modes share: the graph on disk (``DiskGraph``: the exact sampler over the neighbour
-    cache, the row reader for missed rows, both checked)."""
+    """What the out-of-core modes share: the graph on disk (``DiskGraph``: the exact sampler over the neighbour
+    cache, the row reader for missed rows, both checked), and the budget hooks ``plan_outofcore`` reads from the
+    class (so a mode's plan is made, and refused, before anything is opened)."""
+
+    scratch_bytes_per_node: ClassVar[int] = 8 + 4
+    """Per-node scratch besides indptr: the sampler's two int32 maps and the planner's int32 map (exact) or the static
+    cache's address table."""
+    spills_superbatches: ClassVar[bool] = False
+    """A superbatch in flight is per-batch tables in RAM, its ids and edges spilled and its rows staged on disk
+    (``staged.py``), instead of its sampled pass in RAM."""
+    bytes_per_sampled_node_beside: ClassVar[int] = 0
+    """RAM per sampled node a superbatch in flight holds beside its sampled pass (where not spilled)."""
+    lists_first: ClassVar[bool] = False
+    """``"auto"`` caches: the neighbour cache takes every list it can before the feature cache gets anything (else
+    at most half of what is left)."""
+    resident_share: ClassVar[float] = 0.0
+    """The share of the feature bytes that goes to the superbatches' whole partitions (loaded by a sequential pass),
+    split between the ``SUPERBATCHES_IN_FLIGHT`` of them; the rest is the feature cache."""
+
+    @classmethod
+    def open(cls, setup: ModeSetup) -> Self:
+        return cls(setup.serving, setup.dataset, cls.plan_budget(setup))
+
+    @classmethod
+    def plan_budget(cls, setup: ModeSetup) -> OutOfCoreBudget:
+        batch = setup.pilot.train_or_zero
+        return plan_outofcore(cls, setup.serving.config, setup.dataset, setup.fixed.total, batch.nodes, batch.edges)
 
     def __init__(self, serving: ServingContext, dataset: Dataset, plan: OutOfCoreBudget) -> None:
         super().__init__(serving)
         config = serving.config
         self.budget_plan: OutOfCoreBudget = plan
-        self.superbatch = config.exact.superbatch
+        self.superbatch = self.superbatch_for(config)
         self._metrics = serving.metrics
         self._row_bytes = dataset.manifest.row_bytes
         self.read_checks = load_read_checks(dataset, blocks=True) if config.io.check_reads else None
         self.disk = DiskGraph(dataset, config.io, serving.metrics, checks=self.read_checks,
-                              neighbor_cache_bytes=plan.neighbor_cache_bytes, group_size=config.exact.sample_group)
+                              neighbor_cache_bytes=plan.neighbor_cache_bytes, group_size=config.fullgraph.sample_group)
         self._metrics.neighbor_cache_bytes.set(self.disk.cache_bytes)
 
     def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
-        return self.disk.sample(seeds, batch_size, fanouts, keys)
+        """A training superbatch's pass (evaluation samples through ``eval_access``, its reads counted apart)."""
+        return self.disk.sample(seeds, batch_size, fanouts, keys, purpose=TRAIN)
 
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowFetcher``)."""
-        self.disk.read_rows(ids, positions, out)
+        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` for the training stream (a
+        ``feature_cache.RowFetcher``)."""
+        self.disk.read_rows(ids, positions, out, purpose=TRAIN)
 
     def load_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Rows of dataset ids ``ids`` into ``out`` (a cache being filled at startup)."""
-        self.read_rows(ids, np.arange(len(ids), dtype=np.int64), out)
+        self.disk.read_rows(ids, np.arange(len(ids), dtype=np.int64), out, purpose=STARTUP)
 
-    def count_pass(self, stats: StagingStats) -> None:
+    def count_pass(self, stats: StagingStats, purpose: str) -> None:
         """A sequential pass over ``features.bin`` (staging, or a cache or partitions loaded) into the disk metrics."""
-        self._metrics.disk_bytes.labels("features").inc(stats.file_bytes_read)
-        self._metrics.disk_reads.labels("features").inc(stats.chunks)
+        self._metrics.read_meter("features", purpose).record_pass(stats)
 
-    def read_by_pass(self, reader: WindowStager, offsets: np.ndarray, out: np.ndarray) -> StagingStats:
+    def read_by_pass(self, reader: SequentialReader, offsets: np.ndarray, out: np.ndarray, purpose: str
+                     ) -> StagingStats:
         """The rows at ``offsets`` into ``out``, in that order, by ``reader``'s one sequential, checked pass (its
-        time charged to the staging stage, its reads counted); a disk error as one line."""
+        time charged to the staging stage, its reads counted under ``purpose``); a disk error as one line."""
         started = time.perf_counter()
         try:
             stats = reader.read_rows(offsets, out, np.arange(len(offsets), dtype=np.int64))
@@ -322,17 +350,17 @@ class OutOfCoreMode(FullGraphMode):
                             ) from err
         finally:
             self._metrics.stage_busy.labels("staging").inc(time.perf_counter() - started)
-        self.count_pass(stats)
+        self.count_pass(stats, purpose)
         return stats
 
     def eval_rows(self) -> RowSource:
         """Rows for evaluation batches (never the training stream's cache plan, whose state is the stream's): read
         from disk, unless the mode has a cache that evaluation may share."""
-        return DiskRows(self.disk)
+        return DiskRows(self.disk, EVAL)
 
     def eval_access(self) -> EvalAccess:
-        """Evaluation through the same sampler and row reads."""
-        return ModeEval(self.slot_source(self.eval_rows()), self.sample)
+        """Evaluation through the same sampler and row reads, counted as evaluation's."""
+        return ModeEval(self.slot_source(self.eval_rows()), functools.partial(self.disk.sample, purpose=EVAL))
 
     def close(self) -> None:
         self.disk.close()
@@ -351,7 +379,7 @@ class ExactMode(OutOfCoreMode):
         self.planner = CachePlanner(dataset.manifest.num_nodes, plan.feature_cache_rows)
         self._metrics.feature_cache_bytes.set(self.cache.rows.nbytes)
 
-    def start_stream(self) -> RowsFor:
+    def start_stream(self, stopped: threading.Event) -> RowsFor:
         self.cache.reset()
         return self.stream().rows_for
 
@@ -374,7 +402,7 @@ class BeladyStream:
         self._state = cache_plan.final_state
         return BeladyRows(self._mode, cache_plan)
 
-    def rows_for(self, sampled: SampledPass) -> RowSource:
+    def rows_for(self, sampled: SampledBatches) -> RowSource:
         return self.plan(sampled.node_ptr, sampled.nodes)
 
 
@@ -434,30 +462,31 @@ class StaticMode(OutOfCoreMode):
         super().__init__(serving, dataset, plan)
         self.cache = DegreeCache(self, dataset, plan.feature_cache_rows)
 
-    def fill(self, nodes: np.ndarray, x: np.ndarray) -> tuple[int, int]:
-        """Rows of ``nodes`` into ``x``: hits copied from the cache, misses read; (hits, misses)."""
+    def fill(self, nodes: np.ndarray, x: np.ndarray, purpose: str) -> tuple[int, int]:
+        """Rows of ``nodes`` into ``x``: hits copied from the cache, misses read for ``purpose``; (hits, misses)."""
         miss = self.cache.copy_hits(nodes, x)
         if miss.size:
-            self.read_rows(nodes[miss], miss, x)
+            self.disk.read_rows(nodes[miss], miss, x, purpose=purpose)
         return len(nodes) - len(miss), len(miss)
 
-    def start_stream(self) -> RowsFor:
-        rows = _StaticRows(self, counted=True)
+    def start_stream(self, stopped: threading.Event) -> RowsFor:
+        rows = _StaticRows(self, TRAIN)
         return lambda sampled: rows
 
     def eval_rows(self) -> RowSource:
-        return _StaticRows(self, counted=False)
+        return _StaticRows(self, EVAL)
 
 
 class _StaticRows(RowSource):
-    """Rows from the static cache, misses read; ``counted``: hits and misses go to the cache's metrics
-    (training only, so the hit rate is the training stream's)."""
+    """Rows from the static cache, misses read for ``purpose``; hits and misses go to the cache's metrics for
+    training only, so the hit rate is the training stream's."""
 
-    def __init__(self, mode: StaticMode, counted: bool) -> None:
-        self._mode, self._counted = mode, counted
+    def __init__(self, mode: StaticMode, purpose: str) -> None:
+        self._mode, self._purpose = mode, purpose
+        self._counted = purpose == TRAIN
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        hits, misses = self._mode.fill(nodes, x)
+        hits, misses = self._mode.fill(nodes, x, self._purpose)
         if self._counted:
             lookups = self._mode.serving.metrics.feature_cache_lookups
             lookups.labels("hit").inc(hits)

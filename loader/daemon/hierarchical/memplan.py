@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.budget_plan import BudgetPlan
+from loader.daemon.budget_plan import BudgetPlan, FixedPart, Part, budget_too_small, fixed_part
 from loader.daemon.hierarchical.coverage import expected_edge_coverage, static_cut_share
-from loader.daemon.resident import NODE_ARRAY_BYTES
 from loader.daemon.slot_sizing import SessionSizing
 from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
@@ -41,6 +40,9 @@ __all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "HierarchicalBudget", "plan_m
            "buffer_sizes", "round_up"]
 
 PAGE = 4096
+
+MODE = "hierarchical"
+"""The mode this plan is for, as its refusals name it."""
 
 PASSES_IN_FLIGHT = 3
 """Sampled passes alive at once: one being sampled, one queued, one being published."""
@@ -84,32 +86,31 @@ class HierarchicalBudget(BudgetPlan):
     """The resolved split of the budget; ``describe()`` is what ``serve`` logs at startup."""
 
     budget: int
-    node_array_bytes: int
+    fixed: FixedPart
+    """Node arrays and slots (``budget_plan.fixed_part``, as in every mode)."""
     static_nodes: int
     static_bytes: int
     buffer: BufferSizes
-    sessions: SessionSizing
     eval_bytes: int = 0
     """The evaluation reader: indptr, the sampler's maps, the read checks' block tables, its read buffers."""
 
-    @property
-    def slots_bytes(self) -> int:
-        return self.sessions.total
+    def parts(self) -> list[Part]:
+        """Every part of the plan, named as the plan line and a refusal name it."""
+        node_arrays, slots = self.fixed.parts()
+        return [node_arrays, (f"static cache {self.static_nodes:,} nodes", self.static_bytes),
+                (f"2 x mega-batch buffer ({self.buffer.partitions} partitions, {format_size(self.buffer.total)} "
+                 f"each)", 2 * self.buffer.total),
+                (f"{PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}",
+                 PASSES_IN_FLIGHT * self.buffer.pass_bytes),
+                ("evaluation reads (indptr, read checks, buffers)", self.eval_bytes), slots]
 
     @property
     def total(self) -> int:
-        return (self.node_array_bytes + self.static_bytes + 2 * self.buffer.total
-                + PASSES_IN_FLIGHT * self.buffer.pass_bytes + self.eval_bytes + self.slots_bytes)
+        return sum(size for _, size in self.parts())
 
     def describe(self) -> str:
-        return (f"memory plan: budget {format_size(self.budget)} = node arrays {format_size(self.node_array_bytes)}"
-                f" + static cache {self.static_nodes:,} nodes {format_size(self.static_bytes)}"
-                f" + 2 x mega-batch buffer ({self.buffer.partitions} partitions, "
-                f"{format_size(self.buffer.total)} each)"
-                f" + {PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}"
-                f" + evaluation reads (indptr, read checks, buffers) {format_size(self.eval_bytes)}"
-                f" + {self.sessions.describe()}"
-                f" = {format_size(self.total)} used")
+        listed = " + ".join(f"{what} {format_size(size)}" for what, size in self.parts())
+        return f"memory plan: budget {format_size(self.budget)} = {listed} = {format_size(self.total)} used"
 
 
 def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static_edges: int,
@@ -142,28 +143,26 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``
     (``eval_bytes``: the evaluation reader, held whatever N_d is)."""
     num_partitions = len(partitions)
-    node_bytes = num_nodes * NODE_ARRAY_BYTES
+    fixed = fixed_part(num_nodes, sessions)
     static_bytes = round_up(static_nodes * static_row_bytes)
 
     def make(n_d: int) -> HierarchicalBudget:
-        return HierarchicalBudget(budget, node_bytes, static_nodes, static_bytes,
-                          buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize, train_counts,
-                                       batch_size, batch_bytes),
-                          sessions, eval_bytes)
+        return HierarchicalBudget(budget, fixed, static_nodes, static_bytes,
+                                  buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize,
+                                               train_counts, batch_size, batch_bytes),
+                                  eval_bytes)
 
+    others = "[publisher] slots or [server] max_clients, or set [hierarchy] static_cache = false"
     if fraction is not None:
         n_d = min(num_partitions, max(1, round(fraction * num_partitions)))
         plan = make(n_d)
         if plan.total > budget:
-            raise UserError(
-                f"memory budget {format_size(budget)} is too small: {plan.describe()}; raise [memory] budget, "
-                f"lower [hierarchy] megabatch_fraction, [publisher] slots or [server] max_clients, "
-                f"or set static_cache = false")
+            raise budget_too_small(budget, MODE, plan.parts(), f"lower [hierarchy] megabatch_fraction, {others}")
         return plan
     lo, hi = 1, num_partitions
     if make(lo).total > budget:
-        raise UserError(f"memory budget {format_size(budget)} cannot hold even one partition per mega-batch: "
-                        f"{make(lo).describe()}")
+        raise budget_too_small(budget, MODE, make(lo).parts(),
+                               f"lower {others} (not even one partition per mega-batch fits)")
     while lo < hi:  # the total grows with n_d, so the largest fitting n_d is a binary search away
         mid = (lo + hi + 1) // 2
         if make(mid).total <= budget:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from loader.daemon.config import LoaderConfig
 from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.arena import FeatureArena
@@ -37,6 +38,28 @@ class HierarchicalMode(TrainingMode):
     """Two mega-batch buffers and the static cache in one arena, filled by whole-partition reads."""
 
     name = "hierarchical"
+    measures_quality = True
+    """Coverage and label skew per mega-batch and per epoch (``coverage.py``)."""
+
+    @classmethod
+    def open(cls, setup: ModeSetup) -> "HierarchicalMode":
+        return cls(setup)
+
+    @classmethod
+    def plan_budget(cls, setup: ModeSetup) -> HierarchicalBudget:
+        return _plan_budget(setup)[0]
+
+    @classmethod
+    def loads_static_cache(cls, config: LoaderConfig) -> bool:
+        """The static cache is this mode's (``[hierarchy] static_cache``, all or "auto"'s share of it)."""
+        return config.hierarchy.static_cache is not False
+
+    def cross_machine_problem(self) -> str | None:
+        if self._serving.config.hierarchy.passes is None:
+            # every machine must deal the same number of steps, and passes = "auto" decides per machine
+            return ("set [hierarchy] passes to a number on every daemon (\"auto\" decides per machine, and the "
+                    "machines' step counts would differ)")
+        return None
 
     def __init__(self, setup: ModeSetup) -> None:
         serving, dataset = setup.serving, setup.dataset

@@ -1,6 +1,7 @@
 """loader.caches.row_reader (+ row_reader_kernels): scattered row reads against numpy's own reading of the file."""
 
 import errno
+import itertools
 import logging
 import os
 import shutil
@@ -13,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.caches import row_reader_kernels as kernels
-from loader.caches.row_reader import RowReader
+from loader.caches.row_reader import RowReader, ShareResult
+from loader.format.read_checks import CorruptData
 
 PAGE = 4096
 
@@ -327,3 +329,43 @@ def test_read_error_raises_os_error_with_errno_and_path(tmp_path):
             reader.read_rows(np.array([0]), np.zeros((1, 4), np.uint8))
     assert info.value.errno == errno.EISDIR
     assert info.value.filename == os.fspath(tmp_path / "f.bin")
+
+
+def test_a_share_result_reads_the_kernels_row_by_name():
+    row = np.array([kernels.STATUS_OS_ERROR, errno.EIO, 3, 8192, 12345], dtype=np.int64)  # RESULT_FIELDS' order
+    assert ShareResult.from_kernel(row) == ShareResult(status=kernels.STATUS_OS_ERROR, errno=errno.EIO, reads=3,
+                                                       bytes=8192, offset=12345)
+
+
+@pytest.mark.parametrize("status", [kernels.STATUS_OS_ERROR, kernels.STATUS_EOF, kernels.STATUS_CORRUPT])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_failed_share_is_reported_from_its_own_fields(tmp_path, monkeypatch, status, threads):
+    """Every share reports a different count; the failure is the first failed share's, the counters their sums."""
+    write_rows(tmp_path / "f.bin", 3000, 100)
+    calls = itertools.count(1)  # next() is atomic: the shares run on the pool's threads
+    reported = []
+
+    def report(fd, *args):
+        result = args[12]  # read_groups(fd, span_start, ..., g0, g1, result, block_sums, check_block)
+        k = next(calls)
+        reported.append(k)
+        if k == 2 or threads == 1:  # one share fails
+            err = errno.EIO if status == kernels.STATUS_OS_ERROR else 0
+            result[:] = (status, err, k, 4096 * k, 1000 * k)  # the kernel's order (RESULT_FIELDS)
+        else:
+            result[:] = (kernels.STATUS_OK, 0, k, 4096 * k, -1)
+
+    monkeypatch.setattr(kernels, "read_groups", report)
+    idx = np.arange(0, 3000, 50)  # rows 5000 bytes apart: a span each, so a share per thread
+    with RowReader(tmp_path / "f.bin", row_bytes=100, direct=False, threads=threads, max_span=PAGE) as reader:
+        with pytest.raises(OSError if status != kernels.STATUS_CORRUPT else CorruptData) as info:
+            reader.read_rows(idx * 100, np.zeros((len(idx), 100), np.uint8))
+        assert sorted(reported) == list(range(1, threads + 1))
+        assert (reader.reads, reader.bytes_read, reader.rows_read) == (sum(reported), 4096 * sum(reported), 0)
+    at = 1000 * (1 if threads == 1 else 2)
+    if status == kernels.STATUS_CORRUPT:
+        assert info.value.offset == at
+    elif status == kernels.STATUS_EOF:
+        assert info.value.errno == errno.EIO and f"file ends at byte {at}," in str(info.value)
+    else:
+        assert info.value.errno == errno.EIO and f"pread at byte {at})" in str(info.value)

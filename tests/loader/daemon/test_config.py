@@ -1,8 +1,12 @@
 """Config validation: every bad value is a one-line UserError naming the table and key."""
 
+import logging
+
 import pytest
 
 from loader.daemon.config import config_from_mapping, load_config
+from loader.daemon.fullgraph.staged import STAGED_SUPERBATCH
+from loader.daemon.modes import MODES, mode_class
 from proto.errors import UserError
 from tests.paths import REPO_ROOT
 
@@ -21,28 +25,57 @@ def test_defaults_and_relative_paths(tmp_path):
     assert rel.dataset.path == tmp_path / "d" and rel.server.socket == tmp_path / "s.sock"
 
 
-def test_mode_and_exact_tables():
+def test_mode_and_fullgraph_tables():
     cfg = config_from_mapping(base())
-    assert cfg.loader.mode == "hierarchical" and cfg.exact.neighbor_cache is None and cfg.exact.feature_cache is None
-    cfg = config_from_mapping(base(loader={"mode": "exact"}, exact={"superbatch": 8, "sample_group": 2,
-                                                                     "neighbor_cache": "16M", "feature_cache": 0}))
-    assert (cfg.loader.mode, cfg.exact.superbatch, cfg.exact.sample_group) == ("exact", 8, 2)
-    assert cfg.exact.neighbor_cache == 16 << 20 and cfg.exact.feature_cache == 0
+    assert cfg.loader.mode == "hierarchical" and cfg.fullgraph.neighbor_cache is None
+    assert cfg.fullgraph.feature_cache is None
+    cfg = config_from_mapping(base(loader={"mode": "exact"}, fullgraph={"superbatch": 8, "sample_group": 2,
+                                                                         "neighbor_cache": "16M", "feature_cache": 0}))
+    assert (cfg.loader.mode, cfg.fullgraph.superbatch, cfg.fullgraph.sample_group) == ("exact", 8, 2)
+    assert cfg.fullgraph.neighbor_cache == 16 << 20 and cfg.fullgraph.feature_cache == 0
 
 
-def test_superbatch_default_is_longer_in_mode_staged():
-    from loader.daemon.config import STAGED_SUPERBATCH
+def test_the_old_exact_table_is_read_as_fullgraph_with_one_warning(caplog):
+    tables = {"superbatch": 8, "neighbor_cache": "16M"}
+    with caplog.at_level(logging.WARNING, logger="megabatch.config"):
+        old = config_from_mapping(base(loader={"mode": "exact"}, exact=tables))
+    assert old == config_from_mapping(base(loader={"mode": "exact"}, fullgraph=tables))
+    warned = [r.getMessage() for r in caplog.records if r.name == "megabatch.config"]
+    assert len(warned) == 1 and "[exact] is renamed [fullgraph]" in warned[0], warned
+    # errors in the old table name the table as the file wrote it
+    with pytest.raises(UserError, match=r"^\[exact\] superbatch: must be >= 1"):
+        config_from_mapping(base(exact={"superbatch": 0}))
 
-    assert config_from_mapping(base(loader={"mode": "exact"})).exact.superbatch == 64
-    assert config_from_mapping(base(loader={"mode": "staged"})).exact.superbatch == STAGED_SUPERBATCH == 512
-    assert config_from_mapping(base(loader={"mode": "staged"}, exact={"superbatch": 32})).exact.superbatch == 32
+
+def test_both_the_old_and_the_new_table_is_one_line_error():
+    with pytest.raises(UserError) as err:
+        config_from_mapping(base(exact={"superbatch": 8}, fullgraph={"superbatch": 8}))
+    assert str(err.value) == "[exact] and [fullgraph]: [exact] is renamed [fullgraph]; keep only [fullgraph]"
 
 
-def test_exact_sample_group_default_is_the_samplers():
+def test_mode_must_be_registered_and_the_error_lists_the_registry():
+    with pytest.raises(UserError) as err:
+        config_from_mapping(base(loader={"mode": "fast"}))
+    assert str(err.value) == f"[loader] mode: expected one of {', '.join(MODES)}, got 'fast'"
+    assert list(MODES)[:2] == ["hierarchical", "exact"] and "\n" not in str(err.value)
+
+
+def test_superbatch_default_is_the_modes_own():
+    # unset, the config leaves the choice to the mode: 64, and 512 in mode staged (whose pass it shares)
+    staged = config_from_mapping(base(loader={"mode": "staged"}))
+    assert staged.fullgraph.superbatch is None
+    assert mode_class("staged").superbatch_for(staged) == STAGED_SUPERBATCH == 512
+    exact = config_from_mapping(base(loader={"mode": "exact"}))
+    assert mode_class("exact").superbatch_for(exact) == 64
+    chosen = config_from_mapping(base(loader={"mode": "staged"}, fullgraph={"superbatch": 32}))
+    assert mode_class("staged").superbatch_for(chosen) == 32
+
+
+def test_fullgraph_sample_group_default_is_the_samplers():
     # one default for the group size, whether the sampler is built by the daemon or directly
     from loader.sampling.exact_sampling import DEFAULT_GROUP_SIZE
 
-    assert config_from_mapping(base()).exact.sample_group == DEFAULT_GROUP_SIZE
+    assert config_from_mapping(base()).fullgraph.sample_group == DEFAULT_GROUP_SIZE
 
 
 def test_auto_values():
@@ -85,8 +118,9 @@ def test_auto_values():
     ({"log": {"level": "loud"}}, "[log] level"),
     ({"extra": {}}, "[extra]: unknown table"),
     ({"loader": {"mode": "fast"}}, "[loader] mode: expected one of hierarchical, exact"),
-    ({"exact": {"superbatch": 0}}, "[exact] superbatch: must be >= 1"),
-    ({"exact": {"feature_cache": "big"}}, "[exact] feature_cache"),
+    ({"fullgraph": {"superbatch": 0}}, "[fullgraph] superbatch: must be >= 1"),
+    ({"fullgraph": {"feature_cache": "big"}}, "[fullgraph] feature_cache"),
+    ({"fullgraph": {"superbatches": 8}}, "[fullgraph] superbatches: unknown option"),
 ])
 def test_bad_values_name_the_key(tables, needle):
     data = {"dataset": {"path": "/x"}}

@@ -6,8 +6,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from loader.format.dataset import open_dataset
-from loader.sampling.inmemory import load_in_memory
 from proto.codec import encode
 from proto.errors import RemoteError
 from proto.messages import (
@@ -23,17 +21,7 @@ from proto.messages import (
     Stats,
     StatsRequest,
 )
-from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon, small_dataset
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("daemon"))
-
-
-@pytest.fixture(scope="module")
-def reference(dataset):
-    return load_in_memory(open_dataset(dataset))
+from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon
 
 
 def check_batch(arrays, ref):
@@ -50,9 +38,9 @@ def check_batch(arrays, ref):
     assert arrays["edges_per_hop"].sum() == arrays["edge_index"].shape[1]
 
 
-def test_every_training_node_once_per_pass_and_no_batch_lost(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"passes": 2})
-    train = np.sort(reference.splits["train"])
+def test_every_training_node_once_per_pass_and_no_batch_lost(dataset_3k, reference_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", hierarchy={"passes": 2})
+    train = np.sort(reference_3k.splits["train"])
     with running_daemon(config), connect(config) as client:
         seqs = []
         for epoch in (0, 1):
@@ -65,7 +53,7 @@ def test_every_training_node_once_per_pass_and_no_batch_lost(dataset, reference,
                 assert ready.num_batches == len(batches)
                 seeds = arrays["n_id"][:int(arrays["nodes_per_hop"][0])]
                 seeds_by_pass.setdefault((ready.pass_index, 0), []).append(seeds)
-                check_batch(arrays, reference)
+                check_batch(arrays, reference_3k)
             assert sorted(r.batch_index for r, _ in batches) == list(range(len(batches)))
             # each mega-batch is run twice: over the epoch every training node appears exactly twice
             counts = Counter(np.concatenate([s for group in seeds_by_pass.values() for s in group]).tolist())
@@ -74,9 +62,9 @@ def test_every_training_node_once_per_pass_and_no_batch_lost(dataset, reference,
         assert seqs == list(range(len(seqs)))
 
 
-def test_same_seed_same_batches_and_epochs_differ(dataset, tmp_path):
+def test_same_seed_same_batches_and_epochs_differ(dataset_3k, tmp_path):
     def run(sock_name):
-        config = daemon_config(dataset, tmp_path / sock_name)
+        config = daemon_config(dataset_3k, tmp_path / sock_name)
         with running_daemon(config), connect(config) as client:
             return [consume(client, StartEpoch(epoch=e), EpochEnd)[0] for e in (0, 1)]
 
@@ -90,40 +78,40 @@ def test_same_seed_same_batches_and_epochs_differ(dataset, tmp_path):
     assert not np.array_equal(first[0][0][1]["n_id"], first[1][0][1]["n_id"])
 
 
-def test_eval_covers_split_once_with_full_graph_neighbours(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_eval_covers_split_once_with_full_graph_neighbours(dataset_3k, reference_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config), connect(config) as client:
         for split in ("val", "test"):
             batches, _ = consume(client, EvalRequest(split=split), EvalEnd)
             seeds = np.concatenate([a["n_id"][:int(a["nodes_per_hop"][0])] for _, a in batches])
-            np.testing.assert_array_equal(np.sort(seeds), np.sort(reference.splits[split]))
+            np.testing.assert_array_equal(np.sort(seeds), np.sort(reference_3k.splits[split]))
             assert all(r.kind == split for r, _ in batches)
             for _, arrays in batches:
-                check_batch(arrays, reference)
+                check_batch(arrays, reference_3k)
 
 
 @pytest.mark.parametrize("fraction, static_nodes", [(1.0, 0), (0.25, 30)])
-def test_auto_static_cache_holds_none_for_the_whole_graph_and_all_for_a_quarter(dataset, reference, tmp_path,
+def test_auto_static_cache_holds_none_for_the_whole_graph_and_all_for_a_quarter(dataset_3k, reference_3k, tmp_path,
                                                                                    fraction, static_nodes):
     # the whole graph in one mega-batch needs no static node; a quarter of it keeps every prepared one
-    config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"megabatch_fraction": fraction, "passes": 1})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", hierarchy={"megabatch_fraction": fraction, "passes": 1})
     assert config.hierarchy.static_cache is None
     with running_daemon(config) as daemon, connect(config) as client:
         assert daemon.mode is not None and daemon.mode.budget_plan.static_nodes == static_nodes
         assert daemon.metrics.static_nodes._value.get() == static_nodes
         batches, _ = consume(client, StartEpoch(epoch=0), EpochEnd)
         for _, arrays in batches:
-            check_batch(arrays, reference)
+            check_batch(arrays, reference_3k)
 
 
-def test_static_cache_off_still_covers_and_matches_features(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"static_cache": False, "passes": 1})
+def test_static_cache_off_still_covers_and_matches_features(dataset_3k, reference_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", hierarchy={"static_cache": False, "passes": 1})
     with running_daemon(config), connect(config) as client:
         batches, end = consume(client, StartEpoch(epoch=0), EpochEnd)
         seeds = np.concatenate([a["n_id"][:int(a["nodes_per_hop"][0])] for _, a in batches])
-        np.testing.assert_array_equal(np.sort(seeds), np.sort(reference.splits["train"]))
+        np.testing.assert_array_equal(np.sort(seeds), np.sort(reference_3k.splits["train"]))
         for _, arrays in batches:
-            check_batch(arrays, reference)
+            check_batch(arrays, reference_3k)
 
 
 def raw_session(config):
@@ -139,8 +127,8 @@ def raw_session(config):
     b"\x81\xa1t\xa7nonsense",  # unknown tag
     b"\xdb" + (1 << 30).to_bytes(4, "big"),  # a 1 GiB string header: over the frame limit
 ])
-def test_bad_client_gets_an_error_and_the_daemon_keeps_serving(dataset, tmp_path, payload):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_bad_client_gets_an_error_and_the_daemon_keeps_serving(dataset_3k, tmp_path, payload):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config):
         with raw_session(config) as bad:
             bad.sendall(payload)
@@ -153,8 +141,8 @@ def test_bad_client_gets_an_error_and_the_daemon_keeps_serving(dataset, tmp_path
             assert isinstance(good.recv(timeout=30), Stats)
 
 
-def test_bad_message_mid_session_and_bad_release(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_bad_message_mid_session_and_bad_release(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config):
         client = connect(config)
         client.send(Release(slot=0, seq=99))
@@ -167,8 +155,8 @@ def test_bad_message_mid_session_and_bad_release(dataset, tmp_path):
             assert batches
 
 
-def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon:
         client = connect(config)
         client.send(StartEpoch(epoch=0))
@@ -181,8 +169,8 @@ def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset, tmp_path):
         assert daemon.ownership.owner is None or daemon.ownership.owner.label != "session 1"
 
 
-def test_second_trainer_is_refused_while_one_trains(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_second_trainer_is_refused_while_one_trains(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config), connect(config) as first, connect(config) as second:
         first.send(StartEpoch(epoch=0))
         assert isinstance(first.recv(timeout=60), BatchReady)
@@ -192,8 +180,8 @@ def test_second_trainer_is_refused_while_one_trains(dataset, tmp_path):
         assert err.value.code == "bad_request" and "one training stream" in err.value.message
 
 
-def test_hello_with_other_protocol_version_is_refused(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_hello_with_other_protocol_version_is_refused(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config), raw_session(config) as sock:
         sock.sendall(encode(Hello(protocol_version=99, client="future", pid=1)))
         reply = read_message(sock)

@@ -15,24 +15,12 @@ import os
 import numpy as np
 import pytest
 
-from loader.format.dataset import open_dataset
-from loader.sampling.inmemory import load_in_memory
 from proto.client import ControlClient
 from proto.messages import BatchReady, Credit, EpochEnd, EvalEnd, EvalRequest, Release, StartEpoch, Stats, StatsRequest
 from proto.shm import SEALS
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon
 
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("hostile"))
-
-
-@pytest.fixture(scope="module")
-def reference(dataset):
-    return load_in_memory(open_dataset(dataset))
 
 
 def punch_hole(fd: int, length: int) -> int:
@@ -84,8 +72,8 @@ def check_batch(arrays, ref):
     np.testing.assert_array_equal(arrays["y"], ref.labels[n_id[:seeds]])
 
 
-def test_truncating_client_cannot_crash_the_daemon_or_starve_another(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"max_clients": 2})
+def test_truncating_client_cannot_crash_the_daemon_or_starve_another(dataset_3k, reference_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"max_clients": 2})
     with running_daemon(config) as daemon, connect(config) as good, \
             ControlClient.connect(str(config.server.socket), client="hostile", timeout=30) as bad:
         fd, size = bad.segment.fd, bad.welcome.slots.segment_bytes
@@ -104,15 +92,15 @@ def test_truncating_client_cannot_crash_the_daemon_or_starve_another(dataset, re
         bad.send(StartEpoch(epoch=0))
         first = bad.recv(timeout=60)
         assert isinstance(first, BatchReady) and first.seq == 0
-        check_batch(bad.read_batch(first).arrays, reference)
+        check_batch(bad.read_batch(first).arrays, reference_3k)
 
         # the other session is served a whole, correct evaluation stream meanwhile
         batches, end = consume(good, EvalRequest(split="val"), EvalEnd)
         assert end.split == "val" and batches
         seeds = np.concatenate([a["n_id"][:int(a["nodes_per_hop"][0])] for _, a in batches])
-        np.testing.assert_array_equal(np.sort(seeds), np.sort(reference.splits["val"]))
+        np.testing.assert_array_equal(np.sort(seeds), np.sort(reference_3k.splits["val"]))
         for _, arrays in batches:
-            check_batch(arrays, reference)
+            check_batch(arrays, reference_3k)
 
         # and the attacker's own session goes on as if nothing happened
         bad.send(Release(slot=first.slot, seq=first.seq))
@@ -120,7 +108,7 @@ def test_truncating_client_cannot_crash_the_daemon_or_starve_another(dataset, re
         while epoch_end is None:
             msg = bad.recv(timeout=60)
             if isinstance(msg, BatchReady):
-                check_batch(bad.read_batch(msg).arrays, reference)
+                check_batch(bad.read_batch(msg).arrays, reference_3k)
                 rest.append(msg.seq)
                 bad.send(Release(slot=msg.slot, seq=msg.seq))
             else:
@@ -131,8 +119,8 @@ def test_truncating_client_cannot_crash_the_daemon_or_starve_another(dataset, re
         assert isinstance(good.recv(timeout=30), Stats)
 
 
-def test_the_client_receives_a_read_only_sealed_descriptor(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_the_client_receives_a_read_only_sealed_descriptor(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config), connect(config) as client:
         fd, size = client.segment.fd, client.welcome.slots.segment_bytes
         assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY

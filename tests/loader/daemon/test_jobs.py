@@ -9,7 +9,7 @@ import pytest
 
 from loader.daemon.welcome import dealing_fingerprint
 from loader.format.dataset import open_dataset
-from loader.sampling.inmemory import eval_split_batches, load_in_memory, split_stream
+from loader.sampling.inmemory import eval_split_batches, split_stream
 from loader.sampling.ranks import deal_epoch, deal_eval
 from loader.sampling.sampling import sample_pass
 from proto.client import ControlClient, JobMember
@@ -25,21 +25,11 @@ from proto.messages import (
     Release,
     StartEpoch,
 )
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon
 from tests.loader.daemon.test_daemon import check_batch
 
 BATCH = 64
 FANOUTS = [5, 3]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("jobs"))
-
-
-@pytest.fixture(scope="module")
-def reference(dataset):
-    return load_in_memory(open_dataset(dataset))
 
 
 def join(config, rank: int, world: int, local: int, job: str = "j") -> ControlClient:
@@ -73,9 +63,10 @@ def seeds_of(arrays) -> np.ndarray:
 
 @pytest.mark.parametrize("mode, exact", [("exact", {}), ("staged", {"superbatch": 5, "feature_cache": 0}),
                                         ("hybrid", {"superbatch": 5, "feature_cache": "600K"})])
-def test_the_full_graph_modes_deal_each_rank_the_in_memory_ranks_batches(dataset, reference, tmp_path, mode, exact):
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact)
-    train = reference.splits["train"]
+def test_the_full_graph_modes_deal_each_rank_the_in_memory_ranks_batches(dataset_3k, reference_3k, tmp_path, mode,
+                                                                          exact):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": mode}, fullgraph=exact)
+    train = reference_3k.splits["train"]
     with running_daemon(config):
         clients = [join(config, rank, 2, 2) for rank in (0, 1)]
         try:
@@ -90,17 +81,17 @@ def test_the_full_graph_modes_deal_each_rank_the_in_memory_ranks_batches(dataset
                         np.testing.assert_array_equal(seeds_of(arrays), dealt.step_seeds(step))
                         if len(dealt.step_seeds(step)):
                             # sampled exactly as --mode inmemory samples this rank's piece
-                            expected = sample_pass(reference.graph, dealt.step_seeds(step), BATCH, FANOUTS,
+                            expected = sample_pass(reference_3k.graph, dealt.step_seeds(step), BATCH, FANOUTS,
                                                    dealt.keys[step:step + 1])
                             np.testing.assert_array_equal(arrays["n_id"], expected.nodes)
-                            check_batch(arrays, reference)
+                            check_batch(arrays, reference_3k)
         finally:
             for client in clients:
                 client.close()
 
 
-def test_the_hierarchical_mode_deals_every_seed_once_in_equal_steps(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")  # hierarchical, 1 pass
+def test_the_hierarchical_mode_deals_every_seed_once_in_equal_steps(dataset_3k, reference_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")  # hierarchical, 1 pass
     with running_daemon(config):
         streams = job_epoch([config], 0)
     (first, end0), (second, end1) = streams
@@ -112,14 +103,14 @@ def test_the_hierarchical_mode_deals_every_seed_once_in_equal_steps(dataset, ref
         assert ready0.global_seeds == ready1.global_seeds == len(seeds0) + len(seeds1)
         assert len(seeds0) <= BATCH and abs(len(seeds0) - len(seeds1)) <= 1
         seen.update(seeds0.tolist() + seeds1.tolist())
-        check_batch(arrays0, reference)
-    assert sorted(seen) == sorted(reference.splits["train"].tolist())
+        check_batch(arrays0, reference_3k)
+    assert sorted(seen) == sorted(reference_3k.splits["train"].tolist())
     assert max(seen.values()) == 1
 
 
-def test_each_rank_evaluates_its_share_of_the_single_process_batches(dataset, reference, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
-    plan = eval_split_batches(reference.splits["val"], 128, 0, split_stream("val"))
+def test_each_rank_evaluates_its_share_of_the_single_process_batches(dataset_3k, reference_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
+    plan = eval_split_batches(reference_3k.splits["val"], 128, 0, split_stream("val"))
     with running_daemon(config):
         clients = [join(config, rank, 2, 2) for rank in (0, 1)]
         try:
@@ -132,11 +123,11 @@ def test_each_rank_evaluates_its_share_of_the_single_process_batches(dataset, re
         np.testing.assert_array_equal(np.concatenate([seeds_of(a) for _, a in batches]), share.seeds)
 
 
-def test_two_daemons_deal_a_four_rank_job_as_one_machine_would(dataset, reference, tmp_path):
+def test_two_daemons_deal_a_four_rank_job_as_one_machine_would(dataset_3k, reference_3k, tmp_path):
     """Two machines of two ranks each: every daemon deals only its own ranks' pieces, and the union over
     the machines is the single-process epoch, each rank with as many steps (the exact mode, to compare)."""
-    configs = [daemon_config(dataset, tmp_path / f"m{m}.sock", loader={"mode": "exact"}) for m in (0, 1)]
-    train = reference.splits["train"]
+    configs = [daemon_config(dataset_3k, tmp_path / f"m{m}.sock", loader={"mode": "exact"}) for m in (0, 1)]
+    train = reference_3k.splits["train"]
     with running_daemon(configs[0]), running_daemon(configs[1]):
         streams = job_epoch(configs, 0, world=4)
     everything = []
@@ -149,8 +140,8 @@ def test_two_daemons_deal_a_four_rank_job_as_one_machine_would(dataset, referenc
     assert sorted(np.concatenate(everything).tolist()) == sorted(train.tolist())
 
 
-def test_a_rank_that_leaves_mid_epoch_fails_the_others_with_its_name(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_a_rank_that_leaves_mid_epoch_fails_the_others_with_its_name(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config):
         survivor, leaver = join(config, 0, 2, 2), join(config, 1, 2, 2)
         leaver.send(StartEpoch(epoch=0))
@@ -168,8 +159,8 @@ def test_a_rank_that_leaves_mid_epoch_fails_the_others_with_its_name(dataset, tm
     assert "rank 1" in failed.value.message and "disconnected during epoch 0" in failed.value.message
 
 
-def test_a_job_whose_ranks_do_not_all_connect_fails_within_the_job_timeout(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"job_timeout": 0.5})
+def test_a_job_whose_ranks_do_not_all_connect_fails_within_the_job_timeout(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"job_timeout": 0.5})
     with running_daemon(config):
         alone = join(config, 0, 2, 2)
         alone.send(StartEpoch(epoch=0))
@@ -187,8 +178,8 @@ def test_a_job_whose_ranks_do_not_all_connect_fails_within_the_job_timeout(datas
     ([(0, 8, 8)], "job 'j' has 8 ranks on this machine but the daemon serves at most 4 clients"),
     ([(0, 4, 2)], "set [hierarchy] passes to a number on every daemon"),
 ])
-def test_a_rank_that_does_not_fit_its_job_is_refused_in_one_line(dataset, tmp_path, members, fragment):
-    config = daemon_config(dataset, tmp_path / "s.sock",
+def test_a_rank_that_does_not_fit_its_job_is_refused_in_one_line(dataset_3k, tmp_path, members, fragment):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock",
                            hierarchy={"passes": "auto"} if members == [(0, 4, 2)] else {})
     with running_daemon(config):
         *admitted, last = members
@@ -202,8 +193,8 @@ def test_a_rank_that_does_not_fit_its_job_is_refused_in_one_line(dataset, tmp_pa
 
 
 def test_a_job_idle_between_epochs_loses_the_pipeline_to_a_waiting_trainer_and_takes_its_turn_after(
-        dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
+        dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"idle_timeout": 0.5})
     with running_daemon(config):
         clients = [join(config, rank, 2, 2) for rank in (0, 1)]
         consume_all(clients, StartEpoch(epoch=0), EpochEnd)
@@ -235,8 +226,8 @@ def consume_waiting(client: ControlClient, start: StartEpoch):
         return batches, msg
 
 
-def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config):
         job_epoch([config], 0)  # and every rank leaves
         with connect(config) as alone:
@@ -246,15 +237,15 @@ def test_a_job_whose_ranks_all_left_between_epochs_hands_the_pipeline_on(dataset
     assert batches and len(streams[0][0]) == len(streams[1][0]) > 0
 
 
-def test_the_dealing_fingerprint_follows_what_decides_the_batches_and_nothing_else(dataset, tmp_path):
-    opened = open_dataset(dataset)
+def test_the_dealing_fingerprint_follows_what_decides_the_batches_and_nothing_else(dataset_3k, tmp_path):
+    opened = open_dataset(dataset_3k)
 
     def fingerprint(summary: str = "16 partitions, 4 per mega-batch", **tables) -> str:
-        return dealing_fingerprint(opened, daemon_config(dataset, tmp_path / "a.sock", **tables), summary)
+        return dealing_fingerprint(opened, daemon_config(dataset_3k, tmp_path / "a.sock", **tables), summary)
 
     base = fingerprint()
     # where the daemon listens, what it may hold in flight and who may connect deal the same batches
-    assert base == dealing_fingerprint(opened, daemon_config(dataset, tmp_path / "b.sock", server={"max_clients": 2},
+    assert base == dealing_fingerprint(opened, daemon_config(dataset_3k, tmp_path / "b.sock", server={"max_clients": 2},
                                                              publisher={"slots": 5}), "16 partitions, 4 per mega-batch")
     assert fingerprint(sampler={"seed": 1}) != base
     assert fingerprint(sampler={"batch_size": 32}) != base

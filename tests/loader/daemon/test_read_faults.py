@@ -23,20 +23,19 @@ import pytest
 from loader.caches import row_reader_kernels as kernels
 from loader.format.dataset import open_dataset
 from loader.format.npyio import NpyReader
-from loader.sampling.inmemory import load_in_memory
 from proto.client import ControlClient
 from proto.errors import RemoteError, UserError
 from proto.messages import BatchReady, EpochEnd, EvalEnd, EvalRequest, Message, Release, StartEpoch
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset, train_until_error
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon, train_until_error
 
 MODES = {
     "hierarchical": {},
     # no caches: every row and list of the epoch comes through the readers under test
-    "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
+    "exact": {"loader": {"mode": "exact"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": 0}},
     # every row through the staging pass (its chunk reads), every list from disk
-    "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
+    "staged": {"loader": {"mode": "staged"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": 0}},
     # room for every partition: rows through the partitions' pass where they are worth it, the rest read
-    "hybrid": {"loader": {"mode": "hybrid"}, "exact": {"neighbor_cache": 0, "feature_cache": "64M"}},
+    "hybrid": {"loader": {"mode": "hybrid"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": "64M"}},
 }
 
 CHANGED_MODES = ("hierarchical", "exact", "staged", "hybrid")
@@ -52,18 +51,8 @@ def changed_config(dataset: Path, sock: Path, mode: str):
     after a release), the hierarchical mode loads its third mega-batch of 4 once the first one's batches are out,
     and evaluation batches hold 8 seeds (75 validation batches, sampled 32 at a time, rows read per batch)."""
     tables = MODES[mode]
-    return daemon_config(dataset, sock, **{**tables, "exact": {**tables.get("exact", {}), "superbatch": 2},
+    return daemon_config(dataset, sock, **{**tables, "fullgraph": {**tables.get("fullgraph", {}), "superbatch": 2},
                                            "sampler": {"eval_batch_size": 8}})
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("faults"))
-
-
-@pytest.fixture(scope="module")
-def reference(dataset):
-    return load_in_memory(open_dataset(dataset))
 
 
 class Faults:
@@ -116,10 +105,10 @@ def assert_whole_epoch(config, reference) -> None:
 
 @pytest.mark.parametrize("file", ["features.bin", "indices.npy"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_eio_fails_the_stream_with_file_and_byte_and_the_daemon_serves_on(dataset, reference, tmp_path,
+def test_eio_fails_the_stream_with_file_and_byte_and_the_daemon_serves_on(dataset_3k, reference_3k, tmp_path,
                                                                           monkeypatch, mode, file):
     faults = Faults(file, 1)
-    config = daemon_config(dataset, tmp_path / "s.sock", **MODES[mode])
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", **MODES[mode])
     with running_daemon(config):
         inject_eio(monkeypatch, faults)
         with connect(config) as client:
@@ -128,14 +117,14 @@ def test_eio_fails_the_stream_with_file_and_byte_and_the_daemon_serves_on(datase
         assert err.code == "internal"
         assert file in err.message and "Input/output error" in err.message and "at byte" in err.message
         assert "\n" not in err.message
-        assert_whole_epoch(config, reference)  # the fault was transient: served whole and correct
+        assert_whole_epoch(config, reference_3k)  # the fault was transient: served whole and correct
 
 
-def test_a_file_overwritten_in_place_under_the_daemon_is_caught_by_the_read_checks(dataset, reference, tmp_path):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+def test_a_file_overwritten_in_place_under_the_daemon_is_caught_by_the_read_checks(dataset_3k, reference_3k, tmp_path):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     config = daemon_config(copy, tmp_path / "s.sock")
     with running_daemon(config):
-        assert_whole_epoch(config, reference)
+        assert_whole_epoch(config, reference_3k)
         with open(copy / "features.bin", "r+b") as handle:  # another process rewrites a page in place
             handle.write(b"\x7f" * 4096)
         with connect(config) as client:
@@ -165,8 +154,8 @@ def stream_until_error(client: ControlClient, request: Message, after_first: Cal
 @pytest.mark.parametrize("stream", list(STREAMS))
 @pytest.mark.parametrize("mode", CHANGED_MODES)
 def test_a_file_truncated_mid_stream_fails_that_stream_in_one_line_and_the_daemon_serves_on(
-        dataset, reference, tmp_path, mode, stream, file):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+        dataset_3k, reference_3k, tmp_path, mode, stream, file):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     original = (copy / file).read_bytes()
     config = changed_config(copy, tmp_path / "s.sock", mode)
     with running_daemon(config):
@@ -177,7 +166,7 @@ def test_a_file_truncated_mid_stream_fails_that_stream_in_one_line_and_the_daemo
         assert str(copy / file) in err.message and re.search(r"\bat (?:byte |offset )?\d+", err.message), err.message
         with open(copy / file, "r+b") as handle:  # repaired in place: the daemon still holds the file open
             handle.write(original)
-        assert_whole_epoch(config, reference)  # another client, served whole and correct
+        assert_whole_epoch(config, reference_3k)  # another client, served whole and correct
 
 
 def flip_offset(dataset: Path, file: str, split: str) -> int:
@@ -208,10 +197,10 @@ def flip_byte(path: Path, at: int) -> None:
 @pytest.mark.parametrize("file", ["features.bin", "indices.npy"])
 @pytest.mark.parametrize("stream", list(STREAMS))
 @pytest.mark.parametrize("mode", CHANGED_MODES)
-def test_a_flipped_byte_reaches_no_batch_of_any_stream(dataset, tmp_path, mode, stream, file):
+def test_a_flipped_byte_reaches_no_batch_of_any_stream(dataset_3k, tmp_path, mode, stream, file):
     """A byte the stream reads, flipped after a clean run of it: the stream fails with ``data_corrupt`` naming the
     file, and every batch served before that is the clean run's."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     request, end = STREAMS[stream]
     config = daemon_config(copy, tmp_path / "s.sock", **MODES[mode])
     with running_daemon(config):
@@ -227,23 +216,23 @@ def test_a_flipped_byte_reaches_no_batch_of_any_stream(dataset, tmp_path, mode, 
             np.testing.assert_array_equal(arrays[name], want[name], err_msg=name)
 
 
-def test_a_file_replaced_by_rename_under_the_daemon_keeps_serving_the_open_one(dataset, reference, tmp_path):
+def test_a_file_replaced_by_rename_under_the_daemon_keeps_serving_the_open_one(dataset_3k, reference_3k, tmp_path):
     """The daemon holds its files open: a dataset replaced by rename (how prepare and rsync publish) is
     picked up at the next start; until then the old, consistent bytes are served."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     config = daemon_config(copy, tmp_path / "s.sock")
     with running_daemon(config):
         replacement = copy / "features.bin.new"
         replacement.write_bytes(bytes((copy / "features.bin").stat().st_size))
         os.replace(replacement, copy / "features.bin")
-        assert_whole_epoch(config, reference)
+        assert_whole_epoch(config, reference_3k)
 
 
 @pytest.mark.parametrize("call, names", [
     ("pwrite", "staging in {dir}"),  # the feature rows staged per batch
     ("pwritev", "spilling sampled batches in {dir}"),  # each sample group's edges, spilled
 ], ids=["rows", "edges"])
-def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_on(dataset, reference, tmp_path,
+def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_on(dataset_3k, reference_3k, tmp_path,
                                                                                      monkeypatch, call, names):
     """Mode staged writes its staged rows with ``os.pwrite`` and spills sampled edges with ``os.pwritev``: ENOSPC
     on either names the staging directory (and what it was writing), fails that stream only, and the next epoch,
@@ -262,8 +251,8 @@ def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_
         return real(fd, data, offset)
 
     (tmp_path / "staging").mkdir()
-    config = daemon_config(dataset, tmp_path / "s.sock", **{**MODES["staged"], "exact": {
-        **MODES["staged"]["exact"], "staging_dir": str(tmp_path / "staging")}})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", **{**MODES["staged"], "fullgraph": {
+        **MODES["staged"]["fullgraph"], "staging_dir": str(tmp_path / "staging")}})
     with running_daemon(config):
         monkeypatch.setattr(os, call, failing)
         with connect(config) as client:
@@ -271,16 +260,16 @@ def test_a_full_staging_disk_fails_the_stream_in_one_line_and_the_daemon_serves_
         assert left[0] == 0
         assert err.code == "internal" and "\n" not in err.message
         assert names.format(dir=tmp_path / "staging") in err.message and "No space left on device" in err.message
-        assert_whole_epoch(config, reference)
+        assert_whole_epoch(config, reference_3k)
 
 
-def test_mode_mmap_runs_only_with_the_checks_turned_off_warns_and_evaluates_through_preads(dataset, tmp_path,
+def test_mode_mmap_runs_only_with_the_checks_turned_off_warns_and_evaluates_through_preads(dataset_3k, tmp_path,
                                                                                           caplog):
     """Mode mmap maps the files for training (a baseline, by definition): it cannot check what it serves, and a
     shrinking file would kill the daemon, so it refuses to start while [io] check_reads is on (the default),
     in one line. Turned off, it says what that costs; its evaluation still reads through preads, so a file
     that shrinks fails only that stream."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     with pytest.raises(UserError, match=r"mode = \"mmap\" .*set \[io\] check_reads = false"), \
             running_daemon(daemon_config(copy, tmp_path / "s.sock", loader={"mode": "mmap"})):
         pass

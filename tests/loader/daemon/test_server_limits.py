@@ -36,13 +36,8 @@ from proto.messages import (
     StatsRequest,
 )
 from proto.shm import recv_with_fds
-from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon, small_dataset
+from tests.daemon_harness import connect, consume, daemon_config, read_message, running_daemon
 from tests.paths import REPO_ROOT
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("limits"))
 
 
 def metric(daemon: Daemon, name: str, **labels: str) -> float:
@@ -104,8 +99,8 @@ def test_loggable_escapes_control_characters_and_caps_the_length():
 
 # --- 1. access control ----------------------------------------------------------------------------------
 
-def test_peer_outside_the_allow_lists_is_refused_before_any_session(dataset, tmp_path, caplog):
-    config = daemon_config(dataset, tmp_path / "s.sock",
+def test_peer_outside_the_allow_lists_is_refused_before_any_session(dataset_3k, tmp_path, caplog):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock",
                            server={"allow_uids": [os.geteuid() + 1], "allow_gids": [group_not_held()]})
     caplog.set_level(logging.WARNING, logger="megabatch")
     with running_daemon(config) as daemon:
@@ -128,15 +123,15 @@ def test_peer_outside_the_allow_lists_is_refused_before_any_session(dataset, tmp
     assert any("forbidden" in r.getMessage() for r in caplog.records)
 
 
-def test_default_lists_admit_the_own_uid_and_a_listed_group_admits_too(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_default_lists_admit_the_own_uid_and_a_listed_group_admits_too(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon:
         assert daemon.allow_uids == {os.geteuid()}
         assert daemon.allow_gids == {os.stat(config.server.socket).st_gid}
         with connect(config) as client:
             client.send(StatsRequest())
             assert isinstance(client.recv(timeout=30), Stats)
-    by_group = daemon_config(dataset, tmp_path / "g.sock", server={"allow_uids": [os.geteuid() + 1],
+    by_group = daemon_config(dataset_3k, tmp_path / "g.sock", server={"allow_uids": [os.geteuid() + 1],
                                                                    "allow_gids": [os.getegid()]})
     with running_daemon(by_group) as daemon, connect(by_group) as client:
         client.send(StatsRequest())
@@ -160,9 +155,9 @@ except RemoteError as err:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a process's groups needs root")
-def test_a_supplementary_group_admits_a_peer(dataset, tmp_path):
+def test_a_supplementary_group_admits_a_peer(dataset_3k, tmp_path):
     granted, other = group_not_held(), group_not_held() + 1
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"allow_uids": [os.geteuid() + 1],
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"allow_uids": [os.geteuid() + 1],
                                                                  "allow_gids": [granted]})
 
     def child(groups: list[int]) -> str:
@@ -179,9 +174,9 @@ def test_a_supplementary_group_admits_a_peer(dataset, tmp_path):
 
 # --- 2. stalled and idle owners of the training pipeline -----------------------------------------------------
 
-def test_owner_holding_every_slot_is_evicted_and_the_next_trainer_trains(dataset, tmp_path):
+def test_owner_holding_every_slot_is_evicted_and_the_next_trainer_trains(dataset_3k, tmp_path):
     # long enough that the well-behaved second trainer never waits that long to release a slot
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"stall_timeout": 2.0})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"stall_timeout": 2.0})
     with running_daemon(config) as daemon:
         first = connect(config)
         first.send(StartEpoch(epoch=0))
@@ -197,9 +192,9 @@ def test_owner_holding_every_slot_is_evicted_and_the_next_trainer_trains(dataset
         assert metric(daemon, "megabatch_evictions_total", reason="stall") == 1
 
 
-def test_owner_idle_after_its_epoch_loses_the_pipeline_to_the_next_trainer_and_stays_connected(dataset,
+def test_owner_idle_after_its_epoch_loses_the_pipeline_to_the_next_trainer_and_stays_connected(dataset_3k,
                                                                                                 tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"idle_timeout": 0.5})
     with running_daemon(config) as daemon:
         with connect(config) as first, connect(config) as second:
             consume(first, StartEpoch(epoch=0), EpochEnd)
@@ -285,9 +280,9 @@ def flood_until_paused(sock: socket.socket, paused: threading.Event, limit: int 
     raise AssertionError(f"the daemon took {sent} bytes of requests without pausing the session")
 
 
-def test_unread_replies_pause_reading_with_a_bounded_buffer(dataset, tmp_path, paused_protocols):
+def test_unread_replies_pause_reading_with_a_bounded_buffer(dataset_3k, tmp_path, paused_protocols):
     seen, paused = paused_protocols
-    config = daemon_config(dataset, tmp_path / "s.sock")
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config), hello_only(config, "flooder") as flooder:
         sent = flood_until_paused(flooder, paused)
         protocol = seen[0]
@@ -305,7 +300,7 @@ def test_unread_replies_pause_reading_with_a_bounded_buffer(dataset, tmp_path, p
         assert protocol.write_buffer_size() <= WRITE_BUFFER_HIGH + frame
 
 
-def test_client_leaving_replies_unread_is_evicted(dataset, tmp_path, paused_protocols, monkeypatch):
+def test_client_leaving_replies_unread_is_evicted(dataset_3k, tmp_path, paused_protocols, monkeypatch):
     seen, paused = paused_protocols
     evicted: list[str] = []
     done = threading.Event()
@@ -317,7 +312,7 @@ def test_client_leaving_replies_unread_is_evicted(dataset, tmp_path, paused_prot
         done.set()
 
     monkeypatch.setattr(Session, "evict", evict)
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"stall_timeout": 0.5})
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"stall_timeout": 0.5})
     with running_daemon(config) as daemon, hello_only(config, "flooder") as flooder:
         flood_until_paused(flooder, paused)
         assert done.wait(60)
@@ -334,8 +329,8 @@ def test_client_leaving_replies_unread_is_evicted(dataset, tmp_path, paused_prot
 
 # --- 4. connections waiting for their Hello, and accept failures ----------------------------------------------
 
-def test_connections_past_max_pending_are_closed_at_once(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"max_pending": 2})
+def test_connections_past_max_pending_are_closed_at_once(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"max_pending": 2})
     with running_daemon(config) as daemon:
         waiting = [raw_socket(config), raw_socket(config)]  # connected, no Hello yet
         with raw_socket(config) as third:
@@ -354,7 +349,7 @@ def test_connections_past_max_pending_are_closed_at_once(dataset, tmp_path):
         assert daemon.state.next_session == 4
 
 
-def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(dataset, tmp_path, monkeypatch,
+def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(dataset_3k, tmp_path, monkeypatch,
                                                                             caplog):
     failures = 5
     calls = []
@@ -369,7 +364,7 @@ def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(data
     monkeypatch.setattr(Daemon, "_accept", failing_accept)
     monkeypatch.setattr(loader.daemon.server, "ACCEPT_BACKOFF", 0.01)
     caplog.set_level(logging.WARNING, logger="megabatch")
-    config = daemon_config(dataset, tmp_path / "s.sock")
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     t0 = time.monotonic()
     with running_daemon(config) as daemon, connect(config) as client:
         elapsed = time.monotonic() - t0
@@ -384,9 +379,9 @@ def test_accept_failures_back_off_log_a_bounded_number_of_lines_and_recover(data
 
 # --- 5. client strings in the log ------------------------------------------------------------------------------
 
-def test_client_name_is_escaped_and_capped_in_the_log(dataset, tmp_path, caplog):
+def test_client_name_is_escaped_and_capped_in_the_log(dataset_3k, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="megabatch")
-    config = daemon_config(dataset, tmp_path / "s.sock")
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     forged = "x\n2026-01-01 INFO megabatch.server: session 9: root connected\x1b[2J" + "y" * 5000
     with running_daemon(config):
         client = ControlClient.connect(str(config.server.socket), client=forged, timeout=30)
@@ -401,8 +396,8 @@ def test_client_name_is_escaped_and_capped_in_the_log(dataset, tmp_path, caplog)
 
 # --- 6. a release of a slot the client does not hold ------------------------------------------------------------
 
-def test_release_of_a_slot_not_held_is_a_non_fatal_bad_request(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_release_of_a_slot_not_held_is_a_non_fatal_bad_request(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon, connect(config) as client:
         client.send(Release(slot=0, seq=99))
         with pytest.raises(RemoteError) as err:

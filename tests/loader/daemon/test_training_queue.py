@@ -10,12 +10,7 @@ from loader.daemon.status import format_status
 from proto.client import ControlClient, JobMember
 from proto.errors import RemoteError
 from proto.messages import BatchReady, Credit, EpochEnd, ErrorCode, EvalEnd, EvalRequest, Queued, Release, StartEpoch
-from tests.daemon_harness import connect, consume, daemon_config, running_daemon, small_dataset
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("queue"))
+from tests.daemon_harness import connect, consume, daemon_config, running_daemon
 
 
 def queued_client(config, job: JobMember | None = None) -> ControlClient:
@@ -55,8 +50,8 @@ def place(daemon, trainer: str) -> float | None:
     return daemon.metrics.registry.get_sample_value("megabatch_training_queue_position", {"trainer": trainer})
 
 
-def test_a_second_trainer_waits_its_turn_told_its_place_and_then_trains(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_a_second_trainer_waits_its_turn_told_its_place_and_then_trains(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon:
         first = connect(config)
         first.send(StartEpoch(epoch=0))
@@ -87,8 +82,8 @@ def test_a_second_trainer_waits_its_turn_told_its_place_and_then_trains(dataset,
     assert len(rest) == len(batches)
 
 
-def test_a_job_waits_behind_a_lone_trainer_and_a_waiter_that_leaves_gives_its_place_up(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock")
+def test_a_job_waits_behind_a_lone_trainer_and_a_waiter_that_leaves_gives_its_place_up(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon:
         first = connect(config)
         first.send(StartEpoch(epoch=0))
@@ -119,10 +114,10 @@ def test_status_names_the_trainer_and_the_line():
     assert "training: session 4; waiting: session 7 (1), job 'h:1' (2)" in format_status(samples).splitlines()
 
 
-def test_the_holder_asking_for_its_next_epoch_keeps_its_place_while_another_waits(dataset, tmp_path):
+def test_the_holder_asking_for_its_next_epoch_keeps_its_place_while_another_waits(dataset_3k, tmp_path):
     """The deadlock of issue 27: B queued during A's epoch 0; A's StartEpoch(1) must not be queued behind B
     (which waits for A). A trains on; B trains once A leaves."""
-    config = daemon_config(dataset, tmp_path / "s.sock")
+    config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config):
         a, b = queued_client(config), queued_client(config)
         a.send(StartEpoch(epoch=0))
@@ -140,8 +135,8 @@ def test_the_holder_asking_for_its_next_epoch_keeps_its_place_while_another_wait
     assert rest is not None
 
 
-def test_an_owner_that_only_evaluates_loses_the_pipeline_to_a_queued_trainer(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", server={"idle_timeout": 0.5})
+def test_an_owner_that_only_evaluates_loses_the_pipeline_to_a_queued_trainer(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", server={"idle_timeout": 0.5})
     with running_daemon(config) as daemon, ThreadPoolExecutor(1) as pool:
         owner, waiting = queued_client(config), queued_client(config)
         owner.send(StartEpoch(epoch=0))

@@ -25,7 +25,7 @@ from loader.offline.verify import verify_dataset
 from loader.sampling.neighbor_reader import NeighborReader
 from proto.errors import RemoteError, UserError
 from proto.messages import StartEpoch, Stats, StatsRequest
-from tests.daemon_harness import connect, daemon_config, running_daemon, small_dataset, train_until_error
+from tests.daemon_harness import connect, daemon_config, running_daemon, train_until_error
 
 
 def reference_block_sums(data: bytes, block: int = PAGE_BYTES) -> list[int]:
@@ -112,13 +112,8 @@ def test_rows_of_whole_blocks_are_checked_after_the_reads_by_the_same_rule(tmp_p
     check_rows_against_the_rule(tmp_path_factory.mktemp("rows") / "rows.bin", row_bytes, rows, data)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("checked"))
-
-
-def test_prepare_writes_format_1_2_with_read_checks_that_verify_recomputes(dataset, tmp_path):
-    ds = open_dataset(dataset)
+def test_prepare_writes_format_1_2_with_read_checks_that_verify_recomputes(dataset_3k, tmp_path):
+    ds = open_dataset(dataset_3k)
     assert ds.manifest.version == FORMAT_VERSION == "1.2" and ds.manifest.has_read_checks
     assert ds.manifest.row_bytes == 64 and ds.manifest.feature_check_block == 512  # 16 float32 features
     checks = load_read_checks(ds, blocks=True)
@@ -126,10 +121,10 @@ def test_prepare_writes_format_1_2_with_read_checks_that_verify_recomputes(datas
     assert checks.feature_block == 512
     assert checks.feature_blocks.tolist() == reference_block_sums(ds.file("features").read_bytes(), 512)
     assert checks.index_pages.tolist() == reference_block_sums(ds.file("indices").read_bytes())
-    assert verify_dataset(dataset, progress=False).ok
+    assert verify_dataset(dataset_3k, progress=False).ok
 
     # read checks that disagree with their files (rewritten with a consistent manifest) are reported
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     table = np.load(copy / CHECK_FILES["feature_blocks"])
     table[3] ^= np.uint64(1)
     np.save(copy / CHECK_FILES["feature_blocks"], table)
@@ -138,8 +133,8 @@ def test_prepare_writes_format_1_2_with_read_checks_that_verify_recomputes(datas
     assert any("feature_blocks.npy disagrees with the 512-byte blocks" in p for p in report.problems), report.problems
 
 
-def test_a_format_1_1_dataset_is_checked_by_its_4096_byte_feature_pages(dataset, tmp_path):
-    copy = shutil.copytree(dataset, tmp_path / "v11")
+def test_a_format_1_1_dataset_is_checked_by_its_4096_byte_feature_pages(dataset_3k, tmp_path):
+    copy = shutil.copytree(dataset_3k, tmp_path / "v11")
     (copy / CHECK_FILES["feature_blocks"]).unlink()
     np.save(copy / FEATURE_PAGES_1_1, np.array(reference_block_sums((copy / "features.bin").read_bytes()), np.uint64))
     data = json.loads((copy / "manifest.json").read_text())
@@ -166,8 +161,8 @@ def _rehash_manifest(path):
     (path / "manifest.json").write_text(manifest_text(data))
 
 
-def test_a_format_1_0_dataset_is_served_unchecked_with_a_warning(dataset, tmp_path, caplog):
-    copy = shutil.copytree(dataset, tmp_path / "old")
+def test_a_format_1_0_dataset_is_served_unchecked_with_a_warning(dataset_3k, tmp_path, caplog):
+    copy = shutil.copytree(dataset_3k, tmp_path / "old")
     data = json.loads((copy / "manifest.json").read_text())
     data["version"] = "1.0"
     for name in CHECK_FILES.values():
@@ -191,8 +186,8 @@ def flip(path, offset):
         handle.write(bytes([byte ^ 0x10]))
 
 
-def test_row_and_neighbour_readers_refuse_a_flipped_block(dataset, tmp_path):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+def test_row_and_neighbour_readers_refuse_a_flipped_block(dataset_3k, tmp_path):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     ds = open_dataset(copy)
     checks = load_read_checks(ds, blocks=True)
     assert checks is not None
@@ -242,17 +237,17 @@ def _flip_offset(ds, file: str) -> int:
 
 MODES = {
     "hierarchical": {},
-    "exact": {"loader": {"mode": "exact"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
-    "static": {"loader": {"mode": "static"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
-    "staged": {"loader": {"mode": "staged"}, "exact": {"neighbor_cache": 0, "feature_cache": 0}},
-    "hybrid": {"loader": {"mode": "hybrid"}, "exact": {"neighbor_cache": 0, "feature_cache": "64M"}},
+    "exact": {"loader": {"mode": "exact"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": 0}},
+    "static": {"loader": {"mode": "static"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": 0}},
+    "staged": {"loader": {"mode": "staged"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": 0}},
+    "hybrid": {"loader": {"mode": "hybrid"}, "fullgraph": {"neighbor_cache": 0, "feature_cache": "64M"}},
 }
 
 
 @pytest.mark.parametrize("file", ["features.bin", "indices.npy"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_flipped_byte_fails_the_stream_with_data_corrupt_and_the_daemon_serves_on(dataset, tmp_path, mode, file):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+def test_a_flipped_byte_fails_the_stream_with_data_corrupt_and_the_daemon_serves_on(dataset_3k, tmp_path, mode, file):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     ds = open_dataset(copy)
     offset = _flip_offset(ds, file)
     flip(copy / file, offset)
@@ -270,8 +265,8 @@ def test_a_flipped_byte_fails_the_stream_with_data_corrupt_and_the_daemon_serves
             assert isinstance(other.recv(timeout=30), Stats)
 
 
-def test_a_flip_in_the_padding_between_partitions_is_caught_too(dataset, tmp_path):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+def test_a_flip_in_the_padding_between_partitions_is_caught_too(dataset_3k, tmp_path):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     parts = open_dataset(copy).partitions()
     gaps = np.flatnonzero(parts.feat_nbytes % PAGE_BYTES)
     assert len(gaps), "the test graph has no partition whose rows end inside a page"
@@ -284,10 +279,10 @@ def test_a_flip_in_the_padding_between_partitions_is_caught_too(dataset, tmp_pat
 
 
 @pytest.mark.parametrize("mode, file", [("exact", "indices.npy"), ("static", "features.bin")])
-def test_serve_refuses_to_start_when_the_bytes_its_caches_load_fail_their_check(dataset, tmp_path, mode, file):
+def test_serve_refuses_to_start_when_the_bytes_its_caches_load_fail_their_check(dataset_3k, tmp_path, mode, file):
     """Modes exact and static fill their neighbour-list and feature caches at start (the whole graph fits this
     budget): damage there stops the start with one line naming the file, before any client is served."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     offset = _flip_offset(open_dataset(copy), file)
     if file == "indices.npy":  # the id's low byte: the flipped id must stay a node, or the start-up pilot's
         ids = np.load(copy / file, mmap_mode="r")  # range check (not the read check) would refuse it
@@ -304,10 +299,10 @@ def test_serve_refuses_to_start_when_the_bytes_its_caches_load_fail_their_check(
 
 
 @pytest.mark.parametrize("mode", ["hierarchical", "exact"])
-def test_serve_refuses_an_indices_file_whose_ids_leave_the_graph_in_one_line_naming_it(dataset, tmp_path, mode):
+def test_serve_refuses_an_indices_file_whose_ids_leave_the_graph_in_one_line_naming_it(dataset_3k, tmp_path, mode):
     """A damaged id past the last node is caught by the start-up pilot's range check before any read check:
     one line naming the file (a UserError, exit 78), not an internal ValueError."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     with NpyReader(copy / "indices.npy") as header:
         offset, itemsize = header.data_offset, header.dtype.itemsize
     with open(copy / "indices.npy", "r+b") as handle:
@@ -320,10 +315,10 @@ def test_serve_refuses_an_indices_file_whose_ids_leave_the_graph_in_one_line_nam
 
 
 @pytest.mark.parametrize("name", ["labels.npy", "indptr.npy", "partitions.npy", "val_idx.npy", "static_features.npy"])
-def test_a_flipped_byte_in_a_file_read_whole_stops_the_start_in_one_line(dataset, tmp_path, name):
+def test_a_flipped_byte_in_a_file_read_whole_stops_the_start_in_one_line(dataset_3k, tmp_path, name):
     """Files read whole at start are served from RAM (labels travel in every batch): their manifest hash is
     their read check, so a flip never reaches a batch."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     size = (copy / name).stat().st_size
     flip(copy / name, size - 3)  # in the data, past the header
     config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": "hierarchical"},
@@ -334,16 +329,16 @@ def test_a_flipped_byte_in_a_file_read_whole_stops_the_start_in_one_line(dataset
     assert not (tmp_path / "s.sock").exists()
 
 
-def test_mode_inmemory_checks_every_partition_of_features_it_loads(dataset, tmp_path):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+def test_mode_inmemory_checks_every_partition_of_features_it_loads(dataset_3k, tmp_path):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     flip(copy / "features.bin", _flip_offset(open_dataset(copy), "features.bin"))
     config = daemon_config(copy, tmp_path / "s.sock", loader={"mode": "inmemory"})
     with pytest.raises(CorruptData, match=r"features[.]bin: partition \d+'s features range"), running_daemon(config):
         pass
 
 
-def test_serve_refuses_a_truncated_file_at_start(dataset, tmp_path):
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+def test_serve_refuses_a_truncated_file_at_start(dataset_3k, tmp_path):
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     with open(copy / "indices.npy", "r+b") as handle:
         handle.truncate(handle.seek(0, 2) - 8)
     config = daemon_config(copy, tmp_path / "s.sock")
@@ -352,14 +347,14 @@ def test_serve_refuses_a_truncated_file_at_start(dataset, tmp_path):
         pass
 
 
-def test_a_client_that_sends_after_the_daemon_closed_still_learns_why(dataset, tmp_path):
+def test_a_client_that_sends_after_the_daemon_closed_still_learns_why(dataset_3k, tmp_path):
     """The daemon sends ``data_corrupt`` and closes while the client may be sending a ``Release``: the
     client's send then fails with EPIPE, and must report the daemon's reason, not "Broken pipe".
 
     The client releases nothing: whether the slots fill before the damaged partition is read depends on
     timing, and a publisher waiting for a slot must hear the pipeline's failure at once (a stall timeout
     longer than the test's wait makes "timeout" impossible as the answer)."""
-    copy = shutil.copytree(dataset, tmp_path / "ds")
+    copy = shutil.copytree(dataset_3k, tmp_path / "ds")
     ds = open_dataset(copy)
     flip(copy / "features.bin", _flip_offset(ds, "features.bin"))
     config = daemon_config(copy, tmp_path / "s.sock", server={"stall_timeout": 600}, publisher={"slots": 1})

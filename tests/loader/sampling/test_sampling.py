@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+from loader.sampling.sampling_kernels import pick_table_size
 
 MASK = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -367,3 +368,20 @@ def test_sampled_pass_checks_its_shapes():
         SampledPass(**{**fields, "edge_dst": fields["edge_dst"][:-1]})
     with pytest.raises(ValueError, match="num_sampled_nodes"):
         SampledPass(**{**fields, "num_hops": 2})
+
+
+def table_size_loop(fanout: int) -> int:
+    """How the three samplers sized Floyd's pick table before ``pick_table_size`` (each wrote this loop)."""
+    size = 2
+    while size < 2 * fanout:
+        size *= 2
+    return size
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-1, 1 << 40))
+def test_pick_table_size_is_the_smallest_power_of_two_holding_twice_the_fanout(fanout):
+    size = pick_table_size(fanout)
+    assert size == table_size_loop(fanout)
+    assert size >= 2 and size & (size - 1) == 0 and size >= 2 * fanout
+    assert size == 2 or size // 2 < 2 * fanout  # the smallest such: half of it would be over half full

@@ -1,5 +1,6 @@
 """Spilled superbatches: every batch read back equals the sampled pass's, from RAM and from disk, checked."""
 
+import inspect
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -7,10 +8,10 @@ import numpy as np
 import pytest
 
 from loader.format.read_checks import CorruptData
-from loader.sampling.sampling import concat_passes, empty_pass, slice_pass
+from loader.sampling.sampling import SampledBatches, concat_passes, empty_pass, slice_pass
 from loader.staging import spilled_pass
 from loader.staging.spilled_pass import SpilledPass, SpillFile, concat_spilled, id_dtype, spill_batches
-from tests.loader.staging.test_stager import dataset, window  # noqa: F401  (the module's fixture)
+from tests.loader.staging.test_stager import straddling_dataset, window  # noqa: F401  (the module's fixture)
 
 
 def assert_same_batches(spilled: SpilledPass, sampled) -> None:
@@ -28,11 +29,11 @@ def assert_same_batches(spilled: SpilledPass, sampled) -> None:
 
 @pytest.mark.parametrize("read_ahead", [False, True], ids=["", "read-ahead"])
 @pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
-def test_spilled_batches_read_back_as_sampled(dataset, tmp_path, monkeypatch, on_disk, read_ahead):  # noqa: F811
+def test_spilled_batches_read_back_as_sampled(straddling_dataset, tmp_path, monkeypatch, on_disk, read_ahead):  # noqa: F811
     """Read in order (each read asking for the next record ahead, when there is a reader for it) and out of order."""
     monkeypatch.setattr(spilled_pass, "SPILL_GROWTH", 8192)  # the file grows several times
-    sampled = window(dataset, 12)
-    ids = id_dtype(dataset.manifest.num_nodes)
+    sampled = window(straddling_dataset, 12)
+    ids = id_dtype(straddling_dataset.manifest.num_nodes)
     reader = ThreadPoolExecutor(1) if read_ahead else None
     spill = SpillFile(tmp_path if on_disk else None, reader=reader)
     try:
@@ -52,9 +53,9 @@ def test_spilled_batches_read_back_as_sampled(dataset, tmp_path, monkeypatch, on
     assert not list(tmp_path.iterdir())  # unnamed: nothing left behind
 
 
-def test_an_empty_piece_joins_a_spilled_superbatch(dataset, tmp_path):  # noqa: F811
+def test_an_empty_piece_joins_a_spilled_superbatch(straddling_dataset, tmp_path):  # noqa: F811
     """A rank's empty piece of a short last step arrives as a plain pass; it is spilled with the rest."""
-    sampled = window(dataset, 3)
+    sampled = window(straddling_dataset, 3)
     ids = np.dtype(np.int64)
     spill = SpillFile(tmp_path)
     try:
@@ -70,9 +71,9 @@ def test_an_empty_piece_joins_a_spilled_superbatch(dataset, tmp_path):  # noqa: 
         spill.close()
 
 
-def test_a_corrupt_record_fails_its_batch_only(dataset, tmp_path):  # noqa: F811
+def test_a_corrupt_record_fails_its_batch_only(straddling_dataset, tmp_path):  # noqa: F811
     """Read ahead or not, the corrupt record fails its own batch, and the batches around it are served."""
-    sampled = window(dataset, 4)
+    sampled = window(straddling_dataset, 4)
     reader = ThreadPoolExecutor(1)
     spill = SpillFile(tmp_path, direct=False, reader=reader)
     try:
@@ -93,10 +94,10 @@ def test_a_corrupt_record_fails_its_batch_only(dataset, tmp_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "disk"])
-def test_node_ids_of_any_range_equal_the_sampled_ids(dataset, tmp_path, on_disk):  # noqa: F811
+def test_node_ids_of_any_range_equal_the_sampled_ids(straddling_dataset, tmp_path, on_disk):  # noqa: F811
     """The planner's slices (any begin:end, across records, empty ones, an empty batch among them) read back the
     ids as sampled, in the spilled dtype."""
-    sampled = window(dataset, 9)
+    sampled = window(straddling_dataset, 9)
     ids = np.dtype(np.int32)
     spill = SpillFile(tmp_path if on_disk else None)
     try:
@@ -118,8 +119,8 @@ def test_node_ids_of_any_range_equal_the_sampled_ids(dataset, tmp_path, on_disk)
         spill.close()
 
 
-def test_corrupt_ids_and_corrupt_edges_are_told_apart(dataset, tmp_path):  # noqa: F811
-    sampled = window(dataset, 3)
+def test_corrupt_ids_and_corrupt_edges_are_told_apart(straddling_dataset, tmp_path):  # noqa: F811
+    sampled = window(straddling_dataset, 3)
     spill = SpillFile(tmp_path, direct=False)
     try:
         spilled = spill_batches(sampled, spill, np.dtype(np.int32))
@@ -133,5 +134,54 @@ def test_corrupt_ids_and_corrupt_edges_are_told_apart(dataset, tmp_path):  # noq
             spilled.node_ids(0, int(sampled.node_ptr[3]))
         with pytest.raises(CorruptData, match="record 2 .* sampled ids"):
             spilled.batch(2)
+    finally:
+        spill.close()
+
+
+def read_through(passes: SampledBatches, bounds: list[tuple[int, int]]) -> list[object]:
+    """Everything a stage after the sampler may read of a pass, read through the protocol only."""
+    batches = [passes.batch(b) for b in range(passes.num_batches)]
+    return [passes.num_batches, passes.num_hops, passes.node_ptr, passes.nodes,
+            [passes.node_ids(begin, end) for begin, end in bounds],
+            [(batch.nodes, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges) for batch in batches]]
+
+
+def assert_equal_reads(mine, theirs) -> None:
+    """Equal values, whatever the dtype (a spilled pass's ``node_ids`` are int32 here, a pass's in RAM int64)."""
+    if isinstance(mine, (list, tuple)):
+        assert type(theirs) is type(mine) and len(mine) == len(theirs)
+        for m, t in zip(mine, theirs):
+            assert_equal_reads(m, t)
+    else:
+        assert np.array_equal(mine, theirs)
+
+
+def test_both_pass_types_are_sampled_batches_and_read_alike(straddling_dataset, tmp_path):  # noqa: F811
+    """mypy checks the types against the protocol (where each is defined); this checks that every member the protocol
+    names is there, with the protocol's parameters, and that both types read the same pass alike through it."""
+    members = sorted(name for name in vars(SampledBatches) if not name.startswith("_"))
+    assert members == ["batch", "node_ids", "node_ptr", "nodes", "num_batches", "num_hops", "num_sampled_nodes"]
+    sampled = window(straddling_dataset, 6)
+    spill = SpillFile(tmp_path)
+    try:
+        spilled = spill_batches(sampled, spill, np.dtype(np.int32))
+        for passes in (sampled, spilled):
+            for name in members:
+                wanted = inspect.getattr_static(SampledBatches, name)
+                if inspect.isfunction(wanted):
+                    assert inspect.signature(getattr(type(passes), name)).parameters.keys() == \
+                        inspect.signature(wanted).parameters.keys(), name
+                else:
+                    inspect.getattr_static(passes, name)  # a field or a property: AttributeError if missing
+        total = int(sampled.node_ptr[-1])
+        bounds = [(0, total), (0, 0), (total, total), (3, 3 + int(np.diff(sampled.node_ptr).max())), (1, total - 1)]
+        assert_equal_reads(read_through(spilled, bounds), read_through(sampled, bounds))
+        for passes in (sampled, spilled):
+            with pytest.raises(IndexError):
+                passes.node_ids(0, total + 1)
+            with pytest.raises(IndexError):
+                passes.node_ids(2, 1)
+            with pytest.raises(IndexError):
+                passes.batch(passes.num_batches)
     finally:
         spill.close()

@@ -3,6 +3,7 @@ dataset's rows of the sampled nodes, from RAM and from disk, checked on both rea
 
 import os
 import shutil
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from loader.format.read_checks import CorruptData, load_read_checks
 from loader.sampling.inmemory import epoch_batches_inmemory
 from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass, slice_pass
 from loader.staging import stager as stager_module
+from loader.staging.sequential_reader import PassStopped
 from loader.staging.stager import DEFAULT_CHUNK_BYTES, WindowStager
 from loader.staging.staging_kernels import copy_rows_from, keep_chunks, keep_distinct, scatter_pieces
 from loader.staging.window_plan import PLAN_SLICE_ROWS, STAGING_ALIGN, batch_gather, plan_window, plan_window_bytes
@@ -27,7 +29,8 @@ FEAT_DIM = 25
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Dataset:
+def straddling_dataset(tmp_path_factory) -> Dataset:
+    """Rows of 100 bytes (``FEAT_DIM`` float32 features), which straddle pages and chunks, in 5 partitions."""
     return open_dataset(generated_dataset(tmp_path_factory.mktemp("staging"), nodes=2500, feat_dim=FEAT_DIM,
                                           partitions=5))
 
@@ -254,23 +257,24 @@ def test_scatter_pieces_matches_python(data):
 
 @pytest.mark.parametrize("where", ["ram", "disk", "disk-buffered"])
 @pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
-def test_staged_batches_equal_the_dataset_rows(dataset, tmp_path, where, chunk_bytes):
+def test_staged_batches_equal_the_dataset_rows(straddling_dataset, tmp_path, where, chunk_bytes):
     """In RAM (a memfd), on disk with O_DIRECT writes (whole pages, each batch's partial page held between runs),
     and on disk through the page cache (flushed and dropped as it goes)."""
-    sampled = window(dataset, 12)
-    m = dataset.manifest
-    parts = dataset.partitions()
+    sampled = window(straddling_dataset, 12)
+    m = straddling_dataset.manifest
+    parts = straddling_dataset.partitions()
     plan = window_plan(sampled, parts, m.row_bytes, chunk_bytes)
     # a small scatter buffer: several write groups per chunk; on disk, several flushes per window
-    with stager_for(dataset, None if where == "ram" else tmp_path, chunk_bytes=chunk_bytes, scatter_bytes=8192,
-                    flush_bytes=16384, direct=where != "disk-buffered") as stager:
+    with stager_for(straddling_dataset, None if where == "ram" else tmp_path, chunk_bytes=chunk_bytes,
+                    scatter_bytes=8192, flush_bytes=16384, direct=where != "disk-buffered") as stager:
         staged = stager.stage(plan)
         try:
             assert staged.direct_writes == (where == "disk")
             assert staged.stats.staged_bytes == plan.staged_rows * m.row_bytes
             assert staged.stats.file_bytes_read >= staged.stats.chunks * 4096
             assert len(staged.plan.keys) == 0  # the pass's keys are dropped once it is done
-            assert_reads_back(stager, staged, sampled, dataset, reversed(range(plan.num_batches)))  # any order
+            # in any order
+            assert_reads_back(stager, staged, sampled, straddling_dataset, reversed(range(plan.num_batches)))
         finally:
             staged.close()
     assert not list(tmp_path.iterdir())  # the staging file has no name to leave behind
@@ -300,14 +304,14 @@ def test_word_rows_staged_on_disk_equal_the_dataset_rows(word_dataset, tmp_path,
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
-def test_later_windows_rewrite_a_kept_staging_file(dataset, tmp_path, direct):
+def test_later_windows_rewrite_a_kept_staging_file(straddling_dataset, tmp_path, direct):
     """A window's staging file goes back to the stager when the window closes and the next window rewrites it
     (grown when it needs more): what the earlier window left there never reaches a batch."""
-    m = dataset.manifest
-    parts = dataset.partitions()
-    full = window(dataset, 40)
+    m = straddling_dataset.manifest
+    parts = straddling_dataset.partitions()
+    full = window(straddling_dataset, 40)
     windows = [slice_pass(full, 0, 24), slice_pass(full, 24, 6), slice_pass(full, 0, 40)]  # large, small, larger
-    with stager_for(dataset, tmp_path, chunk_bytes=8192, scatter_bytes=8192, flush_bytes=16384,
+    with stager_for(straddling_dataset, tmp_path, chunk_bytes=8192, scatter_bytes=8192, flush_bytes=16384,
                     direct=direct) as stager:
         files = []
         for sampled in windows:
@@ -315,7 +319,7 @@ def test_later_windows_rewrite_a_kept_staging_file(dataset, tmp_path, direct):
             staged = stager.stage(plan)
             try:
                 files.append((staged.file, staged.file.size))
-                assert_reads_back(stager, staged, sampled, dataset)
+                assert_reads_back(stager, staged, sampled, straddling_dataset)
             finally:
                 staged.close()
         assert files[1][0] is files[0][0] and files[2][0] is files[0][0]  # one file, rewritten
@@ -324,33 +328,9 @@ def test_later_windows_rewrite_a_kept_staging_file(dataset, tmp_path, direct):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
-@pytest.mark.parametrize("which", ["dense", "sparse"])
-def test_read_rows_fills_any_rows_in_one_pass(dataset, word_dataset, chunk_bytes, which):
-    """A cache's rows by one pass over the chunks holding them (rows straddling chunks, 100-byte and 1 KiB rows),
-    into any places of ``out``, checked; the same bytes as the dataset's."""
-    for ds in (dataset, word_dataset):
-        m = ds.manifest
-        parts = ds.partitions()
-        rng = np.random.default_rng(chunk_bytes)
-        ids = rng.choice(m.num_nodes, m.num_nodes // (3 if which == "dense" else 50), replace=False)
-        offsets = row_offsets_for(ids, parts.node_begin, parts.feat_offset, m.row_bytes)
-        rows = rng.permutation(len(ids) + 7)[:len(ids)]  # places in out, some left as they were
-        out = np.full((len(ids) + 7, m.feat_dim), np.nan, dtype=np.float32)
-        with stager_for(ds, None, chunk_bytes=chunk_bytes) as stager:
-            stats = stager.read_rows(offsets, out, rows)
-            assert np.array_equal(out[rows].view(np.uint8), expected_rows(ds, ids))
-            assert np.isnan(out[np.setdiff1d(np.arange(len(out)), rows)]).all()
-            touched = len(np.unique(offsets // chunk_bytes))
-            assert stats.chunks == touched and stats.file_bytes_read <= touched * (chunk_bytes + 4096 + m.row_bytes)
-            with pytest.raises(ValueError, match="twice"):
-                stager.read_rows(np.repeat(offsets[:2], 2), out, np.arange(4))
-            assert stager.read_rows(offsets[:0], out, rows[:0]).chunks == 0
-
-
-def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
+def test_a_corrupt_feature_block_fails_staging(straddling_dataset, tmp_path):
     copy = tmp_path / "ds"
-    shutil.copytree(dataset.path, copy)
+    shutil.copytree(straddling_dataset.path, copy)
     corrupt = open_dataset(copy)
     sampled = window(corrupt, 40)
     parts = corrupt.partitions()
@@ -361,21 +341,88 @@ def test_a_corrupt_feature_block_fails_staging(dataset, tmp_path):
         byte = f.read(1)
         f.seek(victim)
         f.write(bytes([byte[0] ^ 0x40]))
-    with stager_for(corrupt, None) as stager, pytest.raises(CorruptData, match="features.bin"):
+    block = corrupt.manifest.feature_check_bytes
+    with stager_for(corrupt, None) as stager, pytest.raises(CorruptData, match="features.bin") as failed:
         stager.stage(plan)
-    with stager_for(corrupt, None) as stager, pytest.raises(CorruptData, match="features.bin"):  # a cache's load
-        stager.read_rows(np.array([victim]),
-                         np.empty((1, FEAT_DIM), np.float32), np.zeros(1, np.int64))
+    assert failed.value.offset == victim // block * block
     with stager_for(corrupt, None, checked=False) as stager:  # unchecked: served (what the checks prevent)
         stager.stage(plan).close()
 
 
-def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
-    sampled = window(dataset, 6)
-    m = dataset.manifest
-    parts = dataset.partitions()
+@pytest.mark.parametrize("where", ["ram", "disk", "disk-buffered"])
+def test_a_stopped_window_ends_within_a_chunk_and_gives_its_file_back(straddling_dataset, tmp_path, monkeypatch, where):
+    """The stop is set while the window's third chunk is read (on the read-ahead thread): staging ends before it
+    uses another chunk, its writes landed and its staging file given back, none in use; the next window rewrites
+    that file and every batch reads back whole."""
+    sampled = window(straddling_dataset, 40)
+    m = straddling_dataset.manifest
+    plan = window_plan(sampled, straddling_dataset.partitions(), m.row_bytes, 4096)
+    total = len(plan.chunk_runs()[0])
+    stop = threading.Event()
+    reads: list[int] = []
+    with stager_for(straddling_dataset, None if where == "ram" else tmp_path, chunk_bytes=4096, scatter_bytes=8192,
+                    flush_bytes=16384, direct=where != "disk-buffered") as stager:
+        read_chunk = stager.reader._read_chunk
+
+        def counted(buffer, at, need):
+            reads.append(at)
+            if len(reads) == 3:
+                stop.set()
+            return read_chunk(buffer, at, need)
+
+        monkeypatch.setattr(stager.reader, "_read_chunk", counted)
+        taken = []
+        take = stager._files.take
+        monkeypatch.setattr(stager._files, "take", lambda size: taken.append(take(size)) or taken[-1])
+        with pytest.raises(PassStopped):
+            stager.stage(plan, stop)
+        assert len(reads) == 3 and total > 20
+        files = stager._files
+        assert files.kept == (0 if where == "ram" else 1) and len(files._open) == files.kept  # given back
+        reads.clear()
+        staged = stager.stage(plan, threading.Event())
+        try:
+            assert len(reads) == total and staged.stats.chunks == total
+            if where != "ram":
+                assert staged.file is taken[0]  # the stopped window's file, rewritten
+            assert_reads_back(stager, staged, sampled, straddling_dataset)
+        finally:
+            staged.close()
+
+
+def test_closing_the_stager_stops_a_window_being_staged(straddling_dataset, tmp_path, monkeypatch):
+    """``close`` from another thread while a window is staged (the mode closing): the pass ends at its next chunk,
+    then every staging file is closed."""
+    sampled = window(straddling_dataset, 40)
+    plan = window_plan(sampled, straddling_dataset.partitions(), straddling_dataset.manifest.row_bytes, 4096)
+    stager = stager_for(straddling_dataset, tmp_path, chunk_bytes=4096, scatter_bytes=8192, flush_bytes=16384)
+    closer = threading.Thread(target=stager.close)
+    reads: list[int] = []
+    read_chunk = stager.reader._read_chunk
+
+    def counted(buffer, at, need):
+        reads.append(at)
+        if len(reads) == 3:
+            closer.start()
+            assert stager.reader._closing.wait(30)  # close has begun: it waits for the window
+        return read_chunk(buffer, at, need)
+
+    monkeypatch.setattr(stager.reader, "_read_chunk", counted)
+    with pytest.raises(PassStopped):
+        stager.stage(plan)
+    closer.join(30)
+    assert not closer.is_alive() and stager.reader.closed and len(reads) == 3
+    assert not stager._files._open  # the stopped window's file went back, then closed with the stager
+    with pytest.raises(ValueError, match="closed"):
+        stager.stage(plan)
+
+
+def test_a_corrupt_staging_region_fails_its_batch(straddling_dataset, tmp_path):
+    sampled = window(straddling_dataset, 6)
+    m = straddling_dataset.manifest
+    parts = straddling_dataset.partitions()
     plan = window_plan(sampled, parts, m.row_bytes)
-    with stager_for(dataset, tmp_path) as stager:
+    with stager_for(straddling_dataset, tmp_path) as stager:
         staged = stager.stage(plan)
         try:
             base, nbytes = plan.region(3)
@@ -388,18 +435,18 @@ def test_a_corrupt_staging_region_fails_its_batch(dataset, tmp_path):
             out = np.empty((int(np.diff(sampled.node_ptr).max()), FEAT_DIM), dtype=np.float32)
             nodes = [sampled.nodes[sampled.node_ptr[b]:sampled.node_ptr[b + 1]] for b in (2, 3)]
             with pytest.raises(CorruptData, match="batch 3"):
-                stager.read_batch(staged, 3, gather_of(dataset, nodes[1]), out)
-            stager.read_batch(staged, 2, gather_of(dataset, nodes[0]), out)  # the others are still served
+                stager.read_batch(staged, 3, gather_of(straddling_dataset, nodes[1]), out)
+            stager.read_batch(staged, 2, gather_of(straddling_dataset, nodes[0]), out)  # the others are still served
         finally:
             staged.close()
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
-def test_regions_read_back_in_pieces(dataset, word_dataset, tmp_path, monkeypatch, direct):
+def test_regions_read_back_in_pieces(straddling_dataset, word_dataset, tmp_path, monkeypatch, direct):
     """Regions larger than ``READ_BACK_BYTES`` come back in pieces (100-byte rows straddling pages, 1 KiB rows),
     the next piece read ahead across batches and past empty regions, in order and out of it, into two buffers
     of a piece each; a flipped byte in a region's last piece still fails its batch."""
-    for ds in (dataset, word_dataset):
+    for ds in (straddling_dataset, word_dataset):
         m = ds.manifest
         monkeypatch.setattr(stager_module, "READ_BACK_BYTES", 7 * m.row_bytes)
         sampled = window(ds, 8)
@@ -446,16 +493,16 @@ def test_regions_read_back_in_pieces(dataset, word_dataset, tmp_path, monkeypatc
                 staged.close()
 
 
-def test_bad_arguments_are_refused(dataset):
-    sampled = window(dataset, 2)
-    parts = dataset.partitions()
-    plan = window_plan(sampled, parts, dataset.manifest.row_bytes)
+def test_bad_arguments_are_refused(straddling_dataset):
+    sampled = window(straddling_dataset, 2)
+    parts = straddling_dataset.partitions()
+    plan = window_plan(sampled, parts, straddling_dataset.manifest.row_bytes)
     with pytest.raises(ValueError, match="chunk_bytes"):
-        stager_for(dataset, None, chunk_bytes=1000)
-    with stager_for(dataset, None) as stager:
+        stager_for(straddling_dataset, None, chunk_bytes=1000)
+    with stager_for(straddling_dataset, None) as stager:
         staged = stager.stage(plan)
         try:
-            gather = gather_of(dataset, sampled.nodes[:sampled.node_ptr[1]])
+            gather = gather_of(straddling_dataset, sampled.nodes[:sampled.node_ptr[1]])
             with pytest.raises(ValueError, match="outside"):
                 stager.read_batch(staged, 2, gather, np.empty((1000, FEAT_DIM), np.float32))
             with pytest.raises(ValueError, match="out"):

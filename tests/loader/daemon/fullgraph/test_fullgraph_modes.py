@@ -12,19 +12,9 @@ from loader.sampling.sampling import sample_pass
 from proto.client import ControlClient
 from proto.errors import UserError
 from proto.messages import BatchReady, Credit, EpochEnd, Release, StartEpoch
-from tests.daemon_harness import daemon_config, running_daemon, small_dataset
+from tests.daemon_harness import daemon_config, running_daemon
 
 BATCH_SIZE, FANOUTS = 64, (5, 3)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return small_dataset(tmp_path_factory.mktemp("fullgraph"), nodes=2500)
-
-
-@pytest.fixture(scope="module")
-def reference(dataset):
-    return load_in_memory(open_dataset(dataset))
 
 
 def reference_epoch(ref, epoch):
@@ -89,36 +79,37 @@ def unchecked_if_mapped(mode: str) -> dict[str, bool]:
     ("hybrid", {"superbatch": 5, "feature_cache": "600K"}),  # some partitions resident, a Belady cache beside them
     ("hybrid", {"superbatch": 64, "feature_cache": "64M"}),  # an epoch in one superbatch, all of it resident
 ])
-def test_mode_serves_the_reference_batches_bitwise(dataset, reference, tmp_path, mode, exact):
+def test_mode_serves_the_reference_batches_bitwise(dataset_3k, reference_3k, tmp_path, mode, exact):
     if mode == "staged":
         (tmp_path / "staging").mkdir()
         exact = {**exact, "staging_dir": str(tmp_path / "staging")}
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact,
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": mode}, fullgraph=exact,
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"},
                            io=unchecked_if_mapped(mode))
     with running_daemon(config), credited_client(config) as client:
         assert client.welcome.dataset.mode == mode
         for epoch in (0, 1):
-            assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
+            assert_same_as_reference(consume_epoch(client, epoch), reference_3k, epoch)
 
 
-def test_staged_mode_with_direct_io_serves_the_reference_bitwise(dataset, reference, tmp_path):
+def test_staged_mode_with_direct_io_serves_the_reference_bitwise(dataset_3k, reference_3k, tmp_path):
     """O_DIRECT everywhere: the file's chunks, the staging writes (whole pages, each batch's partial page held
     between runs), the spilled edges and the read-backs."""
     (tmp_path / "staging").mkdir()
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"}, io={"direct_io": True},
-                           exact={"superbatch": 7, "feature_cache": "40K", "staging_dir": str(tmp_path / "staging")},
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": "staged"}, io={"direct_io": True},
+                           fullgraph={"superbatch": 7, "feature_cache": "40K",
+                                      "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config) as daemon, credited_client(config) as client:
         assert daemon.mode.stager.direct
         for epoch in (0, 1):
-            assert_same_as_reference(consume_epoch(client, epoch), reference, epoch)
+            assert_same_as_reference(consume_epoch(client, epoch), reference_3k, epoch)
     assert not list((tmp_path / "staging").iterdir())
 
 
 @pytest.mark.parametrize("plan_batches, feature_cache", [(1, 0), (2, "40K"), (3, 0)])
 def test_staged_superbatches_whose_misses_exceed_the_plan_are_staged_in_windows(
-        dataset, reference, tmp_path, monkeypatch, plan_batches, feature_cache):
+        dataset_3k, reference_3k, tmp_path, monkeypatch, plan_batches, feature_cache):
     """A superbatch whose uncached rows exceed the plan's charge (``STAGED_PLAN_BATCHES`` batches' worth) is staged
     in windows of consecutive batches, each within the charge (or a single batch), a pass each; its batches are the
     reference's all the same, and every window's staging file goes back. Every chunk is staged (windows of a
@@ -132,22 +123,22 @@ def test_staged_superbatches_whose_misses_exceed_the_plan_are_staged_in_windows(
     windows: list[tuple[int, int, int]] = []  # (batches, staged rows, the plan's charge in rows)
     stage_window = staged.StagedMode._stage_window
 
-    def recorded(self, plan):
+    def recorded(self, plan, stopped):
         windows.append((plan.num_batches, plan.staged_rows, self.budget_plan.plan_rows))
-        return stage_window(self, plan)
+        return stage_window(self, plan, stopped)
 
     monkeypatch.setattr(outofcore, "STAGED_PLAN_BATCHES", plan_batches)
     monkeypatch.setattr(staged.StagedMode, "_stage_window", recorded)
     (tmp_path / "staging").mkdir()
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
-                           exact={"superbatch": 7, "feature_cache": feature_cache,
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": "staged"},
+                           fullgraph={"superbatch": 7, "feature_cache": feature_cache,
                                   "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config) as daemon, credited_client(config) as client:
         epochs = [consume_epoch(client, epoch) for epoch in (0, 1)]
         assert daemon.mode.stager.staging_file_bytes > 0
     for epoch, batches in enumerate(epochs):
-        assert_same_as_reference(batches, reference, epoch)
+        assert_same_as_reference(batches, reference_3k, epoch)
     superbatches = 2 * -(-len(epochs[0]) // 7)
     assert len(windows) > superbatches  # split
     assert all(rows <= charge or count == 1 for count, rows, charge in windows)
@@ -157,8 +148,8 @@ def test_staged_superbatches_whose_misses_exceed_the_plan_are_staged_in_windows(
 
 
 @pytest.mark.parametrize("choice", ["all direct", "every other chunk"])
-def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset, reference, tmp_path, monkeypatch,
-                                                                         choice, caplog):
+def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset_3k, reference_3k, tmp_path,
+                                                                         monkeypatch, choice, caplog):
     """Rows whose chunk the cost model does not stage are read at random at publish; cached, direct and staged
     rows meet in one batch and it is still the reference's. The cache is loaded by one pass over the file."""
     from loader.daemon.fullgraph import outofcore
@@ -172,13 +163,14 @@ def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset
     monkeypatch.setattr(window_plan, "chunk_costs", costs)
     monkeypatch.setattr(outofcore, "STAGING_CHUNK", 8192)  # many chunks in a small file
     (tmp_path / "staging").mkdir()
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "staged"},
-                           exact={"superbatch": 4, "feature_cache": "20K", "staging_dir": str(tmp_path / "staging")},
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": "staged"},
+                           fullgraph={"superbatch": 4, "feature_cache": "20K",
+                                      "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with caplog.at_level(logging.INFO, logger="megabatch.outofcore"), running_daemon(config) as daemon:
         assert "staged feature cache loaded by one pass" in caplog.text
         with credited_client(config) as client:
-            assert_same_as_reference(consume_epoch(client, 0), reference, 0)
+            assert_same_as_reference(consume_epoch(client, 0), reference_3k, 0)
         rows = daemon.metrics.staging_written_bytes.labels("rows")._value.get()
         assert (rows == 0) == (choice == "all direct")
         assert daemon.metrics.staging_written_bytes.labels("edges")._value.get() > 0  # the edges are spilled
@@ -187,10 +179,10 @@ def test_staged_mode_serves_the_reference_with_rows_left_to_direct_reads(dataset
         assert (daemon.metrics.staging_file_bytes.labels("rows")._value.get() == 0) == (choice == "all direct")
 
 
-def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset, tmp_path):
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "inmemory"}, memory={"budget": "300K"},
+def test_inmemory_mode_refuses_a_budget_it_cannot_fit(dataset_3k, tmp_path):
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": "inmemory"}, memory={"budget": "300K"},
                            publisher={"slots": 1, "slot_bytes": "64K"}, server={"max_clients": 1})
-    with pytest.raises(UserError, match="inmemory.*more than \\[memory\\] budget"), running_daemon(config):
+    with pytest.raises(UserError, match="too small for mode inmemory: .*graph and features"), running_daemon(config):
         pass
 
 
@@ -200,7 +192,7 @@ def _lookups(daemon, family, results=("hit", "miss")):
 
 
 def _epoch_lookups(dataset, tmp_path, mode, exact, results=("hit", "miss")):
-    config = daemon_config(dataset, tmp_path / f"{mode}.sock", loader={"mode": mode}, exact=exact,
+    config = daemon_config(dataset, tmp_path / f"{mode}.sock", loader={"mode": mode}, fullgraph=exact,
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)}, memory={"budget": "512M"})
     with running_daemon(config) as daemon:
         with credited_client(config) as client:
@@ -209,30 +201,30 @@ def _epoch_lookups(dataset, tmp_path, mode, exact, results=("hit", "miss")):
             _lookups(daemon, "neighbor_cache_lookups")
 
 
-def test_belady_cache_misses_no_more_than_the_static_cache_of_the_same_size(dataset, tmp_path):
+def test_belady_cache_misses_no_more_than_the_static_cache_of_the_same_size(dataset_3k, tmp_path):
     caches = {"superbatch": 8, "feature_cache": "16K", "neighbor_cache": 0}  # 256 rows of 64 B
-    rows, exact, _ = _epoch_lookups(dataset, tmp_path, "exact", caches)
-    rows_static, static, _ = _epoch_lookups(dataset, tmp_path, "static", caches)
+    rows, exact, _ = _epoch_lookups(dataset_3k, tmp_path, "exact", caches)
+    rows_static, static, _ = _epoch_lookups(dataset_3k, tmp_path, "static", caches)
     assert rows == rows_static == exact["hit"] + exact["miss"] == static["hit"] + static["miss"]
     assert 0 < exact["miss"] <= static["miss"] and exact["hit"] > 0
 
 
-def test_hybrid_serves_rows_from_resident_partitions_and_its_belady_cache(dataset, tmp_path):
+def test_hybrid_serves_rows_from_resident_partitions_and_its_belady_cache(dataset_3k, tmp_path):
     results = ("resident", "hit", "miss", "fill")
     # 600K of feature bytes: 100K of partitions per superbatch in flight (1,600 of the 2,500 rows), 300K of cache
-    rows, features, _ = _epoch_lookups(dataset, tmp_path, "hybrid", {"superbatch": 5, "feature_cache": "600K"},
+    rows, features, _ = _epoch_lookups(dataset_3k, tmp_path, "hybrid", {"superbatch": 5, "feature_cache": "600K"},
                                        results)
     assert features["resident"] + features["hit"] + features["miss"] == rows
     assert features["resident"] > 0 and features["hit"] > 0 and features["fill"] == 0
-    rows, features, _ = _epoch_lookups(dataset, tmp_path, "hybrid", {"superbatch": 5, "feature_cache": 0}, results)
+    rows, features, _ = _epoch_lookups(dataset_3k, tmp_path, "hybrid", {"superbatch": 5, "feature_cache": 0}, results)
     assert features == {"resident": 0, "hit": 0, "miss": rows, "fill": 0}
 
 
-def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset, tmp_path):
-    rows, features, lists = _epoch_lookups(dataset, tmp_path, "exact",
+def test_zero_caches_serve_everything_from_disk_and_full_caches_nothing(dataset_3k, tmp_path):
+    rows, features, lists = _epoch_lookups(dataset_3k, tmp_path, "exact",
                                            {"superbatch": 4, "feature_cache": 0, "neighbor_cache": 0})
     assert features == {"hit": 0, "miss": rows} and lists["hit"] == 0 and lists["miss"] > 0
-    _, _, lists = _epoch_lookups(dataset, tmp_path, "static", {"neighbor_cache": "8M", "feature_cache": "64M"})
+    _, _, lists = _epoch_lookups(dataset_3k, tmp_path, "static", {"neighbor_cache": "8M", "feature_cache": "64M"})
     assert lists["miss"] == 0 and lists["hit"] > 0
 
 
@@ -268,7 +260,7 @@ def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physi
     ref = load_in_memory(open_dataset(physics))
     (tmp_path / "staging").mkdir()
     config = daemon_config(physics, tmp_path / "s.sock", loader={"mode": mode}, memory={"budget": "256M"},
-                           exact={**exact, "staging_dir": str(tmp_path / "staging")},
+                           fullgraph={**exact, "staging_dir": str(tmp_path / "staging")},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)})
     with running_daemon(config), credited_client(config) as client:
         assert_same_as_reference(consume_epoch(client, 0), ref, 0)
@@ -279,15 +271,16 @@ def test_out_of_core_modes_on_coauthor_physics_equal_the_reference_bitwise(physi
     ("static", {"neighbor_cache": 0, "feature_cache": "40K"}),
     ("staged", {"neighbor_cache": 0, "feature_cache": "40K"}),
     ("hybrid", {"neighbor_cache": 0, "feature_cache": "600K"})])
-def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_path, mode, exact):
+def test_eval_batches_equal_the_reference_in_every_mode(dataset_3k, reference_3k, tmp_path, mode, exact):
     from loader.sampling.inmemory import STREAM_VAL, eval_split_batches
     from proto.messages import EvalEnd, EvalRequest
 
-    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode}, exact=exact, memory={"budget": "512M"},
+    config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": mode}, fullgraph=exact,
+                           memory={"budget": "512M"},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS), "eval_batch_size": 200},
                            io=unchecked_if_mapped(mode))
-    plan = eval_split_batches(reference.splits["val"], 200, 0, STREAM_VAL)
-    expected = sample_pass(reference.graph, plan.seeds, 200, FANOUTS, plan.keys)
+    plan = eval_split_batches(reference_3k.splits["val"], 200, 0, STREAM_VAL)
+    expected = sample_pass(reference_3k.graph, plan.seeds, 200, FANOUTS, plan.keys)
     with running_daemon(config), credited_client(config) as client:
         client.send(EvalRequest(split="val"))
         b = 0
@@ -296,7 +289,7 @@ def test_eval_batches_equal_the_reference_in_every_mode(dataset, reference, tmp_
             want = expected.batch(b)
             np.testing.assert_array_equal(arrays["n_id"], want.nodes)
             np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
-            assert np.asarray(arrays["x"]).tobytes() == reference.features[want.nodes].tobytes()
+            assert np.asarray(arrays["x"]).tobytes() == reference_3k.features[want.nodes].tobytes()
             client.send(Release(slot=msg.slot, seq=msg.seq))
             b += 1
         assert b == expected.num_batches == msg.batches

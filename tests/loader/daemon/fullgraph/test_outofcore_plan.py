@@ -21,8 +21,10 @@ from loader.daemon.fullgraph.outofcore import (
     STAGING_FLUSH,
     plan_outofcore,
 )
+from loader.daemon.modes import mode_class
 from loader.format.dataset import open_dataset
 from loader.staging.scratch_files import takes_direct_writes
+from loader.staging.sequential_reader import reader_buffer_bytes
 from loader.staging.stager import stager_buffer_bytes
 from loader.staging.window_plan import PLAN_SLICE_ROWS, plan_window_bytes
 from proto.client import ControlClient
@@ -32,53 +34,60 @@ from tests.daemon_harness import small_dataset
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return open_dataset(small_dataset(tmp_path_factory.mktemp("plan"), nodes=2000))
+def dataset(dataset_3k):
+    """``dataset_3k`` opened: the plans read its manifest."""
+    return open_dataset(dataset_3k)
 
 
-def config(budget, mode="exact", **exact):
+def config(budget, mode="exact", **fullgraph):
     return config_from_mapping({"dataset": {"path": "/x"}, "loader": {"mode": mode}, "memory": {"budget": budget},
-                                "exact": exact})
+                                "fullgraph": fullgraph})
+
+
+def plan_for(cfg, dataset, **sizes):
+    """``cfg``'s mode's plan: the hooks of the class the registry names."""
+    return plan_outofcore(mode_class(cfg.loader.mode), cfg, dataset, **sizes)
 
 
 def test_auto_split_uses_the_budget_and_gives_lists_at_most_half(dataset):
-    plan = plan_outofcore(config("64M"), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    plan = plan_for(config("64M"), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     m = dataset.manifest
     all_lists = 8 * m.num_nodes + 4 * m.num_edges
     assert plan.neighbor_cache_bytes == all_lists  # they fit in half of what is left
     assert plan.feature_cache_rows == m.num_nodes  # more rows than nodes are never allocated
     assert plan.total <= 64 << 20
-    base = plan_outofcore(config("16M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    base = plan_for(config("16M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     budget = base.fixed_bytes + base.graph_bytes + base.working_bytes + 150_000  # caches get 150 kB: less than all
-    tight = plan_outofcore(config(budget, superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
-                           batch_edges=1000)
+    tight = plan_for(config(budget, superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
+                     batch_edges=1000)
     assert tight.neighbor_cache_bytes == 75_000 < all_lists  # half of what is left
     assert tight.feature_cache_rows == 75_000 // m.row_bytes < m.num_nodes and tight.total <= budget
     assert "feature cache" in tight.describe() and "superbatches in flight" in tight.describe()
 
 
 def test_explicit_and_zero_caches(dataset):
-    plan = plan_outofcore(config("64M", neighbor_cache=0, feature_cache=0), dataset, fixed_bytes=0, batch_nodes=500,
-                          batch_edges=1000)
+    plan = plan_for(config("64M", neighbor_cache=0, feature_cache=0), dataset, fixed_bytes=0, batch_nodes=500,
+                    batch_edges=1000)
     assert plan.neighbor_cache_bytes == 0 and plan.feature_cache_rows == 0
-    with pytest.raises(UserError, match="exceed the .* the budget leaves for caches"):
-        plan_outofcore(config("16M", superbatch=4, feature_cache="64M"), dataset, fixed_bytes=0, batch_nodes=500,
-                       batch_edges=1000)
+    with pytest.raises(UserError, match="too small for mode exact: .*neighbour cache .* feature cache 64 MiB = .*"
+                       "lower \\[fullgraph\\] neighbor_cache"):
+        plan_for(config("16M", superbatch=4, feature_cache="64M"), dataset, fixed_bytes=0, batch_nodes=500,
+                 batch_edges=1000)
 
 
 def test_a_budget_below_the_fixed_parts_is_refused_naming_what_to_lower(dataset):
-    with pytest.raises(UserError, match="too small for mode exact.*lower \\[exact\\] superbatch"):
-        plan_outofcore(config("4M", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000, batch_edges=50000)
+    with pytest.raises(UserError, match="too small for mode exact.*lower \\[fullgraph\\] superbatch"):
+        plan_for(config("4M", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000, batch_edges=50000)
 
 
 def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(dataset, monkeypatch):
     m = dataset.manifest
     # a staging_dir that refuses O_DIRECT first: staging writes through the page cache, two flushes' worth
     monkeypatch.setattr(outofcore, "_takes_direct_writes", lambda directory: False)
-    exact = plan_outofcore(config("256M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
-                           batch_edges=1000)
-    staged = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
-                            batch_edges=1000)
+    exact = plan_for(config("256M", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
+                     batch_edges=1000)
+    staged = plan_for(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20, batch_nodes=500,
+                      batch_edges=1000)
     assert staged.staging_chunk == STAGING_CHUNK and "staging chunks of 16 MiB" in staged.describe()
     stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK,
                                  scatter_bytes=STAGING_CHUNK, flush_bytes=STAGING_FLUSH, on_disk=True)
@@ -89,7 +98,7 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     in_flight = 4 * SPILLED_BATCH_BYTES
     id_slice = 2 * 4 * (PLAN_SLICE_ROWS + 2 * 500)
     records = 2 * (500 * 4 + 1000 * 8)
-    group = config("1M").exact.sample_group
+    group = config("1M").fullgraph.sample_group
     group_records = group * (records // 2 + 2 * 4096)  # a sample group's records, laid out to be written at once
     assert staged.working_bytes == (exact.working_bytes - SUPERBATCHES_IN_FLIGHT * 4 * sampled_batch + stager
                                     + SUPERBATCHES_IN_FLIGHT * in_flight + plan_window_bytes(4 * 500) + id_slice
@@ -99,23 +108,23 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
     small_stager = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=500, chunk_bytes=STAGING_CHUNK_SMALL,
                                        scatter_bytes=STAGING_CHUNK_SMALL, flush_bytes=STAGING_FLUSH, on_disk=True)
     room = staged.fixed_bytes + staged.graph_bytes + staged.working_bytes - stager + small_stager
-    tight = plan_outofcore(config(room + all_lists // 2, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
-                           batch_nodes=500, batch_edges=1000)
+    tight = plan_for(config(room + all_lists // 2, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                     batch_nodes=500, batch_edges=1000)
     assert tight.neighbor_cache_bytes == all_lists // 2 and tight.feature_cache_rows == 0  # all of it to the lists
     # 16 MiB chunks would leave the lists no room there: small chunks
     assert tight.staging_chunk == STAGING_CHUNK_SMALL and tight.working_bytes == room - tight.fixed_bytes - \
         tight.graph_bytes
-    roomier = plan_outofcore(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
-                             fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    roomier = plan_for(config(room + all_lists + 100 * m.row_bytes, mode="staged", superbatch=4), dataset,
+                       fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     assert roomier.neighbor_cache_bytes == all_lists and roomier.feature_cache_rows == 100  # then the rows
     with pytest.raises(UserError, match="too small for mode staged"):
-        plan_outofcore(config(room - 1000, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
-                       batch_nodes=500, batch_edges=1000)
+        plan_for(config(room - 1000, mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                 batch_nodes=500, batch_edges=1000)
     # a staging_dir that takes O_DIRECT writes (whatever [io] direct_io says: off here): a page per batch of a
     # superbatch and a second scatter buffer (a chunk, a row's pages and two pages) instead
     monkeypatch.undo()
-    direct = plan_outofcore(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
-                            batch_nodes=500, batch_edges=1000)
+    direct = plan_for(config("256M", mode="staged", superbatch=4), dataset, fixed_bytes=1 << 20,
+                      batch_nodes=500, batch_edges=1000)
     assert not config("1M").io.direct_io
     assert takes_direct_writes(Path("/var/tmp"))  # ext4 here; a user's tmpfs would not
     assert m.row_bytes <= 4096 and direct.staging_chunk == STAGING_CHUNK
@@ -124,13 +133,13 @@ def test_staged_charges_the_stager_and_gives_the_lists_all_they_need_first(datas
 
 def test_hybrid_charges_its_partitions_per_superbatch_in_flight_and_splits_the_feature_bytes(dataset):
     m = dataset.manifest
-    exact = plan_outofcore(config("64M", superbatch=4, neighbor_cache=0, feature_cache="96K"), dataset,
-                           fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
-    hybrid = plan_outofcore(config("64M", mode="hybrid", superbatch=4, neighbor_cache=0, feature_cache="96K"), dataset,
-                            fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    exact = plan_for(config("64M", superbatch=4, neighbor_cache=0, feature_cache="96K"), dataset,
+                     fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
+    hybrid = plan_for(config("64M", mode="hybrid", superbatch=4, neighbor_cache=0, feature_cache="96K"), dataset,
+                      fixed_bytes=1 << 20, batch_nodes=500, batch_edges=1000)
     assert hybrid.graph_bytes == exact.graph_bytes + m.num_nodes  # the map of a superbatch's distinct nodes
-    reader = stager_buffer_bytes(row_bytes=m.row_bytes, batch_rows=1, chunk_bytes=STAGING_CHUNK_SMALL,
-                                 scatter_bytes=STAGING_CHUNK_SMALL, flush_bytes=0, on_disk=False)
+    reader = reader_buffer_bytes(row_bytes=m.row_bytes, chunk_bytes=STAGING_CHUNK_SMALL,
+                                 scatter_bytes=STAGING_CHUNK_SMALL)
     assert hybrid.working_bytes == (exact.working_bytes + reader
                                     + SUPERBATCHES_IN_FLIGHT * 4 * HYBRID_BYTES_PER_SAMPLED_NODE * 500)
     feature = 96 << 10
@@ -142,8 +151,8 @@ def test_hybrid_charges_its_partitions_per_superbatch_in_flight_and_splits_the_f
     assert hybrid.total <= 64 << 20
     assert "resident partitions 3 x" in hybrid.describe()
     with pytest.raises(UserError, match="too small for mode hybrid"):
-        plan_outofcore(config("4M", mode="hybrid", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000,
-                       batch_edges=50000)
+        plan_for(config("4M", mode="hybrid", superbatch=512), dataset, fixed_bytes=0, batch_nodes=5000,
+                 batch_edges=50000)
 
 
 class _MappedBytes:
@@ -201,7 +210,7 @@ def test_staged_holds_no_more_than_its_plan_on_a_graph_that_fills_it(tmp_path_fa
 
     def run(counted: bool) -> tuple[int, int, int, int]:
         config = daemon_config(data, root / "s.sock", loader={"mode": "staged"}, memory={"budget": "64M"},
-                               exact={"superbatch": 32, "sample_group": 4, "staging_dir": str(root / "staging")},
+                               fullgraph={"superbatch": 32, "sample_group": 4, "staging_dir": str(root / "staging")},
                                sampler={"batch_size": 256, "fanouts": [10, 5], "eval_batch_size": 256},
                                publisher={"slots": 2}, server={"max_clients": 1, "socket": str(root / "s.sock")},
                                io={"direct_io": True})
