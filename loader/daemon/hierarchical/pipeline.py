@@ -33,7 +33,7 @@ from loader.daemon.hierarchical.coverage import (
     neighbour_slots,
 )
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
-from loader.daemon.hierarchical.schedule import ScheduledMegaBatch, label_skew, schedule_epoch
+from loader.daemon.hierarchical.schedule import LabelMix, ScheduledMegaBatch, schedule_epoch
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_source import OffsetRows, SlotSource
@@ -66,6 +66,11 @@ class PipelineContext:
     """Where the settings a quality warning could name stand (it names only those not set)."""
     warning_streaks: WarningStreaks = field(default_factory=WarningStreaks)
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
+
+    @functools.cached_property
+    def label_mix(self) -> LabelMix:
+        """``label_counts`` with the epoch's totals summed once, not per mega-batch."""
+        return LabelMix(self.label_counts)
 
 
 def epoch_batch_count(resident: ResidentData, schedule: list[ScheduledMegaBatch], batch_size: int, passes: int,
@@ -171,8 +176,9 @@ def _report_epoch(ctx: PipelineContext, epoch: int, quality: EpochQuality) -> No
     m = ctx.metrics
     m.epoch_coverage.set(quality.coverage)
     m.epoch_label_skew.set(quality.skew)
-    log.info("epoch %d: neighbour coverage %.3f, label skew %.3f over %s of %s", epoch, quality.coverage,
-             quality.skew, counted(quality.megabatches, "mega-batch"),
+    m.epoch_label_skew_excess.set(quality.excess)
+    log.info("epoch %d: neighbour coverage %.3f, label skew %.3f (%.3f by chance) over %s of %s", epoch,
+             quality.coverage, quality.skew, quality.chance, counted(quality.megabatches, "mega-batch"),
              counted(ctx.partitions_per_megabatch, "partition"))
     warnings = quality.warnings(ctx.knobs)
     logged = ctx.warning_streaks.to_log(set(warnings))
@@ -214,10 +220,10 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
                                         mb.full_degree if pass_index == 0 else None)
             sampled, n_batches = dealt.sampled, dealt.steps
             if slots is not None:
-                skew = label_skew(ctx.label_counts, mb.scheduled.partitions)
+                skew = ctx.label_mix.of(mb.scheduled.partitions)
                 quality.add(slots, skew, len(seeds))
                 ctx.metrics.mb_coverage.set(slots.filled / slots.full if slots.full else 1.0)
-                ctx.metrics.mb_label_skew.set(skew)
+                ctx.metrics.mb_label_skew.set(skew.skew)
                 ctx.metrics.neighbour_slots.labels("filled").inc(slots.filled)
                 ctx.metrics.neighbour_slots.labels("lost").inc(slots.full - slots.filled)
             if fixed_passes is not None:

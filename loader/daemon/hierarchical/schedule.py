@@ -13,6 +13,7 @@ Either way every partition is in exactly one group per epoch, so every training 
 one mega-batch, which is what makes "each training node once per pass" hold across the epoch.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,8 @@ import numpy as np
 from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
 from loader.format.partition_table import PartitionTable
 
-__all__ = ["ScheduledMegaBatch", "schedule_epoch", "label_skew", "train_label_counts"]
+__all__ = ["ScheduledMegaBatch", "schedule_epoch", "label_skew", "binomial_mean_abs_deviation", "chance_label_skew",
+           "LabelMix", "GroupSkew", "train_label_counts"]
 
 _SCHEDULE_STREAM = 0x5C4ED
 _TIE_STREAM = 0xBA1A
@@ -89,11 +91,76 @@ def label_skew(label_counts: np.ndarray, partitions: np.ndarray) -> float:
     0 when the group's labels are mixed exactly as the epoch's, 1 when they share no class; 0 for a
     group without training nodes (it trains nothing).
     """
-    group = label_counts[partitions].sum(axis=0)
-    total = label_counts.sum(axis=0)
-    if group.sum() <= 0 or total.sum() <= 0:
+    return LabelMix(label_counts).of(partitions).skew
+
+
+def binomial_mean_abs_deviation(n: int, p: float) -> float:
+    """E|X - np| for X ~ Binomial(n, p), by De Moivre's closed form (exact, O(1)).
+
+    With m = floor(np): 2 (m + 1) C(n, m + 1) p^(m + 1) (1 - p)^(n - m), computed in logs so that
+    n in the millions neither overflows nor underflows to a wrong 0.
+    """
+    if n <= 0 or p <= 0.0 or p >= 1.0:
         return 0.0
-    return float(0.5 * np.abs(group / group.sum() - total / total.sum()).sum())
+    m = math.floor(n * p)
+    if m + 1 > n:  # np rounds up to n (p within an ulp of 1): X <= n = np, nothing deviates upwards
+        return 0.0
+    log_term = (math.lgamma(n + 1) - math.lgamma(m + 2) - math.lgamma(n - m)
+                + (m + 1) * math.log(p) + (n - m) * math.log1p(-p))
+    return 2.0 * (m + 1) * math.exp(log_term)
+
+
+def chance_label_skew(group_size: int, proportions: np.ndarray, population: int) -> float:
+    """The label skew a group of ``group_size`` training nodes drawn at random from ``population`` has
+    on average: what no grouping of partitions can remove, only a larger mega-batch.
+
+    The total variation distance is half the sum over classes of |share in group - share in all|.
+    Drawn with replacement, a class's count is binomial (``binomial_mean_abs_deviation``); drawn
+    without, its spread shrinks by the finite-population factor sqrt((N - n) / (N - 1)), which is 0
+    for a group holding every node. A mega-batch's measured skew above this is the partitions'
+    doing (homophily), and only that excess pulls the model toward a few classes beyond what
+    any mini-batch of seeds already does.
+    """
+    n, total = int(group_size), int(population)
+    if n <= 0 or total <= 1 or n >= total:
+        return 0.0
+    shares = np.asarray(proportions, dtype=np.float64)
+    deviation = sum(binomial_mean_abs_deviation(n, float(p)) for p in shares)  # a term per class, not per node
+    return float(0.5 * deviation / n * math.sqrt((total - n) / (total - 1)))
+
+
+@dataclass(frozen=True)
+class GroupSkew:
+    """A group of partitions' label skew and the part of it a random group of its size has anyway."""
+
+    skew: float
+    chance: float
+    seeds: int
+    """Training nodes with a label in the group."""
+
+    @property
+    def excess(self) -> float:
+        """Skew beyond chance (never negative): the part that grouping by partitions adds."""
+        return max(0.0, self.skew - self.chance)
+
+
+class LabelMix:
+    """The epoch's training labels per partition, with the totals every group is compared with computed once."""
+
+    def __init__(self, label_counts: np.ndarray) -> None:
+        self.counts = np.ascontiguousarray(label_counts, dtype=np.float64)
+        self.total = self.counts.sum(axis=0)
+        self.population = int(round(float(self.total.sum())))
+        self.prior = self.total / self.total.sum() if self.population > 0 else self.total
+
+    def of(self, partitions: np.ndarray) -> GroupSkew:
+        """``partitions``' skew against the whole (0 for a group without labelled training nodes)."""
+        group = self.counts[partitions].sum(axis=0)
+        seeds = int(round(float(group.sum())))
+        if seeds <= 0 or self.population <= 0:
+            return GroupSkew(0.0, 0.0, 0)
+        skew = float(0.5 * np.abs(group / group.sum() - self.prior).sum())
+        return GroupSkew(skew, chance_label_skew(seeds, self.prior, self.population), seeds)
 
 
 def train_label_counts(partitions: PartitionTable, train_ids: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -58,7 +58,8 @@ def test_whole_graph_mega_batch_loses_nothing(tmp_path, caplog):
     dataset = small_dataset(tmp_path, nodes=2000, partitions=8)
     config = daemon_config(dataset, tmp_path / "s.sock", hierarchy={"megabatch_fraction": 1.0})
     report, warnings, metrics = epoch_log(config, caplog)
-    assert warnings == [] and "neighbour coverage 1.000, label skew 0.000" in report[0]
+    assert warnings == [] and "neighbour coverage 1.000, label skew 0.000 (0.000 by chance)" in report[0]
+    assert sample_value(metrics, "megabatch_epoch_label_skew_excess") == 0
     assert sample_value(metrics, "megabatch_neighbour_slots_total", {"result": "lost"}) == 0
 
 
@@ -87,7 +88,8 @@ def test_an_epoch_sampled_ahead_but_never_trained_is_not_reported(tmp_path, capl
         # the loop ends the sampler's step (where the report was logged) before it runs this
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loops[0]).result(60)
         report = [r.getMessage() for r in caplog.records if "neighbour coverage" in r.getMessage()]
-    assert report == ["epoch 0: neighbour coverage 1.000, label skew 0.000 over 1 mega-batch of 8 partitions"], \
+    assert report == ["epoch 0: neighbour coverage 1.000, label skew 0.000 (0.000 by chance) over 1 mega-batch of "
+                      "8 partitions"], \
         report
 
 @pytest.fixture(scope="module")
@@ -123,7 +125,8 @@ def test_status_reports_coverage_from_the_metrics(tmp_path, caplog):
         consume(client, StartEpoch(epoch=0), EpochEnd)
         text = format_status(scrape(f"http://127.0.0.1:{port}/metrics"))
     assert "mode hierarchical" in text
-    assert re.search(r"last epoch: neighbour coverage \d\.\d{3}, label skew \d\.\d{3}", text), text
+    assert re.search(r"last epoch: neighbour coverage \d\.\d{3}, label skew \d\.\d{3} \(\+\d\.\d{3} beyond chance\)",
+                     text), text
 
 
 def test_status_without_a_daemon_is_one_line_and_exit_1(tmp_path, capsys):

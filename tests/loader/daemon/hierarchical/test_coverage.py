@@ -6,12 +6,13 @@ from hypothesis import strategies as st
 
 from loader.daemon.hierarchical.coverage import (
     COVERAGE_WARN,
-    SKEW_WARN,
+    EXCESS_SKEW_WARN,
     EpochQuality,
     NeighbourSlots,
     QualityKnobs,
     neighbour_slots,
 )
+from loader.daemon.hierarchical.schedule import GroupSkew
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 
 
@@ -56,19 +57,38 @@ def test_slots_match_the_reference(n, e, batch_size, fanouts, seed, cut_extra):
 def test_epoch_quality_weights_and_warnings():
     quality = EpochQuality()
     assert quality.coverage == 1.0 and quality.skew == 0.0 and quality.warnings() == {}
-    quality.add(NeighbourSlots(90, 100), 0.1, 300)
-    quality.add(NeighbourSlots(10, 100), 0.4, 100)
-    assert quality.coverage == 0.5 and abs(quality.skew - (0.1 * 300 + 0.4 * 100) / 400) < 1e-12
-    assert quality.coverage < COVERAGE_WARN and quality.skew < SKEW_WARN
+    quality.add(NeighbourSlots(90, 100), GroupSkew(0.1, 0.08, 300), 300)
+    quality.add(NeighbourSlots(10, 100), GroupSkew(0.12, 0.10, 100), 100)
+    assert quality.coverage == 0.5 and abs(quality.skew - (0.1 * 300 + 0.12 * 100) / 400) < 1e-12
+    assert abs(quality.chance - (0.08 * 300 + 0.10 * 100) / 400) < 1e-12
+    assert abs(quality.excess - (quality.skew - quality.chance)) < 1e-12
+    assert quality.coverage < COVERAGE_WARN and quality.excess < EXCESS_SKEW_WARN
     assert set(quality.warnings()) == {"coverage"}
     skewed = EpochQuality()
-    skewed.add(NeighbourSlots(100, 100), 0.9, 10)
+    skewed.add(NeighbourSlots(100, 100), GroupSkew(0.9, 0.1, 10), 10)
     assert set(skewed.warnings()) == {"skew"}
+    assert "0.800 beyond the 0.100 random groups of seeds have" in skewed.warnings()["skew"]
+
+
+def test_skew_that_chance_explains_does_not_warn():
+    """A small graph in many partitions: random groups of so few seeds are skewed 0.3 anyway, and grouping
+    partitions adds only 0.05 to it, which costs nothing."""
+    by_chance = EpochQuality()
+    by_chance.add(NeighbourSlots(100, 100), GroupSkew(0.35, 0.30, 50), 50)
+    assert by_chance.warnings() == {}
+    # the same excess over a large mega-batch, where chance explains nothing, is past the limit
+    homophily = EpochQuality()
+    homophily.add(NeighbourSlots(100, 100), GroupSkew(0.12, 0.01, 5000), 5000)
+    assert set(homophily.warnings()) == {"skew"}
+    # an excess as large as the chance part but under the floor is quiet: the bench's quiet configurations
+    quiet = EpochQuality()
+    quiet.add(NeighbourSlots(100, 100), GroupSkew(0.06, 0.02, 5000), 5000)
+    assert quiet.warnings() == {}
 
 
 def test_a_warning_names_only_the_knobs_not_already_set():
     skewed = EpochQuality()
-    skewed.add(NeighbourSlots(50, 100), 0.9, 10)
+    skewed.add(NeighbourSlots(50, 100), GroupSkew(0.9, 0.0, 10), 10)
     nothing_set = QualityKnobs(schedule_balanced=False, fraction_auto=False, whole_graph=False,
                                static_cache_off=True, partitions=32, advised_partitions=256)
     said = skewed.warnings(nothing_set)

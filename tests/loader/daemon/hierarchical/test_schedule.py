@@ -1,10 +1,19 @@
 """The scheduler: every partition once per epoch, seeded, epochs differ."""
 
+import math
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.daemon.hierarchical.schedule import label_skew, schedule_epoch, train_label_counts
+from loader.daemon.hierarchical.schedule import (
+    LabelMix,
+    binomial_mean_abs_deviation,
+    chance_label_skew,
+    label_skew,
+    schedule_epoch,
+    train_label_counts,
+)
 from loader.format.partition_table import PartitionTable
 
 
@@ -80,3 +89,58 @@ def test_train_label_counts_counts_labelled_training_nodes_per_partition():
     train = np.array([0, 1, 3, 4, 6, 7, 9])
     expected = np.array([[1, 1, 0], [0, 0, 1], [2, 0, 1]], dtype=np.float64)  # node 3 is unlabelled
     np.testing.assert_array_equal(train_label_counts(PartitionTable(partitions), train, labels), expected)
+
+
+def reference_binomial_mad(n, p):
+    """E|X - np| summed over the binomial's support term by term."""
+    return sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) * abs(k - n * p) for k in range(n + 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 300), st.floats(0.0, 1.0))
+def test_de_moivre_against_the_sum_over_the_support(n, p):
+    got = binomial_mean_abs_deviation(n, p)
+    want = reference_binomial_mad(n, p)
+    assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9), (n, p, got, want)
+
+
+def test_de_moivre_stays_finite_for_large_groups():
+    # sqrt(2 n p (1 - p) / pi) is the normal limit; lgamma keeps n = 10^7 from overflowing
+    n, p = 10_000_000, 0.3
+    assert math.isclose(binomial_mean_abs_deviation(n, p), math.sqrt(2 * n * p * (1 - p) / math.pi), rel_tol=1e-3)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 5000), st.integers(2, 20), st.integers(0, 2**32 - 1))
+def test_chance_skew_bounds(n, classes, seed):
+    shares = np.random.default_rng(seed).dirichlet(np.ones(classes))
+    population = n + int(np.random.default_rng(seed).integers(0, 10 * n + 1))
+    chance = chance_label_skew(n, shares, population)
+    assert 0.0 <= chance <= 1.0
+    if population == n:
+        assert chance == 0.0  # the group is everything: nothing left to chance
+
+
+def test_chance_skew_is_what_random_groups_measure():
+    """Monte Carlo: groups of n drawn without replacement from a labelled population, their mean total variation
+    distance from the population's mix, against the closed form (both finite-population and binomial parts)."""
+    rng = np.random.default_rng(0)
+    for n, total, shares in ((50, 1000, [0.5, 0.3, 0.2]), (400, 2000, [0.1] * 10), (2000, 2500, [0.7, 0.3])):
+        labels = rng.choice(len(shares), size=total, p=shares)
+        prior = np.bincount(labels, minlength=len(shares)) / total
+        tv = [0.5 * np.abs(np.bincount(rng.choice(labels, n, replace=False), minlength=len(shares)) / n - prior).sum()
+              for _ in range(3000)]
+        measured, predicted = float(np.mean(tv)), chance_label_skew(n, prior, total)
+        assert abs(measured - predicted) < 0.08 * predicted + 0.002, (n, total, measured, predicted)
+
+
+def test_label_mix_splits_skew_into_chance_and_excess():
+    counts = np.array([[30.0, 0.0], [0.0, 30.0], [15.0, 15.0]])
+    mix = LabelMix(counts)
+    whole = mix.of(np.array([0, 1, 2]))
+    assert whole.skew == 0.0 and whole.chance == 0.0 and whole.excess == 0.0
+    one = mix.of(np.array([0]))
+    assert one.skew == 0.5 and one.seeds == 30 and 0 < one.chance < 0.5
+    assert math.isclose(one.excess, 0.5 - one.chance)
+    assert mix.of(np.array([2])).excess == 0.0  # mixed exactly as the whole: skew 0, never below 0
+    assert LabelMix(np.zeros((2, 3))).of(np.array([0])).seeds == 0
