@@ -5,9 +5,10 @@ configuration or dataset is unusable before it serves (systemd's ``RestartPreven
 then stops the restart loop); Ctrl-C exits 130; argparse usage errors exit 2; an unexpected
 exception prints one line (``--debug`` shows the traceback) and exits 70.
 
-Log lines go to stderr as ``megabatch: message``; under journald (``JOURNAL_STREAM`` names stderr)
-each line starts with its syslog priority, ``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>``
-debug (``proto.logs.JournalFormatter``), which journald strips and records as the entry's priority.
+Log lines go to stderr as ``TIME LEVEL megabatch: message``; under journald (``JOURNAL_STREAM`` names
+stderr, and journald stamps the time itself) each line starts with its syslog priority instead, ``<3>``
+error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug (``proto.logs.JournalFormatter``), which journald strips
+and records as the entry's priority. The one-line errors ``main`` prints are results, not log lines: unstamped.
 """
 
 import argparse
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from loader.memory import pin_malloc_thresholds
 from proto.atomic import io_error
+from proto.cli_types import positive_int, positive_seconds
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
@@ -45,19 +47,9 @@ class _ConfigError(Exception):
         super().__init__(str(err))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 def _partition_count(text: str) -> int | None:
     """``--partitions``: a positive count, or "auto" (None: prepare picks it from the graph's size)."""
-    return None if text == "auto" else _positive_int(text)
+    return None if text == "auto" else positive_int(text)
 
 
 def _print_raw_summary(verb: str, raw: "RawDataset") -> None:
@@ -129,7 +121,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from loader.daemon.config import load_config
-    from loader.daemon.server import Daemon
 
     try:
         config = load_config(args.config)
@@ -137,6 +128,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise _ConfigError(err) from None
     if not args.quiet:
         logging.getLogger().setLevel(config.log.level.upper())
+    if args.check:
+        from loader.daemon.check import check_serve
+
+        try:
+            print(check_serve(config, args.config))
+        except UserError as err:
+            raise _ConfigError(err) from None  # what serve would refuse, with serve's exit code
+        return 0
+    from loader.daemon.server import Daemon
+
     daemon = Daemon(config)
     try:
         daemon.run()
@@ -148,18 +149,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from loader.daemon.status import format_status, scrape
+    import time
 
-    url = args.url
-    if url is None:
-        from loader.daemon.config import load_config
+    from loader.daemon.status import format_status, metrics_url, scrape, status_fields
 
-        metrics = load_config(args.config).metrics
-        if metrics.port <= 0:
-            raise UserError(f"{args.config}: [metrics] port is 0, so the daemon serves no metrics for status to read")
-        url = f"http://{metrics.address}:{metrics.port}/metrics"
-    print(format_status(scrape(url)))
+    samples = scrape(metrics_url(args.config, args.url))
+    print(json.dumps(status_fields(samples, now=time.time()), indent=2) if args.json else format_status(samples))
     return 0
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    from loader.daemon.status import metrics_url
+    from loader.daemon.top import run_top
+
+    url = args.url if args.config is None else metrics_url(args.config, None)
+    return run_top(url, interval=args.interval, once=args.once)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -172,8 +176,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 70  # not reached
 
 
+def version_text() -> str:
+    """What ``--version`` prints: the three versions an operator must match (a daemon refuses a dataset of
+    another format major, a client of another protocol)."""
+    from loader import __version__
+    from loader.format.dataset import FORMAT_VERSION
+    from proto.messages import PROTOCOL_VERSION
+
+    return f"megabatch {__version__} (dataset format {FORMAT_VERSION}, wire protocol {PROTOCOL_VERSION})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own action wants the text when the parser is built; this one imports the
+    versions only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="megabatch", description="Out-of-core data loading for GNN training.")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the program, dataset format and wire protocol versions, then exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for unexpected errors")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar or lines")
@@ -181,10 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="write a synthetic raw graph (power-law, communities)")
     gen.add_argument("out", help="output raw dataset directory (must not exist)")
-    gen.add_argument("--nodes", type=_positive_int, required=True)
+    gen.add_argument("--nodes", type=positive_int, required=True)
     gen.add_argument("--avg-degree", type=float, required=True, help="average degree (edges stored both ways)")
-    gen.add_argument("--feat-dim", type=_positive_int, required=True)
-    gen.add_argument("--classes", type=_positive_int, required=True)
+    gen.add_argument("--feat-dim", type=positive_int, required=True)
+    gen.add_argument("--classes", type=positive_int, required=True)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--feat-dtype", choices=("float32", "float16"), default="float32")
     gen.add_argument("--split", default="0.6,0.2,0.2", help="train,val,test ratios (default 0.6,0.2,0.2)")
@@ -230,13 +259,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="run the loader daemon (see docs/CONFIG.md)")
     srv.add_argument("--config", required=True, help="TOML configuration file")
+    srv.add_argument("--check", action="store_true",
+                     help="validate the config, open the dataset and print the memory plan, then exit (0, or 78 "
+                          "with the reason); starts nothing: no socket, no metrics port, no shared memory")
     srv.set_defaults(handler=_cmd_serve)
 
     sts = sub.add_parser("status", help="what a running daemon is doing (epoch, coverage, caches), from its metrics")
     where = sts.add_mutually_exclusive_group(required=True)
     where.add_argument("--config", help="the daemon's TOML configuration (its [metrics] address and port)")
     where.add_argument("--url", help="the daemon's metrics URL, e.g. http://127.0.0.1:9450/metrics")
+    sts.add_argument("--json", action="store_true", help="every field as JSON (docs/DEPLOY.md lists them)")
     sts.set_defaults(handler=_cmd_status)
+
+    top = sub.add_parser("top", help="status redrawn every few seconds, with live rates (plain ANSI: works over ssh)")
+    where = top.add_mutually_exclusive_group()
+    where.add_argument("--config", help="the daemon's TOML configuration (its [metrics] address and port)")
+    where.add_argument("--url", default="http://127.0.0.1:9450/metrics",
+                       help="the daemon's metrics URL (default: http://127.0.0.1:9450/metrics, the default port)")
+    top.add_argument("--interval", type=positive_seconds, default=2.0, help="seconds between frames (default 2)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.set_defaults(handler=_cmd_top)
 
     trn = sub.add_parser("train", help="train a GNN on batches from the daemon or in memory (python -m trainer)",
                          add_help=False, prefix_chars="\0")
@@ -248,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(logging.WARNING if args.quiet else logging.INFO)
+    # stamped: outside journald nothing else records when a line was written, or at which level
+    configure_logging(logging.WARNING if args.quiet else logging.INFO, stamped=True)
     if args.quiet:
         args.progress = False
     pin_malloc_thresholds()

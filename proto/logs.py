@@ -2,9 +2,13 @@
 
 Under systemd (``JOURNAL_STREAM`` names stderr) each line starts with its syslog priority, ``<3>``
 error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug, which journald strips and records as the entry's
-priority. The daemon (``loader.cli``) and the trainer (``trainer.cli``) both use it, so it lives here.
+priority; journald stamps the time itself. Elsewhere (a terminal, a file, a CI log) a ``stamped``
+formatter starts each line with the local time and the level word instead
+(``2026-11-03T12:34:56.789+01:00 INFO megabatch: ...``), since nothing else will record either. The
+daemon (``loader.cli``) and the trainer (``trainer.cli``) both use it, so it lives here.
 """
 
+import datetime
 import logging
 import os
 import sys
@@ -43,24 +47,33 @@ def to_journal(stream: object) -> bool:
 
 class JournalFormatter(logging.Formatter):
     """``fmt`` lines, each line of a record (a traceback too) prefixed with the record's syslog priority
-    ``<N>`` when ``journal`` is true (default: ``to_journal(sys.stderr)``)."""
+    ``<N>`` when ``journal`` is true (default: ``to_journal(sys.stderr)``), else, when ``stamped``
+    (default False), with its time (ISO 8601, milliseconds, local offset) and level word."""
 
-    def __init__(self, fmt: str = LOG_FORMAT, journal: bool | None = None) -> None:
+    def __init__(self, fmt: str = LOG_FORMAT, journal: bool | None = None, stamped: bool = False) -> None:
         super().__init__(fmt)
         self.journal = to_journal(sys.stderr) if journal is None else journal
+        self.stamped = stamped
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # ISO 8601 with the offset: lines from machines in other zones, or across a DST change, still sort
+        return datetime.datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        if not self.journal:
+        if self.journal:
+            prefix = f"<{syslog_priority(record.levelno)}>"
+        elif self.stamped:
+            prefix = f"{self.formatTime(record)} {record.levelname} "
+        else:
             return text
-        prefix = f"<{syslog_priority(record.levelno)}>"
         return "\n".join(prefix + line for line in text.split("\n"))
 
 
-def configure_logging(level: int) -> None:
-    """The root logger: one stderr handler with ``JournalFormatter`` at ``level``."""
+def configure_logging(level: int, stamped: bool = False) -> None:
+    """The root logger: one stderr handler with ``JournalFormatter`` at ``level`` (``stamped``: see there)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JournalFormatter())
+    handler.setFormatter(JournalFormatter(stamped=stamped))
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 

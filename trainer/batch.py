@@ -67,6 +67,11 @@ class Batch:
     global_seeds: int | None = None
     """Under DDP, the seeds of the whole global batch this batch is one rank's piece of (every rank's piece
     of the step together); the loss is scaled by it. None: the batch stands alone (a single process)."""
+    stream_batches: int | None = None
+    """Batches the producer says this batch's stream (a training epoch, an evaluation) publishes, this one
+    included; None where it does not know ahead (the daemon's hierarchical mode with ``passes = "auto"``).
+    Progress counts against it, not an estimate from the seed count: a hierarchical epoch may publish more
+    batches than ``train_nodes / batch_size`` (each mega-batch's last batch is short)."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -99,7 +104,7 @@ class Batch:
         return Batch(self.x.to(device, non_blocking=non_blocking), self.y.to(device, non_blocking=non_blocking),
                      self.edge_index.to(device, non_blocking=non_blocking), self.n_id,
                      self.num_sampled_nodes, self.num_sampled_edges, self.seq, plan, self.global_seeds,
-                     _release=self.release)
+                     self.stream_batches, _release=self.release)
 
     def release(self) -> None:
         """Hand the underlying shared-memory slot back to its producer (idempotent)."""

@@ -15,6 +15,11 @@ Several ranks (DDP): under torchrun (WORLD_SIZE > 1 in the environment) each pro
 rank joins one job on its machine's daemon, which deals each epoch to the job's ranks.
 Rank 0 alone prints epoch lines and the final line, serves ``--metrics-port``, writes ``--json-out``
 and the checkpoint; every rank prints its own error lines, prefixed with "rank R/W".
+
+Metrics (``trainer.scrape``): after training, rank 0 keeps serving them ``--metrics-linger`` seconds so
+that Prometheus scrapes the last epoch; a signal ends that wait and the run exits 0 (training was done).
+Log lines are stamped with time and level outside journald (``proto.logs``); progress is a bar on a
+terminal and periodic log lines elsewhere (``trainer.progress``).
 """
 
 import argparse
@@ -32,11 +37,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from proto.atomic import atomic_file, io_error
+from proto.cli_types import non_negative_int, non_negative_seconds, positive_int, positive_seconds
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
 from trainer.ranks import DEFAULT_TIMEOUT_S, Ranks, ranks_from_env
 from trainer.scores import METRIC_CHOICES, MINORITY_SHARE
+from trainer.scrape import add_arguments as add_metrics_arguments
+from trainer.scrape import check_arguments as check_metrics_arguments
 
 __all__ = ["main", "exit_program", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler",
            "checkpoint_note"]
@@ -69,36 +77,6 @@ def parse_fanouts(text: str) -> tuple[int, ...]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
 def _cache_size(text: str) -> int:
     """``--feature-cache``: a size like 256M, or 0 (off)."""
     if text.strip() == "0":
@@ -114,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "dataset held in memory (--mode inmemory --dataset).")
     src = parser.add_argument_group("batch source")
     src.add_argument("--socket", help="loader daemon's control socket (daemon mode)")
-    src.add_argument("--connect-timeout", type=float, default=0.0,
+    src.add_argument("--connect-timeout", type=non_negative_seconds, default=0.0,
                      help="seconds to wait for the daemon's socket to appear (default 0: fail at once)")
     src.add_argument("--feature-cache", type=_cache_size, default=0, metavar="SIZE",
                      help="keep this many bytes of feature rows on the training device (GPU memory, else RAM), "
@@ -124,22 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="daemon (default with --socket) or inmemory (the in-memory reference)")
     src.add_argument("--dataset", help="prepared dataset directory (inmemory mode; default: [dataset] of --config)")
     src.add_argument("--config", help="loader TOML config: its [sampler] (and [dataset]) apply in inmemory mode")
-    src.add_argument("--batch-size", type=_positive_int, help="training seeds per batch (default 1024)")
+    src.add_argument("--batch-size", type=positive_int, help="training seeds per batch (default 1024)")
     src.add_argument("--fanouts", type=parse_fanouts, help="neighbours per hop, -1 = all (default 10,5)")
     src.add_argument("--eval-fanouts", type=parse_fanouts, help="fanouts of val/test batches (default: --fanouts)")
-    src.add_argument("--eval-batch-size", type=_positive_int, help="seeds per evaluation batch (default 1024)")
-    src.add_argument("--sampler-seed", type=_non_negative_int, help="sampling and shuffle seed (default 0)")
+    src.add_argument("--eval-batch-size", type=positive_int, help="seeds per evaluation batch (default 1024)")
+    src.add_argument("--sampler-seed", type=non_negative_int, help="sampling and shuffle seed (default 0)")
 
     mod = parser.add_argument_group("model and training")
     mod.add_argument("--model", choices=("sage", "gcn", "gat"), default="sage", help="(default sage)")
-    mod.add_argument("--hidden", type=_positive_int, default=256, help="hidden width (default 256)")
-    mod.add_argument("--heads", type=_positive_int, default=4, help="gat attention heads (default 4)")
+    mod.add_argument("--hidden", type=positive_int, default=256, help="hidden width (default 256)")
+    mod.add_argument("--heads", type=positive_int, default=4, help="gat attention heads (default 4)")
     mod.add_argument("--dropout", type=float, default=0.5, help="(default 0.5)")
     mod.add_argument("--lr", type=float, default=0.003, help="Adam learning rate (default 0.003)")
     mod.add_argument("--weight-decay", type=float, default=0.0, help="(default 0)")
-    mod.add_argument("--epochs", type=_positive_int, default=10, help="(default 10)")
-    mod.add_argument("--eval-every", type=_positive_int, default=1, help="evaluate every N epochs (default 1)")
-    mod.add_argument("--patience", type=_positive_int, default=None,
+    mod.add_argument("--epochs", type=positive_int, default=10, help="(default 10)")
+    mod.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (default 1)")
+    mod.add_argument("--patience", type=positive_int, default=None,
                      help="stop after N evaluations without a better val score by --metric (default: never)")
     mod.add_argument("--metric", choices=METRIC_CHOICES, default="auto",
                      help="what picks the best epoch and drives --patience; accuracy is reported either way. "
@@ -147,28 +125,29 @@ def build_parser() -> argparse.ArgumentParser:
                           f"{100 * MINORITY_SHARE:.0f}%% of the labelled training nodes, else accuracy. "
                           "roc_auc on more than two classes is the one-vs-rest macro average; macro_f1 the mean "
                           "F1 over the classes present (default auto)")
-    mod.add_argument("--max-steps", type=_positive_int, default=None,
+    mod.add_argument("--max-steps", type=positive_int, default=None,
                      help="stop after N optimizer steps in all, mid-epoch if need be, without evaluating "
                           "the cut epoch (benchmarks; default: no limit)")
-    mod.add_argument("--seed", type=_non_negative_int, default=0, help="model and dropout seed (default 0)")
+    mod.add_argument("--seed", type=non_negative_int, default=0, help="model and dropout seed (default 0)")
     mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
     mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
     mod.add_argument("--resume", action="store_true", help="continue from --checkpoint")
 
     dist = parser.add_argument_group("several ranks (DDP)")
-    dist.add_argument("--nproc-per-node", type=_positive_int, default=1, metavar="N",
+    dist.add_argument("--nproc-per-node", type=positive_int, default=1, metavar="N",
                       help="train with N ranks on this machine (gloo on CPU, NCCL with one GPU per rank), started "
                            "by this command; under torchrun leave it out: torchrun sets the ranks (default 1)")
-    dist.add_argument("--dist-timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    dist.add_argument("--dist-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                       help="longest a rank waits for the others (startup, each step, a checkpoint, an evaluation) "
                            f"before it fails instead of hanging on a dead rank (default {DEFAULT_TIMEOUT_S:g})")
 
     out = parser.add_argument_group("output")
-    out.add_argument("--metrics-port", type=_non_negative_int, default=0,
-                     help="serve Prometheus metrics on this port (default 0: off)")
-    out.add_argument("--metrics-address", default="127.0.0.1", help="(default 127.0.0.1)")
+    add_metrics_arguments(out)
     out.add_argument("--json-out", help="write the result (per-epoch records, best epoch) as JSON here")
-    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    out.add_argument("--no-progress", dest="progress", action="store_false",
+                     help="no progress bar (on a terminal) or progress lines (elsewhere)")
+    out.add_argument("--progress-interval", type=non_negative_seconds, default=10.0, metavar="SECONDS",
+                     help="seconds between progress lines when stderr is not a terminal (0: every step; default 10)")
     out.add_argument("-q", "--quiet", action="store_true", help="only the final line, warnings and errors")
     out.add_argument("--debug", action="store_true", help="show tracebacks for unexpected errors")
     return parser
@@ -297,6 +276,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
 
     from trainer.loop import StopControl, TrainConfig, resolve_device, train
     from trainer.metrics import TrainerMetrics
+    from trainer.progress import finished_line
+    from trainer.scrape import linger_after_training, served
     from trainer.source import BatchSource
 
     cfg = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
@@ -331,39 +312,38 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()
     stop.attach(control)
-    try:
-        if metrics is not None:
-            try:
-                metrics.serve(args.metrics_port, args.metrics_address)
-            except OSError as err:
-                raise UserError(f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_address} "
-                                f"({err.strerror or err})") from None
-        info = source.info
-        log.info("source: %s (%d features, %d classes, %d hops, %d training nodes)", info.description,
-                 info.num_features, info.num_classes, info.num_hops, info.train_nodes)
-        if ranks.distributed:
-            from trainer.distributed import process_group
-
-            log.info("%d ranks (%s), %d seeds per rank and step; --dist-timeout %g s", ranks.world_size,
-                     "nccl" if device.type == "cuda" else "gloo", info.batch_size, args.dist_timeout)
-        with contextlib.ExitStack() as group:
+    with contextlib.ExitStack() as exposed:
+        try:
+            if metrics is not None:
+                exposed.enter_context(served(metrics, args))
+            info = source.info
+            log.info("source: %s (%d features, %d classes, %d hops, %d training nodes)", info.description,
+                     info.num_features, info.num_classes, info.num_hops, info.train_nodes)
             if ranks.distributed:
-                group.enter_context(process_group(ranks, device, args.dist_timeout))
-            result = train(source, cfg, progress=args.progress, metrics=metrics,
-                           log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)),
-                           control=control, ranks=ranks)
-    finally:
+                from trainer.distributed import process_group
+
+                log.info("%d ranks (%s), %d seeds per rank and step; --dist-timeout %g s", ranks.world_size,
+                         "nccl" if device.type == "cuda" else "gloo", info.batch_size, args.dist_timeout)
+            with contextlib.ExitStack() as group:
+                if ranks.distributed:
+                    group.enter_context(process_group(ranks, device, args.dist_timeout))
+                result = train(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
+                               metrics=metrics, control=control, ranks=ranks,
+                               log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+        finally:
+            source.close()  # before lingering: the daemon's session and slots are not the metrics' to hold
+        if not ranks.main:
+            return 0
+        if args.json_out:
+            _write_json(Path(args.json_out), result.to_json())
+        if result.stopped_on_request:
+            print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
+            return 0
+        print(result.summary(), flush=True)
+        log.info("%s", finished_line(result))
         if metrics is not None:
-            metrics.close()
-        source.close()
-    if not ranks.main:
-        return 0
-    if args.json_out:
-        _write_json(Path(args.json_out), result.to_json())
-    if result.stopped_on_request:
-        print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
-        return 0
-    print(result.summary(), flush=True)
+            # a SIGTERM already taken (by the handler that stops training) means: no wait
+            linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
     return 0
 
 
@@ -393,6 +373,7 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint PATH")
+    check_metrics_arguments(args, parser.error)
 
 
 def _peer_failure(err: BaseException, ranks: Ranks, timeout_s: float) -> str | None:
@@ -424,7 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if not ranks.main:
         args.quiet = True  # one log per job, rank 0's; errors and warnings still come from every rank
-    configure_logging(logging.WARNING if args.quiet else logging.INFO)
+    # stamped: outside journald nothing else records when a line was written, or at which level
+    configure_logging(logging.WARNING if args.quiet else logging.INFO, stamped=True)
     if args.quiet:
         args.progress = False
     stop = _SigtermStop()

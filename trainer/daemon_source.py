@@ -196,7 +196,8 @@ class DaemonSource(BatchSource):
                      num_sampled_nodes=[int(v) for v in arrays.nodes_per_hop],
                      num_sampled_edges=[int(v) for v in arrays.edges_per_hop],
                      seq=ready.seq, cache_plan=plan,
-                     global_seeds=ready.global_seeds if self._ranks.distributed else None, _release=release)
+                     global_seeds=ready.global_seeds if self._ranks.distributed else None,
+                     stream_batches=ready.num_batches if ready.num_batches >= 0 else None, _release=release)
 
     def close(self) -> None:
         self._client.close("trainer done")

@@ -116,6 +116,7 @@ class InMemorySource(BatchSource):
         piece of a last global batch too short to give it a seed). ``global_sizes``: per batch, the
         seeds of the global batch it belongs to (DDP training)."""
         seq = 0
+        total = len(plan.keys)  # one batch per key: the stream's length is known before its first batch
         filled = num_batches(len(plan.seeds), batch_size)
         for first in range(0, filled, self.chunk_batches):
             keys = plan.keys[first:min(first + self.chunk_batches, filled)]
@@ -123,20 +124,20 @@ class InMemorySource(BatchSource):
             # keys are per batch, so sampling in chunks gives exactly the batches of one whole-epoch call
             sampled = sample_pass(self.data.graph, seeds, batch_size, fanouts, keys)
             for b in range(sampled.num_batches):
-                yield self._to_batch(sampled.batch(b), seq, None if global_sizes is None else global_sizes[seq])
+                yield self._to_batch(sampled.batch(b), seq, None if global_sizes is None else global_sizes[seq], total)
                 seq += 1
         for step in range(filled, len(plan.keys)):
-            yield self._empty_batch(len(fanouts), seq, None if global_sizes is None else global_sizes[step])
+            yield self._empty_batch(len(fanouts), seq, None if global_sizes is None else global_sizes[step], total)
             seq += 1
 
-    def _empty_batch(self, hops: int, seq: int, global_seeds: int | None) -> Batch:
+    def _empty_batch(self, hops: int, seq: int, global_seeds: int | None, total: int) -> Batch:
         # no seed, yet a batch: the training step still runs forward and backward so DDP's all-reduce matches
         return Batch(x=torch.zeros((0, self.data.feat_dim), dtype=torch.float32), y=torch.zeros(0, dtype=torch.int64),
                      edge_index=torch.zeros((2, 0), dtype=torch.int64), n_id=torch.zeros(0, dtype=torch.int64),
                      num_sampled_nodes=[0] * (hops + 1), num_sampled_edges=[0] * hops, seq=seq,
-                     global_seeds=global_seeds)
+                     global_seeds=global_seeds, stream_batches=total)
 
-    def _to_batch(self, sampled: SampledBatch, seq: int, global_seeds: int | None) -> Batch:
+    def _to_batch(self, sampled: SampledBatch, seq: int, global_seeds: int | None, total: int) -> Batch:
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
         features = self.data.features[nodes]
@@ -147,4 +148,4 @@ class InMemorySource(BatchSource):
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),
                      num_sampled_nodes=[int(v) for v in sampled.num_sampled_nodes],
                      num_sampled_edges=[int(v) for v in sampled.num_sampled_edges], seq=seq,
-                     global_seeds=global_seeds)
+                     global_seeds=global_seeds, stream_batches=total)

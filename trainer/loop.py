@@ -30,7 +30,6 @@ import contextlib
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -41,7 +40,6 @@ import torch
 import torch.nn.functional as F
 
 from proto.errors import UserError
-from proto.progress import Progress
 from trainer.batch import Batch
 from trainer.checkpoint import (
     LEGACY_METRIC,
@@ -58,6 +56,7 @@ from trainer.distributed import Peers, data_parallel, training_device
 from trainer.metrics import TrainerMetrics
 from trainer.models import build_model
 from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
+from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
 from trainer.ranks import SINGLE, Ranks
 from trainer.records import EpochRecord, StopControl, TrainConfig, TrainResult, format_epoch
 from trainer.scores import (
@@ -113,11 +112,13 @@ class _Run:
     """The state of one ``train`` call; methods in the order they run."""
 
     def __init__(self, source: BatchSource, cfg: TrainConfig, progress: bool, metrics: TrainerMetrics | None,
-                 log: Callable[[str], None], control: StopControl, ranks: Ranks) -> None:
+                 log: Callable[[str], None], control: StopControl, ranks: Ranks,
+                 progress_interval: float = DEFAULT_INTERVAL_S) -> None:
         self.source, self.cfg, self.metrics, self.ranks = source, cfg, metrics, ranks
         self.log = log if ranks.main else _quiet
         self.control = control
-        self.progress = progress and sys.stderr.isatty() and ranks.main
+        self.progress = progress and ranks.main
+        self.progress_interval = progress_interval
         self.device = resolve_device(cfg.device, ranks)
         self.peers = Peers(ranks, self.device)
         info = source.info
@@ -227,11 +228,10 @@ class _Run:
         self.model.train()
         total_loss, correct, labelled, samples, batches = 0.0, 0, 0, 0, 0
         wait_s = step_s = 0.0
-        expected = -(-self.info.train_nodes // (self.info.batch_size * self.ranks.world_size))
         started = time.perf_counter()
         check = SequenceCheck(f"train (epoch {epoch})")
         self.stager.take_rows()  # forget the rows of evaluation batches
-        with (Progress(f"epoch {epoch}/{self.cfg.epochs}", expected, "batches", enabled=self.progress) as bar,
+        with (EpochProgress(epoch, self.cfg.epochs, enabled=self.progress, interval_s=self.progress_interval) as bar,
               contextlib.closing(prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
             for batch, waited in stream:
                 if self.stop_requested():
@@ -260,7 +260,7 @@ class _Run:
                     self.metrics.observe_batch(waited, step, batch.batch_size)
                     shipped, cached = self.stager.take_rows()
                     self.metrics.observe_features(shipped * self.row_bytes, cached * self.row_bytes)
-                bar.update()
+                bar.update(batch.stream_batches, batch.batch_size, waited, step)
                 self.steps += 1
                 if self.cfg.max_steps is not None and self.steps >= self.cfg.max_steps:
                     # closing the stream releases the prefetched batch and ends the source's epoch early
@@ -420,10 +420,11 @@ def _quiet(line: str) -> None:
 
 def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metrics: TrainerMetrics | None = None,
           log: Callable[[str], None] | None = None, control: StopControl | None = None,
-          ranks: Ranks = SINGLE) -> TrainResult:
+          ranks: Ranks = SINGLE, progress_interval: float = DEFAULT_INTERVAL_S) -> TrainResult:
     """Train a ``cfg.model`` on ``source`` for ``cfg.epochs`` epochs (fewer when early stopping fires).
 
-    ``progress`` draws a bar per epoch when stderr is a terminal (default False); ``metrics``
+    ``progress`` draws a bar per epoch when stderr is a terminal, else logs a progress line every
+    ``progress_interval`` seconds (0: every step) (default False: neither; ``trainer.progress``); ``metrics``
     receives per-batch and per-epoch values (default None); ``log`` gets one line per epoch
     (default: the "megabatch.trainer" logger at INFO). ``result.model`` is the trained model.
     ``control`` (default None: none) stops the run at a step boundary on request and reports which
@@ -433,7 +434,8 @@ def train(source: BatchSource, cfg: TrainConfig, *, progress: bool = False, metr
     logs and writes the checkpoint.
     """
     control = control if control is not None else StopControl()
-    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info, control, ranks)
+    run = _Run(source, cfg, progress, metrics, log if log is not None else log_.info, control, ranks,
+               progress_interval)
     if cfg.resume:
         run.resume()
         if run.result.stopped_early:

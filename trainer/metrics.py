@@ -1,14 +1,29 @@
 """Prometheus metrics of the trainer, on a registry of its own, served over HTTP when asked.
 
 A registry of its own (not prometheus-client's global default) keeps the trainer's families
-apart from anything else imported into the process and lets tests build several instances.
+apart from anything else imported into the process and lets tests build several instances. So the
+default registry's process and platform collectors are registered on it by hand: the dashboard's
+trainer-memory panel reads ``process_resident_memory_bytes{job="megabatch-trainer"}``.
+
+Per-epoch gauges (loss, samples/s, data-wait ratio) move once an epoch; the counters move with every
+step, so ``rate()`` over them gives live samples/s and a live data-wait share (an alert on the gauge
+fires an epoch late).
 """
 
 import importlib.metadata
 import threading
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 
 __all__ = ["TrainerMetrics", "LATENCY_BUCKETS", "package_version"]
 
@@ -25,7 +40,7 @@ def package_version() -> str:
 
 
 class TrainerMetrics:
-    """The ``megabatch_trainer_*`` families; ``serve(port)`` exposes them (port 0: not served)."""
+    """The ``megabatch_trainer_*`` and ``process_*`` families; ``serve(port)`` exposes them."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -36,6 +51,9 @@ class TrainerMetrics:
         self.step = Histogram("megabatch_trainer_step_seconds", "Forward, backward and optimizer step of one batch",
                               buckets=LATENCY_BUCKETS, registry=reg)
         self.samples = Counter("megabatch_trainer_samples", "Seed nodes trained on", registry=reg)
+        self.data_wait = Counter("megabatch_trainer_data_wait_seconds",
+                                 "Time the training loop waited for its next batch (data and its device copy)",
+                                 registry=reg)
         self.samples_per_second = Gauge("megabatch_trainer_samples_per_second",
                                         "Seed nodes trained per second in the last epoch", registry=reg)
         self.loss = Gauge("megabatch_trainer_loss", "Mean training loss of the last epoch", registry=reg)
@@ -54,14 +72,25 @@ class TrainerMetrics:
         for origin in ("shipped", "cache"):
             self.feature_bytes.labels(origin)
         self.build_info = Info("megabatch_trainer_build", "Trainer version, model and device", registry=reg)
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve ``/metrics`` on ``addr:port`` from a daemon thread; port 0 (the default elsewhere) serves nothing."""
-        if port <= 0 or self._server is not None:
-            return
-        self._server, self._thread = start_http_server(port, addr, registry=self.registry)
+    def serve(self, port: int | None, addr: str = "127.0.0.1") -> int | None:
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread; the port it listens on (port 0: one the
+        kernel picks, so several trainers on one machine need no port plan), or None when ``port`` is None
+        (not served). OSError when it cannot listen."""
+        if port is None:
+            return None
+        if self._server is None:
+            self._server, self._thread = start_http_server(port, addr, registry=self.registry)
+        return int(self._server.server_port)
+
+    @property
+    def port(self) -> int | None:
+        """The port being served, None when not serving."""
+        return None if self._server is None else int(self._server.server_port)
 
     def close(self) -> None:
         """Stop serving (idempotent)."""
@@ -78,6 +107,7 @@ class TrainerMetrics:
 
     def observe_batch(self, wait_s: float, step_s: float, samples: int) -> None:
         self.batch_wait.observe(wait_s)
+        self.data_wait.inc(wait_s)
         self.step.observe(step_s)
         self.samples.inc(samples)
 

@@ -19,6 +19,7 @@ the hierarchical and ``mmap`` modes evaluate through one (``disk_eval``), so a v
 checked as a training batch is. ``eval_graph_bytes`` is what such an evaluation reader holds, for the memory plans.
 """
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.daemon.config import IOConfig
 from loader.daemon.eval_stream import EvalAccess, ModeEval
 from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.read_metrics import EVAL, STARTUP
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.format.checksum_kernels import PAGE_BYTES
@@ -98,6 +100,8 @@ class DiskGraph:
             else:
                 cache = NeighborCache.empty(indptr, np.dtype(m.index_dtype.value))
             self.sampler = ExactSampler(indptr, cache, reader, group_size=group_size, owns_reader=True)
+            # the neighbour cache's fill: bulk reads once, not worth a latency each
+            metrics.read_meter("indices", STARTUP).count(reader.bytes_read, reader.read_calls)
         except BaseException:
             reader.close()
             raise
@@ -114,10 +118,12 @@ class DiskGraph:
         self._counted = self.sampler.stats
         self._count_lock = threading.Lock()
 
-    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray) -> SampledPass:
-        """``sample_pass`` over the whole graph; its list reads counted in the metrics."""
+    def sample(self, seeds: np.ndarray, batch_size: int, fanouts: tuple[int, ...], keys: np.ndarray, *,
+               purpose: str) -> SampledPass:
+        """``sample_pass`` over the whole graph; its list reads counted in the metrics under ``purpose``."""
         try:
-            return self.sampler.sample_pass(seeds, batch_size, fanouts, keys)
+            return self.sampler.sample_pass(seeds, batch_size, fanouts, keys,
+                                            on_read=self._metrics.read_meter("indices", purpose))
         finally:
             with self._count_lock:
                 before, after = self._counted, self.sampler.stats
@@ -126,15 +132,14 @@ class DiskGraph:
             if self._count_cache:
                 m.neighbor_cache_lookups.labels("hit").inc(after.lists_from_cache - before.lists_from_cache)
                 m.neighbor_cache_lookups.labels("miss").inc(after.lists_from_disk - before.lists_from_disk)
-            m.disk_bytes.labels("indices").inc(after.bytes_read - before.bytes_read)
-            m.disk_reads.labels("indices").inc(after.read_calls - before.read_calls)
 
     def row_offsets(self, ids: np.ndarray) -> np.ndarray:
         """Each dataset id's row's byte offset in ``features.bin``."""
         return row_offsets_for(ids, self.node_begin, self.feat_offset, self.row_bytes)
 
-    def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-        """Rows of dataset ids ``ids`` from disk into ``out[positions]`` (a ``feature_cache.RowFetcher``)."""
+    def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray, *, purpose: str) -> None:
+        """Rows of dataset ids ``ids`` from disk into ``out[positions]``, one read request counted under
+        ``purpose``."""
         offsets = self.row_offsets(ids)
         started = time.perf_counter()
         try:
@@ -148,8 +153,8 @@ class DiskGraph:
         finally:
             # part of the publisher's (or an evaluation's) time: what the batch waits on the disk for
             self._metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
-        self._metrics.disk_bytes.labels("features").inc(stats.bytes)
-        self._metrics.disk_reads.labels("features").inc(stats.reads)
+        if stats.rows:  # an empty request reads nothing and is not a request
+            self._metrics.read_meter("features", purpose).record(stats.seconds, stats.bytes, stats.reads)
 
     def close(self) -> None:
         self.sampler.close()
@@ -157,19 +162,19 @@ class DiskGraph:
 
 
 class DiskRows(RowSource):
-    """Every row read from disk."""
+    """Every row read from disk, counted under ``purpose``."""
 
-    def __init__(self, graph: DiskGraph) -> None:
-        self._graph = graph
+    def __init__(self, graph: DiskGraph, purpose: str) -> None:
+        self._graph, self._purpose = graph, purpose
 
     def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
-        self._graph.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x)
+        self._graph.read_rows(nodes, np.arange(len(nodes), dtype=np.int64), x, purpose=self._purpose)
 
 
 def disk_eval(graph: DiskGraph, serving: ServingContext) -> EvalAccess:
     """An evaluation stream's access through ``graph``: its sampler, every row read (local ids are dataset ids)."""
-    source = SlotSource(DiskRows(graph), serving.labels, None, serving.feat_dim, serving.feat_dtype)
-    return ModeEval(source, graph.sample)
+    source = SlotSource(DiskRows(graph, EVAL), serving.labels, None, serving.feat_dim, serving.feat_dtype)
+    return ModeEval(source, functools.partial(graph.sample, purpose=EVAL))
 
 
 def eval_graph_bytes(dataset: Dataset, io: IOConfig, batch_nodes: int, fanouts: tuple[int, ...]) -> int:

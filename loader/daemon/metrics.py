@@ -6,15 +6,16 @@ updates a gauge it would only overwrite.
 """
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loader import __version__
-from proto.errors import UserError
+from loader.daemon.http_endpoint import NO_PROBES, HttpEndpoint, Probes, serve_http
+from loader.daemon.read_metrics import SERVED_PURPOSES, HasClientInfo, ReadMeter, ReadPathCollector, purpose_of
 
 __all__ = ["DaemonMetrics", "QueueProbe", "READ_LATENCY_BUCKETS", "STAGES", "REFUSAL_REASONS", "EVICTION_REASONS"]
 
@@ -83,13 +84,17 @@ class DaemonMetrics:
         self._probes = _Probes()
         self.build_info = Info("megabatch_build", "Version, dataset and mode of this daemon", registry=r)
         self.memory_budget = Gauge("megabatch_memory_budget_bytes", "Configured memory budget", registry=r)
-        self.disk_bytes = Counter("megabatch_disk_read_bytes", "Bytes read from the dataset", ["file"], registry=r)
-        self.disk_reads = Counter("megabatch_disk_reads", "preadv calls on the dataset", ["file"], registry=r)
+        # by purpose (read_metrics.PURPOSES): the exact modes' training and evaluation share one reader
+        self.disk_bytes = Counter("megabatch_disk_read_bytes", "Bytes read from the dataset (and staging files)",
+                                  ["file", "purpose"], registry=r)
+        self.disk_reads = Counter("megabatch_disk_reads", "preadv calls on the dataset (and staging files)",
+                                  ["file", "purpose"], registry=r)
         self.read_check_failures = Counter(
             "megabatch_read_check_failures", "Reads whose bytes failed their checksum (format 1.1+ read checks); "
             "each failed the batch that needed them", ["file"], registry=r)
-        self.disk_seconds = Histogram("megabatch_disk_read_seconds", "Latency of one preadv", ["file"],
-                                      buckets=READ_LATENCY_BUCKETS, registry=r)
+        self.disk_seconds = Histogram("megabatch_disk_read_seconds", "Latency of one read request (a pread, or the "
+                                      "preads issued together for a batch's rows or a hop's lists)",
+                                      ["file", "purpose"], buckets=READ_LATENCY_BUCKETS, registry=r)
         self.staging_written_bytes = Counter("megabatch_staging_written_bytes", "Bytes mode staged wrote to its "
                                              "staging files (kind: rows, or the sampled edges it spills)", ["kind"],
                                              registry=r)
@@ -131,6 +136,9 @@ class DaemonMetrics:
                                     "threshold)", registry=r)
         self.epoch_label_skew = Gauge("megabatch_epoch_label_skew",
                                       "Seed-weighted label skew of the last complete epoch's mega-batches", registry=r)
+        self.epoch_label_skew_excess = Gauge("megabatch_epoch_label_skew_excess",
+                                             "Label skew of the last complete epoch beyond what random groups of "
+                                             "as many seeds have (what predicts an accuracy loss)", registry=r)
         self.neighbour_slots = Counter("megabatch_neighbour_slots",
                                        "Neighbour slots of sampled targets: filled inside the mega-batch and static "
                                        "cache, or lost to the cut", ["result"], registry=r)
@@ -140,6 +148,13 @@ class DaemonMetrics:
         self.passes = Gauge("megabatch_passes_per_megabatch", "Passes run over the last mega-batch", registry=r)
         self.published = Counter("megabatch_batches_published", "Batches written to slots", ["kind"], registry=r)
         self.published_bytes = Counter("megabatch_published_bytes", "Payload bytes written to slots", registry=r)
+        self.seeds_published = Counter("megabatch_seeds_published", "Seed nodes (samples) of published batches",
+                                       ["kind"], registry=r)
+        self.feature_bytes_served = Counter("megabatch_feature_bytes_served", "Feature bytes of published batches "
+                                            "(rows x row bytes): what read amplification divides by", ["purpose"],
+                                            registry=r)
+        self.memory_plan = Gauge("megabatch_memory_plan_bytes", "Bytes of [memory] budget the mode's memory plan "
+                                 "charges", registry=r)
         self.epoch = Gauge("megabatch_epoch", "Epoch being produced", registry=r)
         self.pass_index = Gauge("megabatch_pass", "Pass over the current mega-batch", registry=r)
         self.clients = Gauge("megabatch_clients", "Connected clients", registry=r)
@@ -162,6 +177,9 @@ class DaemonMetrics:
             self.stage_busy.labels(stage)
         for kind in ("train", "val", "test"):
             self.published.labels(kind)
+            self.seeds_published.labels(kind)
+        for purpose in SERVED_PURPOSES:
+            self.feature_bytes_served.labels(purpose)
         for result in ("hit", "miss"):
             self.feature_cache_lookups.labels(result)
             self.neighbor_cache_lookups.labels(result)
@@ -178,6 +196,9 @@ class DaemonMetrics:
         for reason in EVICTION_REASONS:
             self.evictions.labels(reason)
         r.register(_ScrapeCollector(self._probes))
+        self._read_path = ReadPathCollector(self.disk_bytes, self.feature_bytes_served)
+        self._read_meters: dict[tuple[str, str], ReadMeter] = {}
+        r.register(self._read_path)
         ProcessCollector(registry=r)  # process_resident_memory_bytes etc. (not on a private registry by default)
 
     def watch_queue(self, name: str, queue: "asyncio.Queue[object]") -> None:
@@ -189,20 +210,31 @@ class DaemonMetrics:
     def watch_slots(self, probe: Callable[[], tuple[int, int]]) -> None:
         self._probes.slots = probe
 
-    def set_build(self, dataset: str, mode: str) -> None:
-        self.build_info.info({"version": __version__, "dataset": dataset, "mode": mode})
+    def watch_clients(self, sessions: Mapping[int, HasClientInfo]) -> None:
+        """``megabatch_client_info``: one series per session of ``sessions`` (the server's live map) at each scrape."""
+        self._read_path.sessions = sessions
 
-    def serve(self, address: str, port: int) -> None:
-        """Start the HTTP endpoint (a daemon thread of prometheus-client); port 0 disables it.
+    def read_meter(self, file: str, purpose: str) -> ReadMeter:
+        """The read metrics of ``file``'s reads for ``purpose`` (one of ``read_metrics.PURPOSES``)."""
+        meter = self._read_meters.get((file, purpose))
+        if meter is None:  # a race here makes two meters over the same children: harmless
+            meter = self._read_meters[(file, purpose)] = ReadMeter(self.disk_seconds, self.disk_bytes,
+                                                                   self.disk_reads, file, purpose)
+        return meter
 
-        A port that cannot be bound (another daemon's, a privileged one, an address not on this host) is
-        a ``UserError`` naming the address, port and key: a configuration error (exit 78), since a
-        restart would meet the same port."""
-        if not port:
-            return
-        try:
-            start_http_server(port, addr=address, registry=self.registry)
-        except OSError as err:
-            why = err.strerror or str(err)
-            raise UserError(f"[metrics] port: cannot serve metrics on {address}:{port}: {why} (another daemon "
-                            f"on this port? set [metrics] port to a free one, or 0 for no metrics)") from None
+    def count_published(self, kind: str, seeds: int, feature_bytes: int, payload_bytes: int) -> None:
+        """One batch of ``kind`` (train, val, test) published: its seeds, its rows' feature bytes, its slot bytes."""
+        self.published.labels(kind).inc()
+        self.seeds_published.labels(kind).inc(seeds)
+        self.feature_bytes_served.labels(purpose_of(kind)).inc(feature_bytes)
+        self.published_bytes.inc(payload_bytes)
+
+    def set_build(self, dataset: str, mode: str, *, measures_quality: bool = False) -> None:
+        # the mode's capability travels with its name, so that `megabatch status` need not know which modes measure
+        self.build_info.info({"version": __version__, "dataset": dataset, "mode": mode,
+                              "measures_quality": "true" if measures_quality else "false"})
+
+    def serve(self, address: str, port: int, probes: Probes = NO_PROBES) -> HttpEndpoint | None:
+        """Start the HTTP endpoint (``http_endpoint``: /metrics, and /healthz and /readyz answered by ``probes``);
+        port 0 disables it. A port that cannot be bound is a ``UserError`` naming the address, port and key."""
+        return serve_http(self.registry, address, port, probes) if port else None

@@ -6,18 +6,24 @@ Without ``$NOTIFY_SOCKET`` (not started by systemd) every call is a no-op.
 import os
 import socket
 
-__all__ = ["notify", "watchdog_interval"]
+__all__ = ["notify", "notify_socket", "watchdog_interval"]
+
+
+def notify_socket() -> str | None:
+    """The address systemd takes notifications on (``$NOTIFY_SOCKET``), or None where it did not start us."""
+    return os.environ.get("NOTIFY_SOCKET") or None
 
 
 def notify(state: str) -> bool:
     """Send ``state`` (e.g. ``"READY=1\\nSTATUS=serving"``); returns whether a socket was there to take it."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
+    address = notify_socket()
+    if address is None:
         return False
     if address.startswith("@"):
         address = "\0" + address[1:]  # abstract namespace socket
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        # non-blocking: the event loop sends these, and must never wait on a listener whose queue is full
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
             sock.sendto(state.encode(), address)
     except OSError:
         return False

@@ -28,27 +28,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import uvloop
 
 from loader import __version__
 from loader.daemon.config import LoaderConfig
 from loader.daemon.eval_stream import EvalAccess
+from loader.daemon.health import Health, StatusLine, report_to_systemd, start_failure
+from loader.daemon.http_endpoint import HttpEndpoint, Probes
 from loader.daemon.jobs import Job, JobRank, job_mismatch
 from loader.daemon.metrics import DaemonMetrics
-from loader.daemon.mode import ModeSetup, TrainingMode
-from loader.daemon.modes import loads_static_cache, open_mode
+from loader.daemon.mode import TrainingMode
+from loader.daemon.mode_setup import prepare_setup
+from loader.daemon.modes import open_mode
 from loader.daemon.ownership import PipelineOwnership
 from loader.daemon.peers import PeerCredentials, Throttle, peer_credentials, peer_description
-from loader.daemon.resident import load_resident
-from loader.daemon.sdnotify import notify, watchdog_interval
+from loader.daemon.read_metrics import CLIENT_NAME_CHARS, client_info
 from loader.daemon.serving import ServingContext
 from loader.daemon.session import ControlProtocol, Session, loggable
-from loader.daemon.slot_sizing import SessionSizing, estimate_slot_bytes, pilot_batch_sizes, size_sessions
+from loader.daemon.slot_sizing import SessionSizing
 from loader.daemon.stages import TrainPipeline
 from loader.daemon.trainer_cache import TrainerCache, accepted_rows
 from loader.daemon.welcome import dataset_info, dealing_fingerprint
-from loader.format.dataset import check_file_sizes, open_dataset
 from loader.sampling.ranks import LocalRanks
 from proto.codec import FrameDecoder, encode
 from proto.errors import ProtocolError, ShmError, UserError
@@ -123,6 +123,10 @@ class Daemon:
         self.allow_gids: frozenset[int] = frozenset()
         """Peers admitted, resolved at startup from ``[server] allow_uids`` / ``allow_gids`` and their defaults."""
         self._throttles: collections.defaultdict[str, Throttle] = collections.defaultdict(Throttle)
+        self.health = Health()
+        """The phase /healthz, /readyz and systemd's STATUS= report (``health.py``)."""
+        self._http: HttpEndpoint | None = None
+        self._status: StatusLine | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -134,8 +138,13 @@ class Daemon:
         signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
         for sig in signals:
             loop.add_signal_handler(sig, self.handle_exit, sig)
+        self.health.starting(loop)
         try:
-            await self.startup()
+            try:
+                await self.startup()
+            except BaseException as err:
+                self.health.failed(start_failure(err))  # systemd's STATUS= says why, not "draining"
+                raise
             await self.main_loop()
         finally:
             await self.shutdown()
@@ -157,31 +166,22 @@ class Daemon:
 
     async def startup(self) -> None:
         cfg = self.config
-        notify("STATUS=loading dataset")
-        dataset = open_dataset(cfg.dataset.path)
-        check_file_sizes(dataset)
-        m = dataset.manifest
-        resident = load_resident(dataset, with_static=loads_static_cache(cfg))
-        dataset.check_whole("indptr")  # the pilot below maps it, and every mode's sampler trusts it
-        # one pilot sample sizes the slots and every memory plan
-        pilot = pilot_batch_sizes(dataset, resident, cfg.sampler)
-        if cfg.publisher.slot_bytes is not None:
-            slot_bytes = cfg.publisher.slot_bytes
-        else:
-            slot_bytes = estimate_slot_bytes(dataset, pilot, cfg.sampler)
-        sessions = size_sessions(cfg.memory.budget, slot_bytes, cfg.publisher.slots, cfg.server.max_clients)
+        # first: a port clash fails at once, and /readyz answers 503 while the dataset loads
+        self._http = self.metrics.serve(cfg.metrics.address, cfg.metrics.port,
+                                        Probes(self.health.alive, self.health.ready))
         cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="megabatch-cpu")
-        self._serving = ServingContext(cfg, self.metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
-                                       np.dtype(m.feat_dtype.value))
-        self.sessions = sessions
-        self.mode = open_mode(ModeSetup(dataset, resident, sessions, pilot, self._serving))
+        setup = prepare_setup(cfg, self.metrics, cpu_pool)
+        dataset, resident, m = setup.dataset, setup.resident, setup.dataset.manifest
+        self._serving, self.sessions = setup.serving, setup.sessions
+        self.mode = open_mode(setup)
         log.info("%s", self.mode.budget_plan.describe())
         self._welcome_info = dataset_info(dataset, resident, cfg)
         self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
-        self.metrics.set_build(dataset.path.name, cfg.loader.mode)
+        self.metrics.set_build(dataset.path.name, cfg.loader.mode, measures_quality=self.mode.measures_quality)
         self.metrics.memory_budget.set(cfg.memory.budget)
         self.metrics.watch_slots(self._slot_usage)
-        self.metrics.serve(cfg.metrics.address, cfg.metrics.port)
+        self.metrics.watch_clients(self.state.sessions)
+        self.metrics.memory_plan.set(self.mode.budget_plan.total)
         self._listener = self._listen(cfg.server.socket, cfg.server.socket_mode)
         # the defaults admit whom the socket's mode admits (owner and group), root excepted
         self.allow_uids = frozenset(cfg.server.allow_uids or (os.geteuid(),))
@@ -191,17 +191,13 @@ class Daemon:
         self._accepting = self._spawn(self._accept_loop(), "accept")
         log.info("serving %s (%s nodes, %s) on %s", dataset.path, f"{m.num_nodes:,}", self.mode.summary(),
                  cfg.server.socket)
-        notify(f"READY=1\nSTATUS=serving {dataset.path.name}\nMAINPID={os.getpid()}")
+        self._status = StatusLine(dataset.path.name, self.metrics.registry, lambda: len(self.state.sessions))
+        self.health.serving(self._status())  # READY=1
         self.ready.set()
 
     async def main_loop(self) -> None:
-        interval = watchdog_interval()
-        while not self.should_exit.is_set():
-            # the ping comes from the loop itself, so it proves the loop is alive, not just the process
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.should_exit.wait(), timeout=interval or 3600)
-            if interval:
-                notify("WATCHDOG=1")
+        assert self._status is not None
+        await report_to_systemd(self.should_exit, self._status)  # WATCHDOG=1 and STATUS= from this loop
 
     async def shutdown(self) -> None:
         """Drain, then stop, in this order (docs/DEPLOY.md, "Stopping"):
@@ -214,7 +210,7 @@ class Daemon:
            cannot be interrupted: it lands first), shut the pools down, unmap the slots;
         5. remove the socket file.
         """
-        notify("STOPPING=1\nSTATUS=draining")
+        self.health.draining()  # STOPPING=1; /readyz 503
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -245,6 +241,9 @@ class Daemon:
             # a daemon that never served says nothing here: its error line (printed by the CLI after this
             # shutdown) is all the user should read, and read last
             log.info("stopped")
+        if self._http is not None:
+            self._http.close()
+            self._http = None
 
     async def _drain(self, sessions: list[Session]) -> None:
         """Step 3 of ``shutdown``: wait for ``sessions`` to drain and the pipeline to stop, at most
@@ -448,6 +447,7 @@ class Daemon:
             self.metrics.refused_connections.labels("job").inc()
             await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)
             return
+        session.client_info = client_info(session, loggable(hello.client, CLIENT_NAME_CHARS), peer_credentials(conn))
         assert self._welcome_info is not None
         welcome = Welcome(protocol_version=PROTOCOL_VERSION, daemon_version=__version__, session=session.id,
                           dataset=self._welcome_info,
@@ -486,12 +486,10 @@ class Daemon:
         if hello.local_world_size > self.sessions.clients:
             return (f"job {hello.job!r} has {hello.local_world_size} ranks on this machine but the daemon serves "
                     f"at most {counted(self.sessions.clients, 'client')} ([server] max_clients)")
-        if hello.local_world_size < hello.world_size and self.mode is not None and self.mode.name == "hierarchical" \
-                and self.config.hierarchy.passes is None:
-            # every machine must deal the same number of steps, and passes = "auto" decides per machine
+        if hello.local_world_size < hello.world_size and self.mode is not None \
+                and (mode_problem := self.mode.cross_machine_problem()) is not None:
             return (f"job {hello.job!r} spans machines ({hello.local_world_size} of {hello.world_size} ranks here): "
-                    f"set [hierarchy] passes to a number on every daemon (\"auto\" decides per machine, and the "
-                    f"machines' step counts would differ)")
+                    f"{mode_problem}")
         return None
 
     def _join_job(self, session: Session, hello: Hello) -> str | None:
@@ -572,7 +570,6 @@ class Daemon:
     def _slot_usage(self) -> tuple[int, int]:
         sessions = list(self.state.sessions.values())
         return sum(s.flow.in_use for s in sessions), sum(s.flow.count for s in sessions)
-
     def _open_eval(self) -> EvalAccess:
         assert self.mode is not None
         return self.mode.eval_access()

@@ -159,7 +159,69 @@ def test_dashboard_layout():
     for expr in dashboard_exprs():
         assert expr.count("(") == expr.count(")") and expr.count("[") == expr.count("]"), expr
         if "histogram_quantile" in expr:
-            assert "_bucket[" in expr and re.search(r"by \(le\b", expr), f"quantile without buckets by le: {expr}"
+            assert re.search(r"_bucket(\{[^}]*\})?\[", expr) and re.search(r"by \(le\b", expr), (
+                f"quantile without buckets by le: {expr}")
+
+
+OVERVIEW_STATS = {
+    "up": ["up{"],
+    "batches/s": ["megabatch_batches_published_total"],
+    "samples/s": ["megabatch_seeds_published_total", "megabatch_trainer_samples_total"],
+    "live data-wait share": ["megabatch_trainer_data_wait_seconds_total", "megabatch_trainer_step_seconds_sum"],
+    "hit ratio by cache": ["megabatch_feature_cache_lookups_total", "megabatch_neighbor_cache_lookups_total",
+                           "megabatch_trainer_cache_rows_total"],
+    "disk bytes/s": ["megabatch_disk_read_bytes_total"],
+    "RSS vs memory budget": ["process_resident_memory_bytes", "megabatch_memory_budget_bytes",
+                             "megabatch_memory_plan_bytes"],
+    "slots full": ["megabatch_slots_in_use", "megabatch_slots_capacity"],
+}
+"""What the at-a-glance line under the Overview row shows (issue 30) -> the series its stat panel queries."""
+
+
+def test_overview_row_comes_first_with_the_at_a_glance_stats():
+    panels = dashboard()["panels"]
+    assert panels[0]["type"] == "row" and panels[0]["title"] == "Overview" and panels[0]["gridPos"]["y"] == 0
+    first_line = [p for p in panels if p["gridPos"]["y"] == 1]
+    assert first_line and all(p["type"] == "stat" for p in first_line)
+    assert sum(p["gridPos"]["w"] for p in first_line) == 24
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in first_line}
+    for what, names in OVERVIEW_STATS.items():
+        assert any(all(name in expr for name in names) for expr in exprs.values()), (
+            f"no stat panel in the overview line shows {what} ({names})")
+
+
+UNITS = {"s", "ms", "Bps", "bytes", "percentunit", "short", "ops", "opm"}
+"""Grafana unit ids the dashboard uses ("none" is not among them: every number has a unit or is a plain count)."""
+
+
+def test_every_timeseries_and_stat_panel_has_a_unit():
+    for panel in all_panels(dashboard()["panels"]):
+        if panel["type"] in ("timeseries", "stat"):
+            unit = panel["fieldConfig"]["defaults"].get("unit")
+            assert unit in UNITS, f"panel {panel['title']!r}: unit {unit!r}"
+            for override in panel["fieldConfig"]["overrides"]:
+                for prop in override["properties"]:
+                    if prop["id"] == "unit":
+                        assert prop["value"] in UNITS, f"panel {panel['title']!r}: override unit {prop['value']!r}"
+            assert panel.get("description"), f"panel {panel['title']!r} has no description"
+
+
+def test_job_and_instance_variables():
+    """Two trainers on one host differ by instance; every panel narrows by both (test_dashboard_queries checks each
+    selector)."""
+    variables = dashboard()["templating"]["list"]
+    assert [v["name"] for v in variables] == ["datasource", "job", "instance"]
+    for variable in variables[1:]:
+        assert variable["type"] == "query" and variable["datasource"] == DATASOURCE_REF
+        assert variable["multi"] is True and variable["includeAll"] is True
+        assert "allValue" not in variable, "All must mean the values found, not every job of the Prometheus"
+        assert variable["query"] == variable["definition"]
+    assert variables[1]["query"] == 'label_values(up{job=~"megabatch-.*"}, job)'
+    assert variables[2]["query"] == 'label_values(up{job=~"$job"}, instance)'
+    for panel in all_panels(dashboard()["panels"]):
+        for target in panel.get("targets", []):
+            assert 'job=~"$job"' in target["expr"] and 'instance=~"$instance"' in target["expr"], (
+                f"panel {panel['title']!r}: {target['expr']}")
 
 
 # --- YAML (Prometheus, Grafana provisioning) ---------------------------------------------------------
@@ -409,16 +471,63 @@ def test_alert_rules():
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
         assert rule["expr"].count("(") == rule["expr"].count(")"), name
     assert rules["MegabatchLoaderDown"]["expr"] == 'up{job="megabatch-loader"} == 0'
-    assert rules["MegabatchTrainerStarved"]["expr"] == "megabatch_trainer_data_wait_ratio > 0.5"
+    # live counters (issue 30): the per-epoch gauge made the alert an epoch late
+    wait = "rate(megabatch_trainer_data_wait_seconds_total[5m])"
+    assert rules["MegabatchTrainerStarved"]["expr"] == (
+        f"{wait} / ({wait} + rate(megabatch_trainer_step_seconds_sum[5m])) > 0.5")
     assert rules["MegabatchTrainerStarved"]["for"] == "10m"
     assert rules["MegabatchLoaderMemoryOverBudget"]["expr"] == (
         'process_resident_memory_bytes{job="megabatch-loader"} > megabatch_memory_budget_bytes + 384 * 1024 * 1024')
     stalled = rules["MegabatchNoBatchesPublished"]["expr"]
     assert "megabatch_clients > 0" in stalled and "megabatch_batches_published_total[5m]" in stalled
+    for name in ("MegabatchConnectionsRefused", "MegabatchSessionsEvicted", "MegabatchDataCorrupt"):
+        assert "by (job, instance, " in rules[name]["expr"], f"{name}: one alert per loader and reason or file"
     tests = read_yaml(DEPLOY / "prometheus" / "alerts_test.yml")
     assert tests["rule_files"] == ["alerts.yml"]
     tested = {case["alertname"] for test in tests["tests"] for case in test["alert_rule_test"]}
     assert tested == set(rules), "every alert has a promtool unit test in alerts_test.yml"
+    for name in rules:  # each test shows the alert firing, not only staying quiet
+        assert any(case["alertname"] == name and case["exp_alerts"] for test in tests["tests"]
+                   for case in test["alert_rule_test"]), f"{name}: no unit test sees it fire"
+
+
+def deploy_doc_section(title: str) -> str:
+    text = (REPO_ROOT / "docs" / "DEPLOY.md").read_text()
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_alert_table_lists_every_alert_with_its_severity():
+    groups = read_yaml(DEPLOY / "prometheus" / "alerts.yml")["groups"]
+    rules = {rule["alert"]: rule for group in groups for rule in group["rules"]}
+    section = deploy_doc_section("Prometheus and Grafana")
+    rows = re.findall(r"^\| `(Megabatch\w+)` \| (\w+) \| [^|]+ \| ([0-9, ]+) \|$", section, flags=re.MULTILINE)
+    assert [name for name, _, _ in rows] == list(rules), "docs/DEPLOY.md's alert table, in alerts.yml's order"
+    runbook = deploy_doc_section("When something goes wrong")
+    problems = re.findall(r"^### (\d)\. ", runbook, flags=re.MULTILINE)
+    assert problems == ["1", "2", "3", "4", "5"]
+    for name, severity, where in rows:
+        assert severity == rules[name]["labels"]["severity"], name
+        assert {n.strip() for n in where.split(",")} <= set(problems), name
+        for number in where.split(","):
+            part = runbook.split(f"\n### {number.strip()}. ", 1)[1].split("\n### ", 1)[0]
+            assert f"`{name}`" in part, f"{name}: not in problem {number.strip()} of the runbook"
+
+
+def test_runbook_says_what_each_problem_looks_like_and_what_to_do():
+    runbook = deploy_doc_section("When something goes wrong")
+    parts = runbook.split("\n### ")[1:]
+    assert len(parts) == 5
+    dashboard_titles = {p["title"] for p in all_panels(dashboard()["panels"])}
+    text = (REPO_ROOT / "docs" / "DEPLOY.md").read_text()
+    headings = set(re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)) | set(re.findall(r"\*\*([^*]+?)\.?\*\*", text))
+    for part in parts:
+        title = part.splitlines()[0]
+        for what in ("status", "logs", "dashboard", "alert", "what to do"):
+            assert what in part.lower(), f"runbook {title!r}: says nothing about {what}"
+        # what it quotes is a panel or row of the dashboard or a section of docs/DEPLOY.md, by its name
+        for quoted in re.findall(r'"([A-Z][^"]*)"', part):
+            assert any(name.startswith(quoted) for name in dashboard_titles | headings), (
+                f"runbook {title!r} names {quoted!r}: neither a dashboard panel nor a section of docs/DEPLOY.md")
 
 
 # --- loader.toml ------------------------------------------------------------------------------------

@@ -8,16 +8,10 @@ import sys
 import pytest
 
 from loader.format.dataset import open_dataset
-from tests.graphs import generated_dataset
 from trainer.cli import build_parser, main, resolve_sampler
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/2  loss \d+\.\d{3}  train \d\.\d{3}  val \d\.\d{3}  test \d\.\d{3}  "
                         r"\d+ samples/s  data-wait \d+\.\d%$")
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return generated_dataset(tmp_path_factory.mktemp("cli"), nodes=1500, feat_dim=16, classes=4)
 
 
 def trainer(*args, cwd=None):
@@ -38,9 +32,9 @@ def one_line_error(run, code, fragment):
     assert "Traceback" not in run.stderr
 
 
-def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
+def test_inmemory_training_end_to_end(dataset_1500, tmp_path, capsys):
     out, ckpt = tmp_path / "result.json", tmp_path / "ck.pt"
-    run = trainer("--mode", "inmemory", "--dataset", dataset, "--epochs", 2, "--hidden", 16, "--batch-size", 300,
+    run = trainer("--mode", "inmemory", "--dataset", dataset_1500, "--epochs", 2, "--hidden", 16, "--batch-size", 300,
                   "--fanouts", "5,5", "--eval-batch-size", 1000, "--json-out", out, "--checkpoint", ckpt,
                   "--no-progress")
     assert run.returncode == 0, run.stderr
@@ -51,7 +45,7 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert [r["epoch"] for r in result["epochs"]] == [1, 2] and result["best_epoch"] in (1, 2)
     assert result["config"]["hidden"] == 16 and result["device"] == "cpu"
-    train_nodes = open_dataset(dataset).manifest.splits.train
+    train_nodes = open_dataset(dataset_1500).manifest.splits.train
     assert [r["samples"] for r in result["epochs"]] == [train_nodes] * 2 and 0 <= result["test_acc_at_best"] <= 1
     # 4 classes: auto judges by accuracy, so the scores are the accuracies
     assert result["metric"] == "accuracy" and result["config"]["metric"] == "auto"
@@ -62,15 +56,15 @@ def test_inmemory_training_end_to_end(dataset, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt", "result.json"]
 
     # the same checkpoint with another width: one line, exit 1, before any training
-    bad = trainer("--mode", "inmemory", "--dataset", dataset, "--hidden", 32, "--checkpoint", ckpt, "--resume")
+    bad = trainer("--mode", "inmemory", "--dataset", dataset_1500, "--hidden", 32, "--checkpoint", ckpt, "--resume")
     one_line_error(bad, 1, "hidden 16 in the checkpoint, 32 now")
-    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--hidden", 16, "--checkpoint", ckpt,
-                           "--resume", "--metric", "roc_auc")
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset_1500, "--hidden", 16, "--checkpoint",
+                           ckpt, "--resume", "--metric", "roc_auc")
     assert code == 1 and err == [f"megabatch train: error: {ckpt}: the checkpointed run is judged by accuracy, not "
                                  "roc_auc (resume with --metric accuracy or auto, or start a new run)"], err
     ckpt.write_bytes(ckpt.read_bytes()[:100])
-    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--hidden", 16, "--checkpoint", ckpt,
-                           "--resume")
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset_1500, "--hidden", 16, "--checkpoint",
+                           ckpt, "--resume")
     assert code == 1 and len(err) == 1 and "corrupt or unreadable checkpoint" in err[0], err
 
 
@@ -101,10 +95,26 @@ def test_feature_cache_flag_takes_a_size_or_zero():
     assert parser.parse_args(["--socket", "s"]).feature_cache == 0
 
 
-def test_bad_values_for_the_dataset_are_one_line(dataset, capsys):
-    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--model", "gat", "--hidden", 30)
+@pytest.mark.parametrize("flag, text, reason", [
+    ("--metrics-port", "65536", "must be a port from 0 to 65535, got 65536"),
+    ("--connect-timeout", "-1", "must be a non-negative number of seconds, got -1"),
+    ("--dist-timeout", "inf", "must be a positive number of seconds, got inf"),
+    ("--sampler-seed", "-2", "must not be negative, got -2"),
+])
+def test_ports_seconds_and_seeds_are_checked_when_parsed(capsys, flag, text, reason):
+    parser = build_parser()
+    args = parser.parse_args(["--socket", "s", "--metrics-port", "9450", "--connect-timeout", "2.5"])
+    assert (args.metrics_port, args.connect_timeout) == (9450, 2.5)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--socket", "s", flag, text])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: {reason}" in capsys.readouterr().err
+
+
+def test_bad_values_for_the_dataset_are_one_line(dataset_1500, capsys):
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset_1500, "--model", "gat", "--hidden", 30)
     assert code == 1 and err == ["megabatch train: error: hidden (30) must be a multiple of heads (4) for gat"]
-    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset, "--fanouts", "5,5",
+    code, err = in_process(capsys, "--mode", "inmemory", "--dataset", dataset_1500, "--fanouts", "5,5",
                            "--eval-fanouts", "5")
     assert code == 1 and len(err) == 1 and "eval_fanouts [5] needs one entry per hop" in err[0], err
 

@@ -3,7 +3,6 @@
 import json
 import logging
 import math
-import socket
 import urllib.request
 from collections.abc import Iterator
 
@@ -155,18 +154,27 @@ def test_every_batch_is_released_once():
 
 def test_metrics_count_samples_and_serve_over_http():
     metrics = TrainerMetrics()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    metrics.serve(port)
+    port = metrics.serve(0)  # 0: the kernel picks a free port, and serve says which
+    assert port is not None and port > 0 and metrics.port == port
     try:
         train(ToySource(batches=3), TrainConfig(hidden=8, epochs=2), metrics=metrics)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             text = response.read().decode()
     finally:
         metrics.close()
-    assert text == generate_latest(metrics.registry).decode()
+    assert metrics.port is None
+
+    def trainer_lines(exposition: str) -> list[str]:
+        # process_* move between two scrapes (CPU time): compare the trainer's own series
+        return [line for line in exposition.splitlines() if line.startswith("megabatch_")]
+
+    assert trainer_lines(text) == trainer_lines(generate_latest(metrics.registry).decode())
     assert "megabatch_trainer_samples_total 48.0" in text
+    wait_sum = metrics.registry.get_sample_value("megabatch_trainer_batch_wait_seconds_sum")
+    assert metrics.registry.get_sample_value("megabatch_trainer_data_wait_seconds_total") == wait_sum
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_start_time_seconds"):
+        assert f"\n{name} " in text, name
+    assert "python_info{" in text
     assert "megabatch_trainer_batch_wait_seconds_count 6.0" in text
     assert 'megabatch_trainer_build_info{device="cpu",model="sage"' in text
     assert 'megabatch_trainer_accuracy{split="val"}' in text and "megabatch_trainer_epoch 2.0" in text

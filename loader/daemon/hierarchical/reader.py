@@ -26,6 +26,7 @@ import numpy as np
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
 from loader.daemon.hierarchical.schedule import ScheduledMegaBatch
 from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.read_metrics import TRAIN
 from loader.format.dataset import Dataset
 from loader.format.fileio import read_failed
 from loader.format.npyio import NpyReader
@@ -145,9 +146,7 @@ class PartitionReader:
                 raise UserError(f"{path}: file ends early (wanted {req.need} bytes at byte {req.offset}; it shrank "
                                 f"after the daemon started?); run 'megabatch verify'")
             done += got
-        self._metrics.disk_seconds.labels(req.file).observe(time.perf_counter() - t0)
-        self._metrics.disk_reads.labels(req.file).inc()
-        self._metrics.disk_bytes.labels(req.file).inc(done)
+        self._metrics.read_meter(req.file, TRAIN).record(time.perf_counter() - t0, done, 1)
         return done
 
     def plan_reads(self, scheduled: ScheduledMegaBatch, buffer: MegaBatchBuffer) -> MegaBatchReads:

@@ -1,0 +1,41 @@
+"""The first half of the daemon's startup: from a config to the ``ModeSetup`` its mode opens with.
+
+Open the dataset (manifest, file sizes), load the node arrays (their read checks with them), check
+``indptr.npy`` whole, take one pilot sample and size the clients' slots. It holds no socket, no port
+and no shared memory, so ``serve`` (``Daemon.startup``) and ``serve --check`` (``check.py``) run the
+same steps and refuse the same datasets with the same lines.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from loader.daemon.config import LoaderConfig
+from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.mode import ModeSetup
+from loader.daemon.modes import mode_class
+from loader.daemon.resident import load_resident
+from loader.daemon.serving import ServingContext
+from loader.daemon.slot_sizing import estimate_slot_bytes, pilot_batch_sizes, size_sessions
+from loader.format.dataset import check_file_sizes, open_dataset
+
+__all__ = ["prepare_setup"]
+
+
+def prepare_setup(config: LoaderConfig, metrics: DaemonMetrics, cpu_pool: ThreadPoolExecutor) -> ModeSetup:
+    """What ``config``'s mode is opened (or planned) with; UserError naming the file or key that is unusable."""
+    dataset = open_dataset(config.dataset.path)
+    check_file_sizes(dataset)
+    m = dataset.manifest
+    resident = load_resident(dataset, with_static=mode_class(config.loader.mode).loads_static_cache(config))
+    dataset.check_whole("indptr")  # the pilot below maps it, and every mode's sampler trusts it
+    # one pilot sample sizes the slots and every memory plan
+    pilot = pilot_batch_sizes(dataset, resident, config.sampler)
+    if config.publisher.slot_bytes is not None:
+        slot_bytes = config.publisher.slot_bytes
+    else:
+        slot_bytes = estimate_slot_bytes(dataset, pilot, config.sampler)
+    sessions = size_sessions(config.memory.budget, slot_bytes, config.publisher.slots, config.server.max_clients)
+    serving = ServingContext(config, metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
+                             np.dtype(m.feat_dtype.value))
+    return ModeSetup(dataset, resident, sessions, pilot, serving)
