@@ -49,7 +49,7 @@ import numpy as np
 from loader.sampling.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
 __all__ = ["CSCGraph", "SampledBatch", "SampledBatches", "SampledPass", "batch_keys", "shuffle", "sample_pass",
-           "check_pass_args", "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass"]
+           "check_pass_args", "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass", "mix64_array"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -295,6 +295,10 @@ def _mix64_array(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+mix64_array = _mix64_array
+"""The finalizer on uint64 arrays, public: ``link_sampling`` draws its negatives with the RNG specified here."""
 
 
 def batch_keys(seed: int, stream: int, epoch: int, pass_index: int, first_batch: int, num_batches: int
