@@ -72,12 +72,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    from loader.format.link import DEFAULT_EDGE_SPLIT, parse_edge_split
     from loader.format.splits import parse_split_ratios
     from loader.offline.importers import ImportOptions, import_dataset
 
+    link_options = {"--edge-split": args.edge_split, "--edge-split-seed": args.edge_split_seed,
+                    "--eval-negatives": args.eval_negatives}
+    if args.task != "link" and any(value is not None for value in link_options.values()):
+        given = ", ".join(name for name, value in link_options.items() if value is not None)
+        raise UserError(f"{given}: only with --task link")
+    edge_split = DEFAULT_EDGE_SPLIT if args.edge_split is None else parse_edge_split(args.edge_split)
     options = ImportOptions(undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedup=args.dedup,
                             split=parse_split_ratios(args.split), split_seed=args.split_seed,
-                            force_split=args.force_split, feat_dtype=args.feat_dtype)
+                            force_split=args.force_split, feat_dtype=args.feat_dtype, task=args.task,
+                            edge_split=edge_split,
+                            edge_split_seed=0 if args.edge_split_seed is None else args.edge_split_seed,
+                            eval_negatives=100 if args.eval_negatives is None else args.eval_negatives)
     raw = import_dataset(Path(args.src), Path(args.out), fmt=args.format, options=options,
                          memory_budget=parse_size(args.memory_budget, name="--memory-budget"),
                          progress=args.progress)
@@ -232,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--force-split", action="store_true", help="replace the source's split with a new one")
     imp.add_argument("--feat-dtype", choices=("float32", "float16"), default="float32")
     imp.add_argument("--memory-budget", default="1G", help="chunk memory (default 1G)")
+    imp.add_argument("--task", choices=("node", "link"), default="node",
+                     help="node classification (default) or link prediction: also split the edges (docs/FORMAT.md)")
+    imp.add_argument("--edge-split", default=None, help="--task link: train,val,test shares of the pairs, summing "
+                     "to 1 (default 0.85,0.05,0.10)")
+    imp.add_argument("--edge-split-seed", type=int, default=None, help="--task link: seed of the edge split and "
+                     "of the negatives (default 0)")
+    imp.add_argument("--eval-negatives", type=int, default=None, help="--task link: random tails per held-out "
+                     "edge (default 100)")
     imp.set_defaults(handler=_cmd_import)
 
     prep = sub.add_parser("prepare", help="partition a raw dataset into the megabatch format")

@@ -71,3 +71,35 @@ def split_dataset_400(root: Path) -> Path:
     prepare_dataset(root / "raw", root / "ds", PrepareOptions(num_partitions=4, memory_budget=256 << 20,
                                                               progress=False))
     return root / "ds"
+
+
+def link_raw(path: Path, src: np.ndarray, dst: np.ndarray, num_nodes: int, *, feat_dim: int = 4,
+             undirected: bool = False, edge_split: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0,
+             eval_negatives: int = 5, memory_budget: int = 64 << 20) -> RawDataset:
+    """A link-prediction raw dataset at ``path`` (``import --format numpy --task link``) of the edges ``src ->
+    dst`` (input order kept), random features and labels: the reference input of the link tests."""
+    from loader.offline.importers import ImportOptions, import_dataset
+
+    source = path.parent / f"{path.name}-input"
+    source.mkdir()
+    rng = np.random.default_rng(num_nodes)
+    np.save(source / "edge_index.npy", np.stack((np.asarray(src, np.int64), np.asarray(dst, np.int64))))
+    np.save(source / "features.npy", rng.standard_normal((num_nodes, feat_dim)).astype(np.float32))
+    np.save(source / "labels.npy", rng.integers(0, 3, num_nodes))
+    options = ImportOptions(undirected=undirected, task="link", edge_split=edge_split, edge_split_seed=seed,
+                            eval_negatives=eval_negatives)
+    return import_dataset(source, path, fmt="numpy", options=options, memory_budget=memory_budget, progress=False)
+
+
+def link_input_graph(seed: int, n: int, e: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) of ~1.2 e random edges with frequent duplicates and self-loops; ``symmetric`` stores each both
+    ways (as an undirected graph's file does)."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, n, e)
+    dst = np.where(rng.random(e) < 0.15, src, rng.integers(0, n, e))
+    repeat = rng.random(e) < 0.2
+    src, dst = np.concatenate((src, src[repeat])), np.concatenate((dst, dst[repeat]))
+    if symmetric:
+        src, dst = np.concatenate((src, dst)), np.concatenate((dst, src))
+    order = rng.permutation(len(src))
+    return src[order], dst[order]

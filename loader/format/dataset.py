@@ -2,6 +2,8 @@
 
 The format is specified in docs/FORMAT.md. Readers accept any 1.x manifest, refuse other
 major versions, and keep unknown manifest keys (``Manifest.extra``) rather than dropping them.
+A link-prediction dataset (``task: "link"``, format 1.3) adds the ``link`` table and the files of
+``LINK_FILES``; a node-classification dataset is written as 1.2, exactly as before.
 """
 
 import enum
@@ -15,6 +17,7 @@ import numpy.typing as npt
 import xxhash
 
 from loader.format.fileio import file_xxh3
+from loader.format.link import LINK_FILES, TASKS, LinkSplit
 from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
 from loader.format.npyio import NpyReader
 from loader.format.partition_table import FEATURE_ALIGNMENT, PARTITION_COLUMNS, PartitionTable
@@ -23,11 +26,14 @@ from proto.errors import UserError
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "FeatureDtype", "IndexDtype",
     "FileEntry", "Manifest", "Dataset", "open_dataset", "manifest_text", "manifest_checksum", "FILES", "CHECK_FILES",
-    "FEATURE_PAGES_1_1", "check_file_sizes",
+    "FEATURE_PAGES_1_1", "check_file_sizes", "LINK_FORMAT_VERSION", "LINK_FILES",
 ]
 
 FORMAT_NAME = "megabatch-dataset"
 FORMAT_VERSION = "1.2"
+"""The version ``prepare`` writes for a node-classification dataset (and, with its major, what readers accept)."""
+LINK_FORMAT_VERSION = "1.3"
+"""The version ``prepare`` writes for a link-prediction dataset: 1.2 plus the ``link`` table and files."""
 
 
 FILES = {
@@ -90,7 +96,14 @@ class Manifest:
     source: dict[str, Any]
     feature_check_block: int | None = None
     """Bytes per checksum of ``feature_blocks.npy`` (format 1.2, ``features.check_block``); None before."""
+    link: LinkSplit | None = None
+    """The edge split of a link-prediction dataset (format 1.3, ``task: "link"``); None for node classification."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        """``"link"`` for a link-prediction dataset, else ``"node"``."""
+        return "node" if self.link is None else "link"
 
     @property
     def row_bytes(self) -> int:
@@ -132,6 +145,8 @@ class Manifest:
             "files": {name: {"bytes": e.bytes, "xxh3_64": e.xxh3_64} for name, e in sorted(self.files.items())},
             "created_by": self.created_by, "source": self.source,
         })
+        if self.link is not None:  # absent from node datasets, so theirs stay byte-for-byte 1.2
+            data.update(task="link", link=self.link.to_json())
         return data
 
     @classmethod
@@ -145,7 +160,10 @@ class Manifest:
                             f"(this megabatch reads {FORMAT_VERSION.split('.')[0]}.x)")
         known = {"format", "version", "num_nodes", "num_edges", "num_partitions", "num_classes", "features",
                  "index_dtype", "partitioner", "edge_cut", "static_cache", "neighbor_rank", "splits", "files",
-                 "created_by", "source", "checksum"}
+                 "created_by", "source", "checksum", "task", "link"}
+        task = data.get("task", "node")
+        if task not in TASKS:
+            raise UserError(f"{path}: task {task!r} is not supported (this megabatch reads {', '.join(TASKS)})")
         try:
             feats = data["features"]
             files = {str(k): FileEntry(int(v["bytes"]), str(v["xxh3_64"])) for k, v in data["files"].items()}
@@ -161,6 +179,7 @@ class Manifest:
                 splits=SplitSizes.from_json(data["splits"]), files=files, created_by=dict(data["created_by"]),
                 source=dict(data.get("source") or {}),
                 feature_check_block=None if feats.get("check_block") is None else int(feats["check_block"]),
+                link=LinkSplit.from_json(data["link"]) if task == "link" else None,
                 extra={k: v for k, v in data.items() if k not in known})
         except KeyError as err:
             raise UserError(f"{path}: missing field {err.args[0]!r}") from None
@@ -198,8 +217,8 @@ class Dataset:
     manifest: Manifest
 
     def file(self, name: str) -> Path:
-        """Path of logical file ``name`` (a key of ``FILES``)."""
-        return self.path / FILES[name]
+        """Path of logical file ``name`` (a key of ``FILES``, or of ``LINK_FILES`` in a link dataset)."""
+        return self.path / (FILES[name] if name in FILES else LINK_FILES[name])
 
     def partitions(self) -> PartitionTable:
         """``partitions.npy``, by column name."""
@@ -224,7 +243,8 @@ class Dataset:
             digest = xxhash.xxh3_64()
             with open(path, "rb") as handle:
                 digest.update(handle.read(header_bytes))
-            digest.update(np.ascontiguousarray(array).data.cast("B"))
+            # flat first: memoryview refuses to cast an empty array of two or more dimensions
+            digest.update(np.ascontiguousarray(array).reshape(-1).data.cast("B"))
             if digest.hexdigest() != entry.xxh3_64:
                 raise self._mismatch(path)
         return array

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from loader.format.fileio import pread_into, write_all
 from proto.errors import UserError
 
-__all__ = ["NpyReader", "NpyWriter", "read_npy", "write_npy", "rows_per_chunk"]
+__all__ = ["NpyReader", "NpyWriter", "NpyColumnWriter", "read_npy", "write_npy", "rows_per_chunk"]
 
 _MAGIC = b"\x93NUMPY"
 _GROWABLE_HEADER_BYTES = 256
@@ -111,6 +111,29 @@ class NpyReader:
         for start in range(0, self.nrows, max(1, rows)):
             yield start, self.read(start, start + rows)
 
+    def read_columns(self, start: int, stop: int) -> np.ndarray:
+        """Columns ``[start, stop)`` of a 2-D array, as a new (rows, stop - start) array.
+
+        For wide, short arrays such as a (2, E) edge list, whose first-axis rows are too long to read
+        whole: each row's slice is one ``pread``.
+        """
+        if len(self.shape) != 2:
+            raise ValueError(f"{self.path}: read_columns needs a 2-D array, shape is {self.shape}")
+        rows, cols = self.shape
+        stop = min(stop, cols)
+        start = max(0, min(start, stop))
+        out = np.empty((rows, stop - start), dtype=self.dtype)
+        if out.nbytes:
+            for row in range(rows):
+                pread_into(self._fd, out[row], self.data_offset + (row * cols + start) * self.dtype.itemsize,
+                           self.path)
+        return out
+
+    def column_chunks(self, columns: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(first_column, array)`` for consecutive column chunks of a 2-D array."""
+        for start in range(0, self.shape[1] if len(self.shape) == 2 else 0, max(1, columns)):
+            yield start, self.read_columns(start, start + columns)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -187,6 +210,69 @@ class NpyWriter:
             self._fd = -1
 
     def __enter__(self) -> "NpyWriter":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class NpyColumnWriter:
+    """Write a 2-D (rows, columns) ``.npy`` file of known shape by appending column chunks.
+
+    For a (2, E) edge list streamed in chunks of edges: each chunk's rows are written at their
+    places with ``pwrite``, so the file is C-ordered like any other. ``close`` checks the count.
+    """
+
+    def __init__(self, path: Path | str, dtype: npt.DTypeLike, nrows: int, ncols: int) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.shape = (int(nrows), int(ncols))
+        self.columns = 0
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            header = _header_bytes(self.dtype, self.shape, None)
+            write_all(self._fd, header)
+            self._data_offset = len(header)
+            os.ftruncate(self._fd, self._data_offset + self.shape[0] * self.shape[1] * self.dtype.itemsize)
+        except BaseException:
+            self.abort()
+            raise
+
+    def append(self, block: np.ndarray) -> None:
+        """Append columns: ``block`` has shape (rows, k); cast to the file's dtype if needed."""
+        arr = np.asarray(block)
+        if arr.ndim != 2 or arr.shape[0] != self.shape[0]:
+            raise ValueError(f"{self.path}: appended a block of shape {arr.shape}, file has {self.shape[0]} rows")
+        if self.columns + arr.shape[1] > self.shape[1]:
+            raise ValueError(f"{self.path}: more than the declared {self.shape[1]} columns")
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        for row in range(self.shape[0]):
+            write_all(self._fd, arr[row],
+                      offset=self._data_offset + (row * self.shape[1] + self.columns) * self.dtype.itemsize)
+        self.columns += arr.shape[1]
+
+    def close(self) -> None:
+        """Check the column count, fsync and close."""
+        if self._fd < 0:
+            return
+        try:
+            if self.columns != self.shape[1]:
+                raise ValueError(f"{self.path}: wrote {self.columns} columns, declared {self.shape[1]}")
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "NpyColumnWriter":
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -7,6 +7,7 @@ A directory (see docs/FORMAT.md, "Raw dataset"):
 - ``features.npy``: (N, D) float32 or float16
 - ``labels.npy``: int64 (N,), ``-1`` marks an unlabeled node
 - ``train_idx.npy``, ``val_idx.npy``, ``test_idx.npy``: int64 node ids (all three or none)
+- a link dataset (``task: "link"``) also: its positives and evaluation negatives (``loader.format.link``)
 """
 
 import contextlib
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from loader.format.fileio import write_all
+from loader.format.link import RAW_LINK_FILES, TASKS, LinkSplit, link_file_problems
 from loader.format.npyio import NpyReader, NpyWriter, read_npy, rows_per_chunk, write_npy
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
@@ -45,6 +47,8 @@ class RawHeader:
     feat_dtype: ``float32`` or ``float16``; num_classes: labels lie in ``[0, C)`` or are -1;
     has_split: whether split id files exist; source: free-form provenance (generator
     parameters, importer and input path), copied into the prepared manifest.
+    link: the edge split of a link-prediction dataset (``task: "link"``); None (the default,
+    no ``task`` key written) for node classification.
     """
 
     num_nodes: int
@@ -54,6 +58,12 @@ class RawHeader:
     num_classes: int
     has_split: bool
     source: dict[str, Any] = field(default_factory=dict)
+    link: LinkSplit | None = None
+
+    @property
+    def task(self) -> str:
+        """``"link"`` for a link-prediction dataset, else ``"node"``."""
+        return "node" if self.link is None else "link"
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "num_edges", "feat_dim", "num_classes"):
@@ -70,9 +80,12 @@ class RawHeader:
             raise UserError(f"raw.json: feat_dtype must be one of {FEATURE_DTYPES}, got {self.feat_dtype!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": RAW_FORMAT, "version": RAW_VERSION, "num_nodes": self.num_nodes,
+        data = {"format": RAW_FORMAT, "version": RAW_VERSION, "num_nodes": self.num_nodes,
                 "num_edges": self.num_edges, "feat_dim": self.feat_dim, "feat_dtype": self.feat_dtype,
                 "num_classes": self.num_classes, "has_split": self.has_split, "source": self.source}
+        if self.link is not None:  # a node dataset's header stays exactly what it was before link datasets
+            data.update(task="link", link=self.link.to_json())
+        return data
 
     @classmethod
     def from_json(cls, data: Any, path: Path) -> "RawHeader":
@@ -81,12 +94,18 @@ class RawHeader:
         if data.get("version") != RAW_VERSION:
             raise UserError(f"{path}: raw format version {data.get('version')!r} is not supported "
                             f"(this tool reads version {RAW_VERSION})")
+        task = data.get("task", "node")
+        if task not in TASKS:
+            raise UserError(f"{path}: task {task!r} is not supported (this tool reads {', '.join(TASKS)})")
         try:
+            link = LinkSplit.from_json(data["link"]) if task == "link" else None
             return cls(num_nodes=data["num_nodes"], num_edges=data["num_edges"], feat_dim=data["feat_dim"],
                        feat_dtype=data["feat_dtype"], num_classes=data["num_classes"],
-                       has_split=bool(data["has_split"]), source=dict(data.get("source") or {}))
+                       has_split=bool(data["has_split"]), source=dict(data.get("source") or {}), link=link)
         except KeyError as err:
             raise UserError(f"{path}: missing field {err.args[0]!r}") from None
+        except (TypeError, ValueError) as err:
+            raise UserError(f"{path}: malformed field ({err})") from None
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,10 @@ class RawDataset:
 
     def split(self, name: str) -> Path:
         return self.path / f"{name}_idx.npy"
+
+    def link_file(self, name: str) -> Path:
+        """Path of link file ``name`` (a key of ``RAW_LINK_FILES``)."""
+        return self.path / RAW_LINK_FILES[name]
 
 
 def open_raw(path: Path | str) -> RawDataset:
@@ -143,7 +166,8 @@ def validate_raw(raw: RawDataset, chunk_bytes: int, *, progress: bool = True) ->
     """Check every file against the header in bounded memory; raise UserError on the first problem.
 
     Checks: shapes and dtypes, edge endpoints in ``[0, N)``, finite features, labels in
-    ``[-1, C)``, split ids in range, unique within a split and disjoint across splits.
+    ``[-1, C)``, split ids in range, unique within a split and disjoint across splits; of a link
+    dataset, the link files' shapes and ids (``link_file_problems``).
     Each file is checked in its own function so its chunks are freed before the next starts.
     """
     for path in (raw.edge_src, raw.edge_dst):
@@ -152,6 +176,10 @@ def validate_raw(raw: RawDataset, chunk_bytes: int, *, progress: bool = True) ->
     _check_labels(raw, chunk_bytes)
     if raw.header.has_split:
         _check_splits(raw)
+    if raw.header.link is not None:
+        problems = link_file_problems(raw.link_file, raw.header.num_nodes, raw.header.link, chunk_bytes)
+        if problems:
+            raise UserError(f"{raw.path}: {problems[0]}")
 
 
 def _check_edge_file(path: Path, head: RawHeader, chunk_bytes: int, progress: bool) -> None:
@@ -263,6 +291,7 @@ class RawDatasetWriter:
             raise io_error(err, f"writing {self.out}") from err
         self._has_labels = False
         self._has_split = False
+        self._link: LinkSplit | None = None
 
     def _open(self, writer: NpyWriter) -> NpyWriter:
         self._writers.append(writer)
@@ -303,6 +332,10 @@ class RawDatasetWriter:
             write_npy(self.tmp / f"{name}_idx.npy", np.asarray(ids, dtype=np.int64))
         self._has_split = True
 
+    def set_link(self, link: LinkSplit) -> None:
+        """Make this a link dataset: its link files (``RAW_LINK_FILES``) have been written into ``tmp``."""
+        self._link = link
+
     def close(self) -> RawDataset:
         """Finish every file, write ``raw.json`` and publish the directory."""
         try:
@@ -314,7 +347,7 @@ class RawDatasetWriter:
             with NpyReader(self.tmp / "edge_src.npy") as reader:
                 num_edges = reader.nrows
             header = RawHeader(self.num_nodes, num_edges, self.feat_dim, self.feat_dtype, self.num_classes,
-                               self._has_split, self.source)
+                               self._has_split, self.source, self._link)
             for leftover in self.scratch.iterdir():
                 leftover.unlink()
             self.scratch.rmdir()

@@ -32,6 +32,8 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
     parts = dataset.partitions()
     sizes = parts.num_nodes
     split_sizes = {name: m.splits.of(name) for name in ("train", "val", "test")}
+    # a node dataset's summary keeps exactly its keys; a link dataset's adds its task and edge split
+    link: dict[str, Any] = {} if m.link is None else {"task": "link", "link": m.link.to_json()}
     return {
         "path": str(dataset.path), "format_version": m.version, "num_nodes": m.num_nodes,
         "num_edges": m.num_edges, "num_classes": m.num_classes,
@@ -44,7 +46,7 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
         "partitions": {"count": m.num_partitions, "nodes": _stats(sizes),
                        "imbalance": float(sizes.max() / sizes.mean()) if sizes.size else 1.0,
                        "empty": int((sizes == 0).sum())},
-        "static_cache": m.static_cache.to_json(), "splits": split_sizes, "source": m.source,
+        "static_cache": m.static_cache.to_json(), "splits": split_sizes, "source": m.source, **link,
     }
 
 
@@ -70,6 +72,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"static cache {s['static_cache']['num_nodes']:,} nodes (ratio {s['static_cache']['ratio']})",
         f"splits       train {s['splits']['train']:,}, val {s['splits']['val']:,}, test {s['splits']['test']:,}",
     ]
+    if "link" in s:
+        link = s["link"]
+        ratios = "/".join(f"{r:g}" for r in link["edge_split"])
+        lines.append(f"link split   {'directed' if link['directed'] else 'undirected'} pairs: train {link['train']:,}, "
+                     f"val {link['val']:,}, test {link['test']:,} (ratios {ratios}, seed {link['seed']}); "
+                     f"{link['eval_negatives']} negative tails per held-out pair")
     advice = partition_advice(parts["count"], s["num_nodes"], s["bytes"].get("features.bin", 0))
     if advice is not None:
         lines.append(f"advice       {advice}")

@@ -2,8 +2,8 @@
 
 Steps, each within ``memory_budget`` plus a fixed interpreter overhead:
 validate raw files -> degrees -> (symmetric CSR on disk) -> partition -> renumber ->
-CSC + static lists -> features -> labels, splits, rankings -> read checks (per partition and per
-page) -> file checksums -> manifest -> rename.
+CSC + static lists -> features -> (link files, ``link_prepare``) -> labels, splits, rankings -> read
+checks (per partition and per page) -> file checksums -> manifest -> rename.
 Per-node arrays (``NODE_STATE_BYTES`` per node) are charged to the budget up front.
 """
 
@@ -24,6 +24,8 @@ from loader.format.dataset import (
     FEATURE_ALIGNMENT,
     FILES,
     FORMAT_VERSION,
+    LINK_FILES,
+    LINK_FORMAT_VERSION,
     Dataset,
     FeatureDtype,
     FileEntry,
@@ -33,6 +35,7 @@ from loader.format.dataset import (
     open_dataset,
 )
 from loader.format.fileio import file_xxh3, write_all
+from loader.format.link import MAX_LINK_PARTITIONS
 from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
 from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.format.partition_count import auto_partitions
@@ -42,6 +45,7 @@ from loader.format.read_checks import write_read_checks
 from loader.format.splits import stratified_split
 from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.offline.layout import Renumbering, write_features, write_structure
+from loader.offline.link_prepare import bucket_table_bytes, write_link_files
 from loader.offline.partition import SymmetricAdjacency, make_partitioner
 from proto.atomic import atomic_directory, io_error
 from proto.errors import UserError
@@ -106,11 +110,18 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
     if num_partitions is None:
         num_partitions = auto_partitions(n, n * head.feat_dim * out_dtype.itemsize)
         log.info("--partitions auto: %d (docs/FORMAT.md, \"Partitions\")", num_partitions)
+    if head.link is not None and num_partitions > MAX_LINK_PARTITIONS:
+        if options.num_partitions is not None:
+            raise UserError(f"--partitions {num_partitions}: a link dataset has at most {MAX_LINK_PARTITIONS} "
+                            f"(edge_buckets.npy holds P*P + 1 offsets)")
+        log.info("--partitions auto: %d for a link dataset (at most %d)", MAX_LINK_PARTITIONS, MAX_LINK_PARTITIONS)
+        num_partitions = MAX_LINK_PARTITIONS
     if num_partitions > n:
         raise UserError(f"--partitions {num_partitions} exceeds the {n} nodes of {raw.path}")
-    budget = options.memory_budget - NODE_STATE_BYTES * n
+    held = NODE_STATE_BYTES * n + (bucket_table_bytes(num_partitions) if head.link is not None else 0)
+    budget = options.memory_budget - held
     if budget < MIN_CHUNK_BUDGET:
-        need = NODE_STATE_BYTES * n + MIN_CHUNK_BUDGET
+        need = held + MIN_CHUNK_BUDGET
         raise UserError(f"--memory-budget {format_size(options.memory_budget)} is too small for {n} nodes; "
                         f"prepare needs at least {format_size(need)}")
     partitioner = make_partitioner(options.partitioner, options.seed)
@@ -145,6 +156,8 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
                                         options.progress)
             offsets, nbytes = write_features(raw, renumbering, static_nodes, tmp, scratch, budget, out_dtype,
                                              options.progress)
+            if head.link is not None:
+                write_link_files(raw, renumbering, tmp, scratch, budget, options.progress)
             scratch.rmdir()
             partitions = PartitionTable(np.stack([renumbering.node_begin, renumbering.node_end,
                                                   indptr[renumbering.node_begin], indptr[renumbering.node_end],
@@ -156,9 +169,10 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             splits = _write_labels_and_splits(raw, renumbering, tmp)
             feature_block = write_read_checks(tmp, partitions, FILES, row_bytes=head.feat_dim * out_dtype.itemsize,
                                               progress=options.progress)
-            files = _checksums(tmp, options.progress)
+            files = _checksums(tmp, options.progress, link=head.link is not None)
             manifest = Manifest(
-                version=FORMAT_VERSION, num_nodes=n, num_edges=head.num_edges,
+                version=FORMAT_VERSION if head.link is None else LINK_FORMAT_VERSION, num_nodes=n,
+                num_edges=head.num_edges,
                 num_partitions=num_partitions, num_classes=head.num_classes, feat_dim=head.feat_dim,
                 feat_dtype=FeatureDtype(out_dtype.name), index_dtype=IndexDtype(index_dtype.name),
                 feature_alignment=FEATURE_ALIGNMENT, feature_check_block=feature_block,
@@ -166,7 +180,7 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
                 edge_cut=EdgeCut(cut_edges, cut_edges / head.num_edges if head.num_edges else 0.0),
                 static_cache=StaticCacheInfo(options.static_ratio, int(static_count), "in_degree + out_degree"),
                 neighbor_rank=NeighborRankInfo("out_degree / in_degree (in_degree 0 first)"),
-                splits=splits, files=files,
+                splits=splits, files=files, link=head.link,
                 created_by={"tool": "megabatch", "version": loader.__version__,
                             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
                             "host": socket.gethostname(), "seconds": round(time.monotonic() - started, 3),
@@ -252,9 +266,9 @@ def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Pat
     return SplitSizes(train, val, test, generated)
 
 
-def _checksums(tmp: Path, progress: bool) -> dict[str, FileEntry]:
+def _checksums(tmp: Path, progress: bool, *, link: bool) -> dict[str, FileEntry]:
     files: dict[str, FileEntry] = {}
-    names = sorted([*FILES.values(), *CHECK_FILES.values()])
+    names = sorted([*FILES.values(), *CHECK_FILES.values(), *(LINK_FILES.values() if link else ())])
     with Progress("checksums", len(names), "files", enabled=progress) as bar:
         for name in names:
             path = tmp / name

@@ -12,11 +12,20 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.format.dataset import CHECK_FILES, FEATURE_ALIGNMENT, FILES, Dataset, manifest_text, open_dataset
+from loader.format.dataset import (
+    CHECK_FILES,
+    FEATURE_ALIGNMENT,
+    FILES,
+    LINK_FILES,
+    Dataset,
+    manifest_text,
+    open_dataset,
+)
 from loader.format.fileio import file_xxh3
 from loader.format.npyio import NpyReader, read_npy, rows_per_chunk
 from loader.format.partition_table import PARTITION_COLUMNS
 from loader.format.read_checks import PAGE_BYTES, file_block_checksums, partition_checksum_table
+from loader.offline.verify_link import check_link
 from proto.errors import UserError
 from proto.progress import Progress
 from proto.sizes import counted
@@ -51,6 +60,8 @@ def verify_dataset(path: Path | str, *, progress: bool = True) -> VerifyReport:
         ("labels and splits", _check_labels_and_splits), ("permutations", _check_permutations),
         ("static cache", _check_static_cache), ("read checks", _check_read_checks),
     ]
+    if dataset.manifest.link is not None:
+        steps.append(("link", check_link))
     for name, check in steps:
         try:
             problems = check(dataset)
@@ -69,6 +80,8 @@ def _check_manifest_bytes(dataset: Dataset, report: VerifyReport) -> None:
     required = set(FILES.values())
     if _minor_version(dataset) >= 1:
         required |= set(dataset.manifest.check_files)  # format 1.1 adds the read checks
+    if dataset.manifest.link is not None:
+        required |= set(LINK_FILES.values())
     missing = sorted(required - set(dataset.manifest.files))
     if missing:
         report.problems.append(f"manifest: no checksum recorded for {', '.join(missing)}")

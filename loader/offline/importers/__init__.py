@@ -4,8 +4,11 @@ Formats (``fmt``): ``npz`` (gnn-benchmark ``.npz``), ``ogb`` (an OGB node-proper
 directory) and ``numpy`` (a directory of ``.npy`` files, PyG convention). Each reader streams
 its input in chunks sized from ``memory_budget``; ``common.write_dataset`` validates every
 chunk, applies ``ImportOptions`` (self-loops, symmetrization and deduplication through the
-external sort, so they work out of core) and publishes the result atomically: a failed
-import leaves no output directory.
+external sort, so they work out of core), for ``task="link"`` splits the pairs into train,
+val and test with fixed evaluation negatives (``loader.offline.link_split``), and publishes the
+result atomically: a failed import leaves no output directory. OGB *link*-property directories
+(``ogbl-*``) are not read: their splits are torch ``.pt`` files, which the loader cannot read
+without torch; ``--task link`` makes its own seeded split of any format's graph.
 """
 
 import contextlib

@@ -18,6 +18,7 @@ from loader.format.raw import SPLIT_NAMES, RawDataset, RawDatasetWriter, open_ra
 from loader.format.splits import stratified_split
 from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.offline.importers.options import ImportOptions
+from loader.offline.link_split import split_link_edges
 from proto.atomic import io_error
 from proto.errors import UserError
 from proto.progress import Progress
@@ -256,6 +257,10 @@ def write_dataset(data: ImportSource, out: Path, *, fmt: str, src: Path, options
             _copy_edges(writer, data, options, progress)
             if options.rewrites_edges:
                 _sort_edges(writer, data.num_nodes, options, memory_budget, progress)
+            if options.task == "link":
+                split_link_edges(writer, data.num_nodes, ratios=options.edge_split, seed=options.edge_split_seed,
+                                 eval_negatives=options.eval_negatives, undirected=options.undirected,
+                                 budget=memory_budget, progress=progress)
             _copy_features(writer, data, options.feat_dtype, progress)
             writer.write_labels(data.labels)
             writer.write_split(*split)

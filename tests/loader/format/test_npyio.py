@@ -60,3 +60,30 @@ def test_declared_row_count_is_enforced(tmp_path):
     writer.append(np.arange(2))
     with pytest.raises(ValueError, match="declared"):
         writer.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 3), cols=st.integers(0, 300), chunk=st.integers(1, 70))
+def test_column_writer_and_reader_round_trip(tmp_path_factory, rows, cols, chunk):
+    """A (rows, cols) array written and read by column chunks is the plain C-ordered .npy."""
+    from loader.format.npyio import NpyColumnWriter
+
+    path = tmp_path_factory.mktemp("npy") / "a.npy"
+    data = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols) * 7 % 1001
+    with NpyColumnWriter(path, np.int64, rows, cols) as writer:
+        for start in range(0, cols, chunk):
+            writer.append(data[:, start:start + chunk])
+    np.testing.assert_array_equal(np.load(path), data)
+    with NpyReader(path) as reader:
+        parts = [block for _start, block in reader.column_chunks(chunk)]
+        assert reader.read_columns(cols // 3, cols // 2).tolist() == data[:, cols // 3:cols // 2].tolist()
+    got = np.concatenate(parts, axis=1) if parts else np.empty((rows, 0), np.int64)
+    np.testing.assert_array_equal(got, data)
+
+
+def test_column_writer_checks_its_count(tmp_path):
+    from loader.format.npyio import NpyColumnWriter
+
+    with pytest.raises(ValueError, match="wrote 2 columns, declared 3"), \
+            NpyColumnWriter(tmp_path / "a.npy", np.int64, 2, 3) as writer:
+        writer.append(np.zeros((2, 2), np.int64))
