@@ -236,9 +236,12 @@ def test_a_queued_trainer_stops_at_the_first_signal_in_one_line(dataset_3k, tmp_
     with running_daemon(config), harness.connect(config) as holder:
         holder.send(StartEpoch(epoch=0))
         assert isinstance(holder.recv(timeout=60), BatchReady)  # it holds the pipeline and releases nothing
+        # SIGINT as a terminal delivers it: a runner that started this suite in the background (a shell without job
+        # control) passes SIGINT down ignored, and Python then installs no KeyboardInterrupt handler at all
         proc = subprocess.Popen([sys.executable, "-m", "trainer", "--socket", str(config.server.socket),
                                  "--no-progress", "--hidden", "16", "--epochs", "1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             assert proc.stdout is not None
             lines = []
