@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import numpy as np
 import numpy.typing as npt
@@ -157,7 +158,32 @@ def _header_bytes(dtype: np.dtype, shape: tuple[int, ...], total: int | None) ->
     return _MAGIC + b"\x01\x00" + len(padded).to_bytes(2, "little") + padded.encode("latin1")
 
 
-class NpyWriter:
+class _FileWriter:
+    """What both writers share: an open descriptor, ``close`` (checked, fsynced) on a clean exit from a ``with``
+    block, and ``abort`` (closed, nothing checked) when it raised, so no half-written file is passed as whole."""
+
+    _fd: int
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class NpyWriter(_FileWriter):
     """Write a ``.npy`` file by appending row chunks.
 
     With ``nrows`` given, the header is final up front and ``close`` checks the count; with
@@ -204,23 +230,9 @@ class NpyWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def abort(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> "NpyWriter":
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
-class NpyColumnWriter:
+class NpyColumnWriter(_FileWriter):
     """Write a 2-D (rows, columns) ``.npy`` file of known shape by appending column chunks.
 
     For a (2, E) edge list streamed in chunks of edges: each chunk's rows are written at their
@@ -267,20 +279,6 @@ class NpyColumnWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def abort(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> "NpyColumnWriter":
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def read_npy(path: Path | str, *, expect_dtype: npt.DTypeLike | None = None,
