@@ -19,16 +19,24 @@ import torch
 
 from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
+from trainer.link.ranking import LINK_METRICS
 from trainer.scores import METRICS
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "LEGACY_METRIC", "Checkpoint", "save_checkpoint",
-           "load_checkpoint", "check_compatible", "check_metric", "capture_rng", "restore_rng"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "LEGACY_METRIC", "TASK_METRICS", "Checkpoint",
+           "save_checkpoint", "load_checkpoint", "check_compatible", "check_task", "check_metric", "capture_rng",
+           "restore_rng"]
 
 CHECKPOINT_FORMAT = "megabatch-trainer-checkpoint"
 CHECKPOINT_VERSION = 1
 # "metric" was added without a version bump: older files stay readable and mean LEGACY_METRIC
 LEGACY_METRIC = "accuracy"
 """The metric of a checkpoint written before runs could be judged by another one."""
+
+TASK_METRICS = {"node": METRICS, "link": LINK_METRICS}
+"""The metrics a checkpoint of each task may be judged by. "task" was added without a version bump too: a
+file without it was written by a node-classification run."""
+
+_TASK_WORDS = {"node": "node classification", "link": "link prediction"}
 
 
 @dataclass
@@ -43,7 +51,8 @@ class Checkpoint:
     and ``history`` one dict per completed epoch. ``metric``: what "best" means (a
     ``trainer.scores.METRICS`` name; default ``LEGACY_METRIC``, what older checkpoints mean).
     ``world_size``: the ranks that trained the run (default 1); ``rank_rng``: with several, every
-    rank's RNG states in rank order (``rng`` is rank 0's), else None.
+    rank's RNG states in rank order (``rng`` is rank 0's), else None. ``task``: "node" (default) or
+    "link", the kind of run that wrote it (``check_task``).
     """
 
     epoch: int
@@ -57,13 +66,14 @@ class Checkpoint:
     metric: str = LEGACY_METRIC
     world_size: int = 1
     rank_rng: list[dict[str, Any]] | None = None
+    task: str = "node"
 
     def payload(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": self.epoch,
                 "model_state": self.model_state, "optimizer_state": self.optimizer_state,
                 "signature": self.signature, "config": self.config, "progress": self.progress,
                 "history": self.history, "rng": self.rng, "metric": self.metric, "world_size": self.world_size,
-                "rank_rng": self.rank_rng}
+                "rank_rng": self.rank_rng, "task": self.task}
 
 
 def capture_rng() -> dict[str, Any]:
@@ -126,16 +136,30 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     missing = [key for key in _KEYS if key not in data]
     if missing:
         raise UserError(f"{path}: corrupt checkpoint (missing {', '.join(missing)})")
+    task = data.get("task", "node")
+    if task not in TASK_METRICS:
+        raise UserError(f"{path}: checkpoint of an unknown task {task!r} (this trainer knows "
+                        f"{', '.join(TASK_METRICS)})")
     metric = data.get("metric", LEGACY_METRIC)
-    if metric not in METRICS:
+    if metric not in TASK_METRICS[task]:
         raise UserError(f"{path}: checkpoint judges its run by an unknown metric {metric!r} "
-                        f"(this trainer knows {', '.join(METRICS)})")
+                        f"(this trainer knows {', '.join(TASK_METRICS[task])} for {_TASK_WORDS[task]})")
     # world_size and rank_rng came with DDP, without a version bump: an older file was written by one rank
     world_size, rank_rng = data.get("world_size", 1), data.get("rank_rng")
     if not isinstance(world_size, int) or world_size < 1 or not (
             rank_rng is None or (isinstance(rank_rng, list) and len(rank_rng) == world_size)):
         raise UserError(f"{path}: corrupt checkpoint (world_size {world_size!r} and its per-rank RNG states)")
-    return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric, world_size=world_size, rank_rng=rank_rng)
+    return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric, world_size=world_size, rank_rng=rank_rng,
+                      task=task)
+
+
+def check_task(path: Path | str, checkpoint: Checkpoint, task: str) -> None:
+    """Refuse to resume a checkpoint of the other task ("node" or "link"): its model, history and metric
+    mean nothing to this run. Checked before the model's shape, whose differences would say less."""
+    if checkpoint.task != task:
+        raise UserError(f"{path}: a {_TASK_WORDS[checkpoint.task]} checkpoint cannot resume a {_TASK_WORDS[task]} "
+                        f"run (--task {checkpoint.task} wrote it; start a new run or resume with --task "
+                        f"{checkpoint.task})")
 
 
 def check_compatible(path: Path | str, checkpoint: Checkpoint, signature: dict[str, Any]) -> None:

@@ -41,13 +41,16 @@ from proto.cli_types import non_negative_int, non_negative_seconds, positive_int
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
+from trainer.link.options import ALL_METRIC_CHOICES
+from trainer.link.options import add_arguments as add_link_arguments
+from trainer.link.options import check_arguments as check_link_arguments
 from trainer.ranks import DEFAULT_TIMEOUT_S, Ranks, ranks_from_env
-from trainer.scores import METRIC_CHOICES, MINORITY_SHARE
+from trainer.scores import MINORITY_SHARE
 from trainer.scrape import add_arguments as add_metrics_arguments
 from trainer.scrape import check_arguments as check_metrics_arguments
 
 __all__ = ["main", "exit_program", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler",
-           "checkpoint_note"]
+           "checkpoint_note", "write_json"]
 
 if TYPE_CHECKING:
     from trainer.loop import StopControl
@@ -102,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="daemon (default with --socket) or inmemory (the in-memory reference)")
     src.add_argument("--dataset", help="prepared dataset directory (inmemory mode; default: [dataset] of --config)")
     src.add_argument("--config", help="loader TOML config: its [sampler] (and [dataset]) apply in inmemory mode")
-    src.add_argument("--batch-size", type=positive_int, help="training seeds per batch (default 1024)")
+    src.add_argument("--batch-size", type=positive_int,
+                     help="training seeds (--task link: positive edges) per batch (default 1024)")
     src.add_argument("--fanouts", type=parse_fanouts, help="neighbours per hop, -1 = all (default 10,5)")
     src.add_argument("--eval-fanouts", type=parse_fanouts, help="fanouts of val/test batches (default: --fanouts)")
     src.add_argument("--eval-batch-size", type=positive_int, help="seeds per evaluation batch (default 1024)")
@@ -119,12 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (default 1)")
     mod.add_argument("--patience", type=positive_int, default=None,
                      help="stop after N evaluations without a better val score by --metric (default: never)")
-    mod.add_argument("--metric", choices=METRIC_CHOICES, default="auto",
+    mod.add_argument("--metric", choices=ALL_METRIC_CHOICES, default="auto",
                      help="what picks the best epoch and drives --patience; accuracy is reported either way. "
                           f"auto: roc_auc for a binary task whose minority class is under "
                           f"{100 * MINORITY_SHARE:.0f}%% of the labelled training nodes, else accuracy. "
                           "roc_auc on more than two classes is the one-vs-rest macro average; macro_f1 the mean "
-                          "F1 over the classes present (default auto)")
+                          "F1 over the classes present. --task link: auto is mrr; mrr, hits@1, hits@10, hits@50 "
+                          "and roc_auc rank held-out edges against their negatives (default auto)")
     mod.add_argument("--max-steps", type=positive_int, default=None,
                      help="stop after N optimizer steps in all, mid-epoch if need be, without evaluating "
                           "the cut epoch (benchmarks; default: no limit)")
@@ -132,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
     mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
     mod.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+
+    add_link_arguments(parser)
 
     dist = parser.add_argument_group("several ranks (DDP)")
     dist.add_argument("--nproc-per-node", type=positive_int, default=1, metavar="N",
@@ -188,7 +195,7 @@ def resolve_sampler(args: argparse.Namespace) -> tuple[SamplerSettings, Path | N
     return SamplerSettings(**values), dataset
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"--json-out: directory {parent} does not exist")
@@ -273,6 +280,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         if dataset is None:
             raise UserError("--mode inmemory needs --dataset PATH (or a --config with a [dataset] path)")
         opened = open_dataset(dataset)
+        if args.task == "link":
+            from trainer.link.run import run_link
+
+            return run_link(args, opened, sampler, ranks, stop)
 
     from trainer.loop import StopControl, TrainConfig, resolve_device, train
     from trainer.metrics import TrainerMetrics
@@ -335,7 +346,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         if not ranks.main:
             return 0
         if args.json_out:
-            _write_json(Path(args.json_out), result.to_json())
+            write_json(Path(args.json_out), result.to_json())
         if result.stopped_on_request:
             print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
             return 0
@@ -352,6 +363,7 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         if args.socket is None:
             parser.error("give --socket PATH (daemon mode) or --mode inmemory --dataset PATH")
         args.mode = "daemon"
+    check_link_arguments(args, parser.error)
     if args.mode == "daemon":
         if args.socket is None:
             parser.error("--mode daemon needs --socket PATH")

@@ -31,13 +31,14 @@ from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
 
-__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES"]
+__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "checked_fanouts"]
 
 DEFAULT_CHUNK_BATCHES = 256
 """Batches sampled per ``sample_pass`` call: bounds the sampled-but-unconsumed memory."""
 
 
-def _fanouts(name: str, values: Sequence[int]) -> tuple[int, ...]:
+def checked_fanouts(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    """``values`` as fanouts (positive, or -1 for every neighbour); a one-line UserError naming ``name`` otherwise."""
     out = tuple(int(v) for v in values)
     if not out or any(v == 0 or v < -1 for v in out):
         raise UserError(f"{name} must be a non-empty list of positive integers or -1 (all neighbours), "
@@ -71,8 +72,8 @@ class InMemorySource(BatchSource):
         except ValueError as err:
             raise UserError(str(err)) from None
         self.rank, self.world_size = rank, world_size
-        self.fanouts = _fanouts("fanouts", fanouts)
-        self.eval_fanouts = _fanouts("eval_fanouts", self.fanouts if eval_fanouts is None else eval_fanouts)
+        self.fanouts = checked_fanouts("fanouts", fanouts)
+        self.eval_fanouts = checked_fanouts("eval_fanouts", self.fanouts if eval_fanouts is None else eval_fanouts)
         if len(self.eval_fanouts) != len(self.fanouts):
             raise UserError(f"eval_fanouts {list(self.eval_fanouts)} needs one entry per hop "
                             f"({len(self.fanouts)}, as fanouts {list(self.fanouts)})")

@@ -47,6 +47,7 @@ from trainer.checkpoint import (
     capture_rng,
     check_compatible,
     check_metric,
+    check_task,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
@@ -174,6 +175,7 @@ class _Run:
         path = self.cfg.checkpoint
         assert path is not None  # TrainConfig refuses resume without a checkpoint
         ckpt = load_checkpoint(path)
+        check_task(path, ckpt, "node")
         check_compatible(path, ckpt, self.signature)
         check_metric(path, ckpt, self.cfg.metric)
         world = self.ranks.world_size

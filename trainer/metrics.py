@@ -61,7 +61,8 @@ class TrainerMetrics:
                               registry=reg)
         # accuracy stays as it was for dashboards; the score is what the run is judged by (--metric)
         self.score = Gauge("megabatch_trainer_score", "Score of the last evaluation by the run's metric "
-                           "(accuracy, roc_auc or macro_f1)", ["split", "metric"], registry=reg)
+                           "(accuracy, roc_auc or macro_f1; link prediction: every one of mrr, hits@1, hits@10, "
+                           "hits@50 and roc_auc)", ["split", "metric"], registry=reg)
         self.epoch = Gauge("megabatch_trainer_epoch", "Last completed epoch", registry=reg)
         self.data_wait_ratio = Gauge("megabatch_trainer_data_wait_ratio",
                                      "Share of the last epoch's training time spent waiting for data "
@@ -127,3 +128,15 @@ class TrainerMetrics:
         """One split's evaluation: its accuracy, and its score by ``metric`` (NaN when undefined)."""
         self.accuracy.labels(split=split).set(accuracy)
         self.score.labels(split=split, metric=metric).set(score)
+
+    def observe_link_epoch(self, epoch: int, loss: float, positives_per_second: float, data_wait_ratio: float,
+                           scores: dict[str, dict[str, float]]) -> None:
+        """A link-prediction epoch (``--task link``): no accuracy; the samples gauges count training positives,
+        and ``scores`` (split -> every link metric's score, NaN when undefined) fills the score gauge."""
+        self.epoch.set(epoch)
+        self.loss.set(loss)
+        self.samples_per_second.set(positives_per_second)
+        self.data_wait_ratio.set(data_wait_ratio)
+        for split, values in scores.items():
+            for metric, score in values.items():
+                self.score.labels(split=split, metric=metric).set(score)

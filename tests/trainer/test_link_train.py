@@ -1,0 +1,249 @@
+"""``megabatch train --task link`` on a small generated link dataset: output, determinism, resume, refusals."""
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from loader.format.dataset import open_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from tests.graphs import link_input_graph, link_raw
+from trainer.cli import main
+from trainer.link.inmemory import LinkInMemorySource
+from trainer.link.model import LinkModel
+from trainer.link.ranking import LINK_METRICS
+
+NODES = 300
+
+EPOCH_LINE = re.compile(r"^epoch (\d)/3  loss \d+\.\d{3}  val mrr \d\.\d{3} auc \d\.\d{3}  \d+ positives/s  "
+                        r"data-wait \d+\.\d%$")
+FINAL_LINE = re.compile(r"^best val mrr \d\.\d{4} at epoch [123]: test mrr \d\.\d{4} hits@1 \d\.\d{4} "
+                        r"hits@10 \d\.\d{4} hits@50 \d\.\d{4} auc \d\.\d{4}$")
+
+TIMINGS = ("samples_per_s", "wait_s", "step_s", "data_wait", "train_s", "eval_s")
+
+
+@pytest.fixture(scope="module")
+def link_dataset(tmp_path_factory):
+    """300 nodes, ~2,900 directed edges stored both ways (an undirected graph), 8 features, 20 negatives per
+    held-out positive, 4 partitions."""
+    root = tmp_path_factory.mktemp("link-train")
+    src, dst = link_input_graph(5, NODES, 1200, symmetric=True)
+    raw = link_raw(root / "raw", src, dst, NODES, feat_dim=8, undirected=True, eval_negatives=20)
+    prepare_dataset(raw.path, root / "ds", PrepareOptions(num_partitions=4, memory_budget=256 << 20, progress=False))
+    return root / "ds"
+
+
+def link_args(dataset, *extra):
+    return ["--mode", "inmemory", "--dataset", str(dataset), "--task", "link", "--hidden", "16", "--batch-size",
+            "128", "--fanouts", "5,5", *map(str, extra)]
+
+
+def in_process(capsys, *args):
+    """``main`` in this process: (exit code, stdout lines, stderr lines that report an error)."""
+    code = main(["-q", "--no-progress", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), [line for line in err.splitlines() if "error" in line]
+
+
+def without_timings(result):
+    """A JSON result less what depends on the clock (and on where the checkpoint went)."""
+    result = dict(result, config={k: v for k, v in result["config"].items() if k not in ("checkpoint", "resume")})
+    result["epochs"] = [{k: v for k, v in record.items() if k not in TIMINGS} for record in result["epochs"]]
+    return result
+
+
+def test_link_training_end_to_end(link_dataset, tmp_path):
+    out, ckpt = tmp_path / "result.json", tmp_path / "ck.pt"
+    # wide enough batches (1,000+ pairs x 64) that a gradient gathered by parallel threads would show in the bits
+    wide = ("--hidden", 64, "--batch-size", 512, "--epochs", 3)
+    run = subprocess.run([sys.executable, "-m", "trainer", *link_args(link_dataset, *wide, "--json-out", out,
+                                                                     "--checkpoint", ckpt, "--no-progress")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert [EPOCH_LINE.match(line) is not None for line in lines[:3]] == [True] * 3, lines
+    assert FINAL_LINE.match(lines[3]) and len(lines) == 4, lines
+    assert "metric mrr (auto: link prediction" in run.stderr and "Traceback" not in run.stderr
+    result = json.loads(out.read_text())
+    link = open_dataset(link_dataset).manifest.link
+    assert result["task"] == "link" and result["metric"] == "mrr" and result["device"] == "cpu"
+    assert result["config"]["task"] == "link" and result["config"]["decoder"] == "dot"
+    assert result["config"]["hidden"] == 64
+    assert result["config"]["negatives"] == 1 and result["config"]["disjoint"] is False
+    assert [r["epoch"] for r in result["epochs"]] == [1, 2, 3] and result["best_epoch"] in (1, 2, 3)
+    assert [r["samples"] for r in result["epochs"]] == [link.train] * 3  # every training positive once an epoch
+    assert all(tuple(r["val"]) == LINK_METRICS for r in result["epochs"])
+    test = result["test_at_best"]
+    assert tuple(test) == LINK_METRICS and all(0 <= value <= 1 for value in test.values())
+    assert result["test_score_at_best"] == test["mrr"] and result["best_val_score"] == result["best_val"]["mrr"]
+    best = result["epochs"][result["best_epoch"] - 1]
+    assert best["test"] == test and best["val"] == result["best_val"]
+    # 20 negatives: every positive is within the top 50 of its 21 candidates
+    assert test["hits@50"] == 1.0 and test["hits@1"] <= test["hits@10"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt", "result.json"]
+
+    # the same run in this process: the same result, timings aside
+    again = tmp_path / "again.json"
+    assert main(["-q", "--no-progress", *link_args(link_dataset, *wide, "--json-out", again)]) == 0
+    assert without_timings(json.loads(again.read_text())) == without_timings(result)
+
+
+def test_resumed_run_ends_as_an_uninterrupted_one(link_dataset, tmp_path, capsys):
+    straight, resumed, ckpt = tmp_path / "straight.json", tmp_path / "resumed.json", tmp_path / "ck.pt"
+    options = ("--decoder", "mlp", "--negatives", 2)
+    assert in_process(capsys, *link_args(link_dataset, "--epochs", 3, "--json-out", straight, *options))[0] == 0
+    assert in_process(capsys, *link_args(link_dataset, "--epochs", 2, "--checkpoint", ckpt, *options))[0] == 0
+    code, lines, _ = in_process(capsys, *link_args(link_dataset, "--epochs", 3, "--checkpoint", ckpt, "--resume",
+                                                   "--json-out", resumed, *options))
+    assert code == 0
+    first, second = json.loads(straight.read_text()), json.loads(resumed.read_text())
+    assert second["resumed_from_epoch"] == 2 and second["metric_reason"].startswith("as in the checkpoint; auto")
+    second.update(resumed_from_epoch=None, metric_reason=first["metric_reason"])
+    assert without_timings(second) == without_timings(first)
+
+
+def test_checkpoints_refuse_the_other_task(link_dataset, tmp_path, capsys):
+    link_ckpt, node_ckpt = tmp_path / "link.pt", tmp_path / "node.pt"
+    assert in_process(capsys, *link_args(link_dataset, "--epochs", 1, "--checkpoint", link_ckpt))[0] == 0
+    # a link dataset keeps its labels and node split: a node run trains on it, and writes a node checkpoint
+    assert in_process(capsys, "--mode", "inmemory", "--dataset", link_dataset, "--hidden", 16, "--epochs", 1,
+                      "--checkpoint", node_ckpt)[0] == 0
+
+    code, _, err = in_process(capsys, "--mode", "inmemory", "--dataset", link_dataset, "--hidden", 16,
+                              "--checkpoint", link_ckpt, "--resume")
+    assert code == 1 and err == [f"megabatch train: error: {link_ckpt}: a link prediction checkpoint cannot resume "
+                                 "a node classification run (--task link wrote it; start a new run or resume with "
+                                 "--task link)"], err
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--checkpoint", node_ckpt, "--resume"))
+    assert code == 1 and len(err) == 1 and "a node classification checkpoint cannot resume a link prediction" in err[0]
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--checkpoint", link_ckpt, "--resume", "--decoder",
+                                                 "mlp"))
+    assert code == 1 and len(err) == 1 and "decoder 'dot' in the checkpoint, 'mlp' now" in err[0], err
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--checkpoint", link_ckpt, "--resume", "--metric",
+                                                 "roc_auc"))
+    assert code == 1 and len(err) == 1 and "judged by mrr, not roc_auc" in err[0], err
+
+
+@pytest.mark.parametrize("model, extra", [
+    ("gcn", ("--decoder", "mlp", "--negatives", 3, "--disjoint", "--metric", "hits@10")),
+    ("gat", ("--heads", 2, "--metric", "roc_auc", "--eval-fanouts=-1,-1")),
+])
+def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
+    out = tmp_path / "r.json"
+    code, lines, err = in_process(capsys, *link_args(link_dataset, "--epochs", 1, "--model", model, "--json-out", out,
+                                                     *extra))
+    assert code == 0 and not err, err
+    result = json.loads(out.read_text())
+    metric = extra[extra.index("--metric") + 1]
+    assert result["metric"] == metric and result["config"]["model"] == model
+    assert result["best_val_score"] == result["best_val"][metric]
+    assert lines[-1].startswith(f"best val {'auc' if metric == 'roc_auc' else metric} ")
+    if "--disjoint" in extra:
+        assert result["config"]["disjoint"] is True and result["config"]["negatives"] == 3
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--socket", "s", "--task", "link"], "--task link: link prediction runs with --mode inmemory so far"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--nproc-per-node", "2"], "in one process so far"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--metric", "accuracy"],
+     "--metric accuracy: not a link-prediction metric"),
+    (["--mode", "inmemory", "--dataset", "x", "--metric", "mrr"], "--metric mrr: a link-prediction metric"),
+    (["--mode", "inmemory", "--dataset", "x", "--decoder", "mlp", "--disjoint"],
+     "--decoder, --disjoint: link-prediction options (--task link)"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--negatives", "0"], "must be positive"),
+])
+def test_bad_link_arguments_are_one_line(capsys, args, fragment):
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_several_ranks_and_node_datasets_are_refused(link_dataset, dataset_1500, capsys, monkeypatch):
+    code, _, err = in_process(capsys, *link_args(dataset_1500))
+    assert code == 1 and len(err) == 1 and "a node-classification dataset; --task link needs one imported" in err[0]
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = in_process(capsys, *link_args(link_dataset))
+    assert code == 1 and len(err) == 1 and "link prediction runs in one process so far" in err[0], err
+
+
+def test_source_covers_the_splits(link_dataset):
+    """Training batches hold every training positive once an epoch; evaluation embeds each held-out node once."""
+    dataset = open_dataset(link_dataset)
+    source = LinkInMemorySource(dataset, batch_size=50, negatives=2, fanouts=(3, 2), eval_batch_size=40, seed=3)
+    train = dataset.read("train_edges", np.int64, 2)
+    pairs: Counter[tuple[int, int]] = Counter()
+    for batch in source.train_batches(4):
+        labels = batch.edge_label.numpy()
+        b = batch.positives
+        assert labels.tolist() == [1.0] * b + [0.0] * (2 * b)
+        ids = batch.graph.n_id[batch.edge_label_index].numpy()
+        pairs.update(zip(ids[0, :b].tolist(), ids[1, :b].tolist()))
+        np.testing.assert_array_equal(ids[0, b:], np.tile(ids[0, :b], 2))  # negatives corrupt the tail only
+    assert pairs == Counter(zip(train[0].tolist(), train[1].tolist()))
+    for split in ("val", "test"):
+        held = source.held_out[split]
+        edges, tails = dataset.read(f"{split}_edges", np.int64, 2), dataset.read(f"{split}_neg_tails", np.int64, 2)
+        np.testing.assert_array_equal(held.nodes[held.src], edges[0])
+        np.testing.assert_array_equal(held.nodes[held.dst], edges[1])
+        np.testing.assert_array_equal(held.nodes[held.tails], tails)
+        seeds = [batch.n_id[:batch.num_seeds] for batch in source.eval_batches(split)]
+        np.testing.assert_array_equal(torch.cat(seeds).numpy(), held.nodes)
+
+
+@pytest.mark.parametrize("decoder", ["dot", "mlp"])
+def test_decoders_are_symmetric_and_broadcast(decoder):
+    torch.manual_seed(0)
+    model = LinkModel("sage", 4, 8, 2, 0.0, decoder=decoder)
+    a, b = torch.randn(5, 8), torch.randn(5, 8)
+    torch.testing.assert_close(model.decode(a, b), model.decode(b, a))
+    tails = torch.randn(5, 3, 8)
+    # one source against its K tails at once equals the pairs one by one
+    torch.testing.assert_close(model.decode(a.unsqueeze(1), tails),
+                               torch.stack([model.decode(a, tails[:, j]) for j in range(3)], dim=1))
+    if decoder == "dot":
+        torch.testing.assert_close(model.decode(a, b), (a * b).sum(1))
+
+
+def test_a_checkpoint_without_a_task_is_a_node_checkpoint(link_dataset, tmp_path, capsys):
+    """Checkpoints from before link prediction carry no task: they read as node checkpoints; an unknown task
+    is refused in one line."""
+    from trainer.checkpoint import load_checkpoint
+
+    path = tmp_path / "ck.pt"
+    assert in_process(capsys, "--mode", "inmemory", "--dataset", link_dataset, "--hidden", 16, "--epochs", 1,
+                      "--checkpoint", path)[0] == 0
+    data = torch.load(path, weights_only=True)
+    assert data["task"] == "node"
+    del data["task"]
+    torch.save(data, path)
+    assert load_checkpoint(path).task == "node"
+    data["task"] = "edge"
+    torch.save(data, path)
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--checkpoint", path, "--resume"))
+    assert code == 1 and len(err) == 1 and "checkpoint of an unknown task 'edge'" in err[0], err
+
+
+def test_max_steps_and_a_stop_request_cut_the_run_without_evaluating(link_dataset, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code, lines, _ = in_process(capsys, *link_args(link_dataset, "--epochs", 3, "--max-steps", 2, "--json-out", out))
+    result = json.loads(out.read_text())
+    assert code == 0 and lines == ["no evaluation ran (stopped at --max-steps 2)"], lines
+    assert [(r["batches"], r["val"]) for r in result["epochs"]] == [(2, None)] and result["stopped_at_max_steps"]
+
+    from trainer.link.loop import train_link
+    from trainer.link.records import LinkConfig
+    from trainer.records import StopControl, TrainConfig
+
+    source = LinkInMemorySource(open_dataset(link_dataset), batch_size=64, fanouts=(3, 2))
+    stopped = train_link(source, LinkConfig(TrainConfig(hidden=8, epochs=2, device="cpu")),
+                         control=StopControl(requested=True))
+    assert stopped.stopped_on_request and stopped.epochs == [] and stopped.best_epoch is None

@@ -1,0 +1,281 @@
+"""The link-prediction training loop: a ``LinkInMemorySource`` in, a trained ``LinkModel`` and per-epoch
+records out (``megabatch train --task link``).
+
+An epoch trains on every training positive once (``source.train_batches``), with BCE-with-logits on
+each batch's positives (label 1) and negatives (label 0). Evaluation (every ``eval_every`` epochs and
+after the last) embeds the nodes the split's scores need and ranks each held-out positive against its
+fixed negative tails (``trainer.link.ranking``). Validation picks the best epoch and drives
+``patience``; the test split is evaluated where validation improved, so the test scores reported are
+those of the best validation epoch, as the node task reports them, without evaluating test every epoch.
+
+Determinism, stopping and checkpoints are the node loop's (``trainer.loop``): the source fixes each
+epoch's batches and each evaluation's neighbourhoods, ``seed`` the initial weights and dropout; a stop
+request is honoured at the next step boundary, the cut epoch neither evaluated nor checkpointed; a
+checkpoint holds a completed epoch with every RNG state, so a resumed run ends with the same model as an
+uninterrupted one (bitwise on CPU). A checkpoint records its task: a node run's cannot resume a link run
+and the other way round (``trainer.checkpoint.check_task``). One process only: several ranks are refused
+before the loop starts.
+"""
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from proto.errors import UserError
+from trainer.checkpoint import (
+    Checkpoint,
+    capture_rng,
+    check_compatible,
+    check_metric,
+    check_task,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from trainer.distributed import training_device
+from trainer.link.inmemory import LinkInMemorySource
+from trainer.link.model import LinkModel
+from trainer.link.ranking import DEFAULT_LINK_METRIC, link_scores
+from trainer.link.records import LinkConfig, LinkEpochRecord, LinkResult, format_link_epoch
+from trainer.loop import seed_everything
+from trainer.metrics import TrainerMetrics
+from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
+from trainer.ranks import SINGLE
+from trainer.records import StopControl
+
+__all__ = ["train_link", "EVAL_PAIR_CELLS"]
+
+log_ = logging.getLogger("megabatch.trainer")
+
+EVAL_PAIR_CELLS = 1 << 24
+"""Floats of pair products decoded at a time in an evaluation (64 MiB): bounds the (E, K, hidden) product of
+the positives' sources and their negative tails, which a large split would not fit on a GPU at once."""
+
+
+class _LinkRun:
+    """The state of one ``train_link`` call; methods in the order they run."""
+
+    def __init__(self, source: LinkInMemorySource, cfg: LinkConfig, progress: bool, progress_interval: float,
+                 metrics: TrainerMetrics | None, log: Callable[[str], None], control: StopControl) -> None:
+        self.source, self.cfg, self.metrics, self.log, self.control = source, cfg, metrics, log, control
+        self.progress, self.progress_interval = progress, progress_interval
+        train = cfg.train
+        self.device = training_device(train.device, SINGLE)
+        seed_everything(train.seed)
+        self.model = LinkModel(train.model, source.num_features, train.hidden, source.num_hops, train.dropout,
+                               train.heads, cfg.decoder).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+        self.signature: dict[str, Any] = {"task": "link", "model": train.model, "in_dim": source.num_features,
+                                          "hidden": train.hidden, "num_layers": source.num_hops,
+                                          "decoder": cfg.decoder}
+        if train.model == "gat":
+            self.signature["heads"] = train.heads
+        self.result = LinkResult(cfg, str(self.device), source.description)
+        if cfg.metric == "auto":
+            self.set_metric(DEFAULT_LINK_METRIC, "auto: link prediction, each held-out positive ranked against its "
+                                                 "own negatives")
+        else:
+            self.set_metric(cfg.metric, "as requested")
+        if metrics is not None:
+            metrics.set_build_info(train.model, str(self.device))
+        self.bad_evals = 0
+        self.next_epoch = 1
+        self.steps = 0
+
+    def set_metric(self, metric: str, reason: str) -> None:
+        self.metric = metric
+        self.result.metric, self.result.metric_reason = metric, reason
+        log_.info("metric %s (%s)", metric, reason)
+
+    def resume(self) -> None:
+        path = self.cfg.train.checkpoint
+        assert path is not None  # TrainConfig refuses resume without a checkpoint
+        ckpt = load_checkpoint(path)
+        check_task(path, ckpt, "link")
+        check_compatible(path, ckpt, self.signature)
+        check_metric(path, ckpt, self.cfg.metric)
+        try:
+            self.model.load_state_dict(ckpt.model_state)
+            self.optimizer.load_state_dict(ckpt.optimizer_state)
+            history = [LinkEpochRecord(**record) for record in ckpt.history]
+            progress = ckpt.progress
+            result = self.result
+            result.best_epoch, result.best_val_score = progress["best_epoch"], progress["best_val"]
+            result.test_score_at_best = progress["best_test"]
+            result.best_val, result.test_at_best = progress["best_val_scores"], progress["test_at_best"]
+            result.stopped_early = bool(progress["stopped_early"])
+            self.bad_evals = int(progress["bad_evals"])
+            restore_rng(ckpt.rng)
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(f"{path}: checkpoint does not fit this model ({first[:200]})") from None
+        for group in self.optimizer.param_groups:  # this run's hyperparameters, not the checkpoint's
+            group["lr"], group["weight_decay"] = self.cfg.train.lr, self.cfg.train.weight_decay
+        self.result.epochs = history
+        self.result.resumed_from_epoch = ckpt.epoch
+        self.control.checkpoint_epoch = ckpt.epoch
+        self.next_epoch = ckpt.epoch + 1
+        self.log(f"resumed from {path} after epoch {ckpt.epoch}")
+        self.set_metric(ckpt.metric, f"as in the checkpoint; {progress.get('metric_reason')}")
+
+    def train_epoch(self, epoch: int) -> LinkEpochRecord:
+        self.model.train()
+        total_loss, pairs, positives, batches = 0.0, 0, 0, 0
+        wait_s = step_s = 0.0
+        started = time.perf_counter()
+        total = self.source.batches_per_epoch()
+        with (EpochProgress(epoch, self.cfg.train.epochs, enabled=self.progress,
+                            interval_s=self.progress_interval) as bar,
+              contextlib.closing(self.source.train_batches(epoch)) as stream):
+            while True:
+                waiting = time.perf_counter()
+                batch = next(stream, None)  # sampling happens here: the wait for data
+                if batch is None:
+                    break
+                if self.control.requested:
+                    self.result.stopped_on_request = True  # a step boundary: the step before finished
+                    break
+                batch = batch.to(self.device)
+                waited = time.perf_counter() - waiting
+                step_started = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                graph = batch.graph
+                logits = self.model(graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges,
+                                    batch.edge_label_index)
+                loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label)
+                loss.backward()
+                self.optimizer.step()
+                labelled = int(batch.edge_label.numel())
+                total_loss += loss.item() * labelled  # .item() also waits for the GPU: the step's time is whole
+                step = time.perf_counter() - step_started
+                pairs, positives, batches = pairs + labelled, positives + batch.positives, batches + 1
+                wait_s, step_s = wait_s + waited, step_s + step
+                if self.metrics is not None:
+                    self.metrics.observe_batch(waited, step, batch.positives)
+                bar.update(total, batch.positives, waited, step)
+                self.steps += 1
+                max_steps = self.cfg.train.max_steps
+                if max_steps is not None and self.steps >= max_steps:
+                    self.result.stopped_at_max_steps = True
+                    break
+        train_s = time.perf_counter() - started
+        busy = wait_s + step_s
+        return LinkEpochRecord(epoch=epoch, loss=total_loss / max(1, pairs), batches=batches, samples=positives,
+                               samples_per_s=positives / train_s if train_s > 0 else 0.0, wait_s=wait_s,
+                               step_s=step_s, data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s)
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Every ``LINK_METRICS`` score of ``split``: embed its nodes, score each positive and its negatives."""
+        self.model.eval()
+        held = self.source.held_out[split]
+        hidden = self.cfg.train.hidden
+        embeddings = torch.empty((len(held.nodes), hidden), dtype=torch.float32, device=self.device)
+        row = 0
+        for batch in self.source.eval_batches(split):
+            batch = batch.to(self.device)
+            seeds = batch.num_seeds
+            embeddings[row:row + seeds] = self.model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                                                           batch.num_sampled_edges)
+            row += seeds
+        if row != len(held.nodes):
+            raise RuntimeError(f"{split} evaluation embedded {row} nodes, expected {len(held.nodes)}")
+        src = torch.from_numpy(held.src).to(self.device)
+        dst = torch.from_numpy(held.dst).to(self.device)
+        tails = torch.from_numpy(held.tails).to(self.device)
+        pos = self.model.decode(embeddings[src], embeddings[dst])
+        k = tails.shape[1]
+        neg = torch.empty((len(src), k), dtype=torch.float32, device=self.device)
+        rows = max(1, EVAL_PAIR_CELLS // max(1, k * hidden))
+        for start in range(0, len(src), rows):
+            h_src = embeddings[src[start:start + rows]].unsqueeze(1)  # (r, 1, hidden): broadcast over the K tails
+            neg[start:start + rows] = self.model.decode(h_src, embeddings[tails[start:start + rows]])
+        return link_scores(pos.cpu().numpy(), neg.cpu().numpy())
+
+    def run_epoch(self, epoch: int) -> bool:
+        """Train, maybe evaluate, record, checkpoint; True when the run stops after this epoch."""
+        train = self.cfg.train
+        record = self.train_epoch(epoch)
+        if self.result.stopped_on_request:
+            self.log(f"stop requested: epoch {epoch} cut after {record.batches} steps; not evaluated, "
+                     f"recorded or checkpointed")
+            return True
+        cut = self.result.stopped_at_max_steps
+        if not cut and (epoch % train.eval_every == 0 or epoch == train.epochs):
+            started = time.perf_counter()
+            record.val = self.evaluate("val")
+            record.val_score = record.val[self.metric]
+            best = self.result.best_val_score
+            # NaN (an undefined score) is never an improvement: it compares false either way
+            if not math.isnan(record.val_score) and (best is None or record.val_score > best):
+                record.test = self.evaluate("test")
+                record.test_score = record.test[self.metric]
+                result = self.result
+                result.best_epoch, result.best_val_score, result.test_score_at_best = (epoch, record.val_score,
+                                                                                       record.test_score)
+                result.best_val, result.test_at_best = record.val, record.test
+                self.bad_evals = 0
+            else:
+                self.bad_evals += 1
+            record.eval_s = time.perf_counter() - started
+        self.result.epochs.append(record)
+        stop = train.patience is not None and self.bad_evals >= train.patience and epoch < train.epochs
+        self.result.stopped_early = stop
+        if self.metrics is not None:
+            scores = {split: values for split, values in (("val", record.val), ("test", record.test))
+                      if values is not None}
+            self.metrics.observe_link_epoch(epoch, record.loss, record.samples_per_s, record.data_wait, scores)
+        self.log(format_link_epoch(record, train.epochs, self.metric))
+        if train.checkpoint is not None:
+            self.save(epoch)
+        return stop or cut
+
+    def save(self, epoch: int) -> None:
+        path = self.cfg.train.checkpoint
+        assert path is not None
+        self.control.writing = epoch
+        result = self.result
+        progress = {"best_epoch": result.best_epoch, "best_val": result.best_val_score,
+                    "best_test": result.test_score_at_best, "best_val_scores": result.best_val,
+                    "test_at_best": result.test_at_best, "bad_evals": self.bad_evals,
+                    "stopped_early": result.stopped_early, "metric_reason": result.metric_reason}
+        save_checkpoint(path, Checkpoint(
+            epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
+            signature=self.signature, config=self.cfg.to_json(), progress=progress,
+            history=[asdict(record) for record in result.epochs], rng=capture_rng(), metric=self.metric,
+            task="link"))
+        self.control.checkpoint_epoch, self.control.writing = epoch, None
+
+
+def train_link(source: LinkInMemorySource, cfg: LinkConfig, *, progress: bool = False,
+               progress_interval: float = DEFAULT_INTERVAL_S, metrics: TrainerMetrics | None = None,
+               log: Callable[[str], None] | None = None, control: StopControl | None = None) -> LinkResult:
+    """Train a link predictor on ``source`` for ``cfg.train.epochs`` epochs (fewer when early stopping fires).
+
+    ``progress``, ``progress_interval``, ``metrics``, ``log`` and ``control`` as ``trainer.loop.train``'s;
+    ``result.model`` is the trained ``LinkModel``.
+    """
+    control = control if control is not None else StopControl()
+    run = _LinkRun(source, cfg, progress, progress_interval, metrics, log if log is not None else log_.info,
+                   control)
+    if cfg.train.resume:
+        run.resume()
+        if run.result.stopped_early:
+            run.log(f"the checkpointed run had stopped early after epoch {run.next_epoch - 1}; nothing to do")
+            run.result.model = run.model
+            return run.result
+    for epoch in range(run.next_epoch, cfg.train.epochs + 1):
+        if control.requested:
+            run.result.stopped_on_request = True
+            break
+        if run.run_epoch(epoch):
+            break
+    run.result.model = run.model
+    return run.result

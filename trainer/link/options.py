@@ -1,0 +1,59 @@
+"""``megabatch train``'s link-prediction flags (``--task``, ``--decoder``, ``--negatives``, ``--disjoint``)
+and the checks of what they may be combined with. Imports no torch: the parser's errors come in a blink."""
+
+import argparse
+from collections.abc import Callable
+from typing import NoReturn
+
+from proto.cli_types import positive_int
+from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
+from trainer.scores import METRIC_CHOICES
+
+__all__ = ["TASKS", "DECODERS", "ALL_METRIC_CHOICES", "add_arguments", "check_arguments", "DAEMON_REFUSAL",
+           "RANKS_REFUSAL"]
+
+TASKS = ("node", "link")
+DECODERS = ("dot", "mlp")
+
+ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name not in METRIC_CHOICES))
+"""What ``--metric`` accepts: the node task's choices, then the link task's that are not among them."""
+
+DAEMON_REFUSAL = "--task link: link prediction runs with --mode inmemory so far"
+RANKS_REFUSAL = "--task link: link prediction runs in one process so far (not with several ranks)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    link = parser.add_argument_group("link prediction (--task link)")
+    link.add_argument("--task", choices=TASKS, default="node",
+                      help="node: node classification on the dataset's labels; link: link prediction on a dataset "
+                           "imported with --task link (--mode inmemory only, so far) (default node)")
+    # None, not the defaults: a node run given one of them is told they are link options
+    link.add_argument("--decoder", choices=DECODERS, default=None,
+                      help="edge decoder: dot product of the two embeddings, or a 2-layer MLP on their Hadamard "
+                           "product (default dot)")
+    link.add_argument("--negatives", type=positive_int, default=None, metavar="K",
+                      help="training negatives per positive, random tails (default 1)")
+    link.add_argument("--disjoint", action="store_true", default=None,
+                      help="drop each training batch's positive edges from its own message passing, so the model "
+                           "cannot read the answer off the graph (default: keep them)")
+
+
+def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """``error`` (the parser's: one line, exit 2) for a combination the task does not take; ``args.mode``
+    must be resolved ("daemon" or "inmemory")."""
+    if args.task == "node":
+        given = [flag for flag, value in (("--decoder", args.decoder), ("--negatives", args.negatives),
+                                          ("--disjoint", args.disjoint)) if value is not None]
+        if given:
+            error(f"{', '.join(given)}: link-prediction options (--task link)")
+        if args.metric not in METRIC_CHOICES:
+            error(f"--metric {args.metric}: a link-prediction metric (--task link); node classification is judged "
+                  f"by {', '.join(METRIC_CHOICES)}")
+        return
+    if args.mode == "daemon":
+        error(DAEMON_REFUSAL)
+    if args.nproc_per_node > 1:
+        error(RANKS_REFUSAL)
+    if args.metric not in LINK_METRIC_CHOICES:
+        error(f"--metric {args.metric}: not a link-prediction metric (--task link is judged by "
+              f"{', '.join(LINK_METRIC_CHOICES)})")

@@ -1,0 +1,71 @@
+"""``megabatch train --task link``: from the parsed flags and the opened dataset to the printed result.
+
+``trainer.cli`` has checked the flags (``trainer.link.options``), opened the dataset and resolved the
+sampler settings; what follows mirrors its node path (metrics port, stop handling, ``--json-out``, the
+final line), with the link source, loop and result.
+"""
+
+import argparse
+import contextlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loader.format.dataset import Dataset
+from proto.errors import UserError
+from trainer.link.options import RANKS_REFUSAL
+from trainer.ranks import Ranks
+
+if TYPE_CHECKING:
+    from trainer.cli import SamplerSettings, _SigtermStop
+
+__all__ = ["run_link"]
+
+log = logging.getLogger("megabatch")
+
+
+def run_link(args: argparse.Namespace, dataset: Dataset, sampler: "SamplerSettings", ranks: Ranks,
+             stop: "_SigtermStop") -> int:
+    """Train, print the epoch lines and the final line, write ``--json-out``; the exit status."""
+    if ranks.distributed:
+        raise UserError(RANKS_REFUSAL)
+    from trainer.cli import PROG, checkpoint_note, write_json
+    from trainer.link.inmemory import LinkInMemorySource
+    from trainer.link.loop import train_link
+    from trainer.link.records import LinkConfig
+    from trainer.metrics import TrainerMetrics
+    from trainer.records import StopControl, TrainConfig
+    from trainer.scrape import linger_after_training, served
+
+    train = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
+                        weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
+                        patience=args.patience, seed=args.seed, device=args.device,
+                        checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
+                        heads=args.heads, max_steps=args.max_steps)
+    cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=args.negatives or 1,
+                     disjoint=bool(args.disjoint), metric=args.metric)
+    source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
+                                disjoint=cfg.disjoint, fanouts=sampler.fanouts, eval_fanouts=sampler.eval_fanouts,
+                                eval_batch_size=sampler.eval_batch_size, seed=sampler.seed)
+    metrics = TrainerMetrics()
+    control = StopControl()
+    stop.attach(control)
+    with contextlib.ExitStack() as exposed:
+        exposed.enter_context(served(metrics, args))
+        log.info("source: %s (%d features, %d hops, %d training positives; %d val and %d test positives with %d "
+                 "negatives each)", source.description, source.num_features, source.num_hops,
+                 source.train_positives, source.held_out["val"].num_positives,
+                 source.held_out["test"].num_positives, source.eval_negatives)
+        result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
+                            metrics=metrics, control=control,
+                            log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+        if args.json_out:
+            write_json(Path(args.json_out), result.to_json())
+        if result.stopped_on_request:
+            print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
+            return 0
+        print(result.summary(), flush=True)
+        log.info("%s", result.finished_line())
+        # a SIGTERM already taken (by the handler that stops training) means: no wait
+        linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
+    return 0
