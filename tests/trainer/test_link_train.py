@@ -12,10 +12,13 @@ import torch
 
 from loader.format.dataset import open_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.sampling.buffer_order import LINK_ORDERS, buffer_plan
+from loader.sampling.link_sampling import link_batch_plan, sample_link_batch
 from tests.graphs import link_input_graph, link_raw
 from trainer.cli import main
 from trainer.link.inmemory import LinkInMemorySource
 from trainer.link.model import LinkModel
+from trainer.link.options import LINK_ORDERS as FLAG_ORDERS
 from trainer.link.ranking import LINK_METRICS
 
 NODES = 300
@@ -157,6 +160,19 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
     (["--mode", "inmemory", "--dataset", "x", "--decoder", "mlp", "--disjoint"],
      "--decoder, --disjoint: link-prediction options (--task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--negatives", "0"], "must be positive"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet"],
+     "--link-order comet needs --buffer-partitions C"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--buffer-partitions", "4"],
+     "--buffer-partitions: buffer options (--link-order comet or beta)"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "shuffled", "--logical-partitions",
+      "4"], "--logical-partitions: buffer options"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "beta", "--buffer-partitions", "4",
+      "--logical-partitions", "4"], "--logical-partitions: BETA swaps physical partitions"),
+    (["--mode", "inmemory", "--dataset", "x", "--link-order", "beta", "--buffer-partitions", "4"],
+     "--link-order, --buffer-partitions: link-prediction options (--task link)"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "marius"], "invalid choice"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet", "--buffer-partitions", "0"],
+     "--buffer-partitions"),
 ])
 def test_bad_link_arguments_are_one_line(capsys, args, fragment):
     with pytest.raises(SystemExit) as exited:
@@ -247,3 +263,76 @@ def test_max_steps_and_a_stop_request_cut_the_run_without_evaluating(link_datase
     stopped = train_link(source, LinkConfig(TrainConfig(hidden=8, epochs=2, device="cpu")),
                          control=StopControl(requested=True))
     assert stopped.stopped_on_request and stopped.epochs == [] and stopped.best_epoch is None
+
+
+# ---- partition buffer orders (--link-order comet|beta) ----
+
+@pytest.mark.parametrize("order", ["comet", "beta"])
+def test_buffer_orders_run_and_record_their_plan(link_dataset, tmp_path, capsys, order):
+    out = tmp_path / "r.json"
+    code, lines, err = in_process(capsys, *link_args(link_dataset, "--epochs", 2, "--link-order", order,
+                                                     "--buffer-partitions", 2, "--json-out", out))
+    assert code == 0 and not err and lines[-1].startswith("best val mrr "), (lines, err)
+    result = json.loads(out.read_text())
+    link = open_dataset(link_dataset).manifest.link
+    assert result["config"]["link_order"] == order and result["config"]["buffer_partitions"] == 2
+    assert result["config"]["logical_partitions"] is None
+    # 4 partitions, 2 resident: COMET's default groups them into 4 logical ones of 1, 2 at a time
+    assert result["buffer"] == {"order": order, "capacity": 2, "physical_partitions": 4, "logical_partitions": 4,
+                                "logical_capacity": 2}
+    for record in result["epochs"]:
+        plan = buffer_plan(order, 4, 2, None, 0, record["epoch"])  # the sampler seed is 0 by default
+        assert (record["buffer_states"], record["partition_loads"]) == (plan.num_states, plan.io_partitions)
+        assert record["samples"] == link.train  # every training positive once an epoch
+
+
+@pytest.mark.parametrize("order", ["comet", "beta"])
+def test_buffer_batches_cover_the_edges_and_stay_in_the_buffer(link_dataset, order):
+    dataset = open_dataset(link_dataset)
+    source = LinkInMemorySource(dataset, batch_size=50, negatives=2, fanouts=(3, 2), seed=3, link_order=order,
+                                buffer_partitions=2, disjoint=True)
+    train = dataset.read("train_edges", np.int64, 2)
+    for epoch in (1, 2):
+        states = source.buffer_epoch(epoch).states
+        state_of_batch = [state for state in states for _ in range(state.num_batches)]
+        batches = list(source.train_batches(epoch))
+        assert len(batches) == len(state_of_batch) == source.batches_per_epoch(epoch)
+        pairs: Counter[tuple[int, int]] = Counter()
+        for batch, state in zip(batches, state_of_batch):
+            resident = set(state.resident_nodes().tolist())
+            ids = batch.graph.n_id.numpy()
+            # positives, negatives and every sampled neighbour are nodes of the buffer
+            assert set(ids.tolist()) <= resident
+            labelled = ids[batch.edge_label_index.numpy()]
+            pairs.update(zip(labelled[0, :batch.positives].tolist(), labelled[1, :batch.positives].tolist()))
+            np.testing.assert_array_equal(batch.graph.x.numpy(), source.data.features[ids])
+        assert pairs == Counter(zip(train[0].tolist(), train[1].tolist()))
+
+
+def test_the_shuffled_order_is_the_loaders_plan_over_the_whole_graph(link_dataset):
+    """--link-order shuffled (the default) samples link_batch_plan's batches on the full graph, as before."""
+    dataset = open_dataset(link_dataset)
+    source = LinkInMemorySource(dataset, batch_size=64, negatives=2, fanouts=(3, 2), seed=1, link_order="shuffled")
+    assert source.buffer is None and source.batches_per_epoch(1) == -(-source.train_positives // 64)
+    plan = link_batch_plan(source.train_positives, 64, 1, 2)
+    for b, batch in enumerate(source.train_batches(2)):
+        positions, key = plan.batch(b)
+        expected = sample_link_batch(source.data.graph, source.train_edges[0, positions],
+                                     source.train_edges[1, positions], source.num_nodes, (3, 2), key,
+                                     negatives_per_positive=2)
+        np.testing.assert_array_equal(batch.graph.n_id.numpy(), expected.nodes)
+        np.testing.assert_array_equal(batch.graph.edge_index.numpy(), expected.edge_index)
+        np.testing.assert_array_equal(batch.edge_label_index.numpy(), expected.edge_label_index)
+    assert LINK_ORDERS == FLAG_ORDERS  # the parser spells them out to stay clear of the loader's imports
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (("--link-order", "comet", "--buffer-partitions", 4), "--buffer-partitions 4: a buffer must hold at least 2 and "
+                                                          "fewer than the dataset's 4 partitions"),
+    (("--link-order", "beta", "--buffer-partitions", 1), "--buffer-partitions 1: a buffer must hold at least 2"),
+    (("--link-order", "comet", "--buffer-partitions", 2, "--logical-partitions", 2),
+     "--logical-partitions 2: l=2 logical partitions of up to 2 physical ones"),
+])
+def test_a_buffer_the_dataset_cannot_take_is_one_line(link_dataset, capsys, extra, fragment):
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--epochs", 1, *extra))
+    assert code == 1 and len(err) == 1 and fragment in err[0], err

@@ -1,10 +1,18 @@
 """Link-prediction batches from a prepared link dataset held in memory: the in-memory reference path.
 
-Training: epoch e's batches are ``link_batch_plan(E_train, batch_size, seed, e)`` over the positions
-of ``train_edges.npy``, each sampled by ``sample_link_batch`` over the whole graph (the loader's
-in-memory ``CSCGraph``, as ``--mode inmemory`` builds it for node tasks), negatives drawn uniformly
-over every node. Features come from ``features.bin`` as the node task's in-memory source reads them
-(``load_in_memory``: one checked sequential read per partition).
+Training (``--link-order shuffled``, the default): epoch e's batches are ``link_batch_plan(E_train,
+batch_size, seed, e)`` over the positions of ``train_edges.npy``, each sampled by ``sample_link_batch``
+over the whole graph (the loader's in-memory ``CSCGraph``, as ``--mode inmemory`` builds it for node
+tasks), negatives drawn uniformly over every node. Features come from ``features.bin`` as the node
+task's in-memory source reads them (``load_in_memory``: one checked sequential read per partition).
+
+``--link-order comet|beta`` (with ``--buffer-partitions C``, ``--logical-partitions L`` for COMET)
+trains in MariusGNN's partition buffer order, in memory, to measure what the order costs before a
+daemon serves it: epoch e follows ``buffer_epoch(buffer_plan(order, P, C, L, seed, e), ...)``
+(``loader/sampling/buffer_order.py``), state by state, and a state's batches see only the buffer, as
+they would out of core: negatives drawn from the resident partitions' nodes and neighbours sampled
+on the subgraph they induce (``induced_by_ranges``, built once per state). Evaluation still samples
+the whole graph, as MariusGNN evaluates.
 
 Evaluation of a split embeds the nodes its scores need, the union of the held-out sources, targets
 and negative tails, in sorted order, with node batches of ``eval_batch_size`` sampled with
@@ -17,18 +25,35 @@ and test alike.
 
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
 from loader.format.dataset import Dataset
+from loader.sampling.buffer_order import (
+    LINK_ORDERS,
+    BufferEpoch,
+    LinkOrder,
+    buffer_epoch,
+    buffer_plan,
+    resolved_logical,
+)
+from loader.sampling.comet import logical_capacity
+from loader.sampling.induced import induced_by_ranges, local_in_ranges
 from loader.sampling.inmemory import InMemoryGraph, eval_split_batches, load_in_memory, num_batches
-from loader.sampling.link_sampling import STREAM_LINK_TEST, STREAM_LINK_VAL, link_batch_plan, sample_link_batch
+from loader.sampling.link_sampling import (
+    STREAM_LINK_TEST,
+    STREAM_LINK_VAL,
+    SampledLinkBatch,
+    link_batch_plan,
+    sample_link_batch,
+)
 from loader.sampling.sampling import sample_pass
 from proto.errors import UserError
 from trainer.inmemory_source import checked_fanouts
 
-__all__ = ["NodeBatch", "LinkBatch", "HeldOut", "LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
+__all__ = ["NodeBatch", "LinkBatch", "HeldOut", "BufferSettings", "LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
 EVAL_CHUNK_BATCHES = 64
 """Evaluation batches sampled per ``sample_pass`` call: bounds the sampled-but-unconsumed memory."""
@@ -96,19 +121,39 @@ class HeldOut:
         return int(self.src.shape[0])
 
 
+@dataclass(frozen=True)
+class BufferSettings:
+    """A buffer order as a run resolved it: order ("comet" or "beta"), capacity C and the dataset's P (physical
+    partitions), logical_partitions l (COMET: the given or MariusGNN's default; BETA: P, each its own) and
+    logical_capacity c_l (logical partitions resident at once; BETA: C)."""
+
+    order: str
+    capacity: int
+    physical_partitions: int
+    logical_partitions: int
+    logical_capacity: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"order": self.order, "capacity": self.capacity, "physical_partitions": self.physical_partitions,
+                "logical_partitions": self.logical_partitions, "logical_capacity": self.logical_capacity}
+
+
 class LinkInMemorySource:
     """The batches of a link-prediction run over ``dataset`` (a prepared dataset whose task is ``link``).
 
     batch_size: training positives per batch; negatives: training negatives per positive (k >= 1);
     disjoint: drop each batch's positive edges from its own message passing (``sample_link_batch``);
     fanouts, eval_fanouts (default: ``fanouts``), eval_batch_size (nodes per evaluation batch), seed:
-    as the node task's in-memory source. A dataset that is not a link dataset, or whose link files do
-    not fit its manifest, is a UserError.
+    as the node task's in-memory source; link_order: "shuffled" or a buffer order ("comet", "beta"), which
+    needs buffer_partitions C (2 <= C < the dataset's partitions) and, for COMET, takes logical_partitions
+    (None: MariusGNN's default). A dataset that is not a link dataset, or whose link files do not fit its
+    manifest, and a buffer the dataset's partitions do not allow, are UserErrors.
     """
 
     def __init__(self, dataset: Dataset, *, batch_size: int = 1024, negatives: int = 1, disjoint: bool = False,
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
-                 eval_batch_size: int = 1024, seed: int = 0) -> None:
+                 eval_batch_size: int = 1024, seed: int = 0, link_order: str = "shuffled",
+                 buffer_partitions: int | None = None, logical_partitions: int | None = None) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("negatives", negatives)):
             if value <= 0:
@@ -124,6 +169,9 @@ class LinkInMemorySource:
         if len(self.eval_fanouts) != len(self.fanouts):
             raise UserError(f"eval_fanouts {list(self.eval_fanouts)} needs one entry per hop "
                             f"({len(self.fanouts)}, as fanouts {list(self.fanouts)})")
+        # before the dataset is read: a buffer it cannot take is refused at once
+        self.buffer = self._buffer_settings(dataset, link_order, buffer_partitions, logical_partitions)
+        self.link_order = cast(LinkOrder, link_order)  # one of LINK_ORDERS: _buffer_settings refuses the others
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.negatives, self.disjoint = negatives, disjoint
         self.data: InMemoryGraph = load_in_memory(dataset)
@@ -140,7 +188,41 @@ class LinkInMemorySource:
         self.num_features = self.data.feat_dim
         self.num_hops = len(self.fanouts)
         self.eval_negatives = link.eval_negatives
-        self.description = f"inmemory {dataset.path} (link)"
+        self._epoch: BufferEpoch | None = None  # the last epoch's order: the loop asks for its plan after it
+        if self.buffer is not None:
+            self.partitions = dataset.partitions()
+            self.edge_buckets = dataset.read("edge_buckets", np.int64, 1)
+            expected = (self.buffer.physical_partitions ** 2 + 1,)
+            if self.edge_buckets.shape != expected or self.edge_buckets[-1] != link.train:
+                raise UserError(f"{dataset.file('edge_buckets')}: shape {self.edge_buckets.shape}, expected "
+                                f"{expected} offsets ending at the {link.train} training positives")
+        order = "" if self.buffer is None else f", {link_order} order"
+        self.description = f"inmemory {dataset.path} (link{order})"
+
+    @staticmethod
+    def _buffer_settings(dataset: Dataset, order: str, capacity: int | None, logical: int | None
+                         ) -> BufferSettings | None:
+        """The resolved buffer of a buffer order (None for "shuffled"); UserError for one the dataset cannot take."""
+        if order not in LINK_ORDERS:
+            raise UserError(f"link order must be one of {', '.join(LINK_ORDERS)}, got {order!r}")
+        if order == "shuffled":
+            if capacity is not None or logical is not None:
+                raise UserError("--buffer-partitions, --logical-partitions: only with --link-order comet or beta")
+            return None
+        if capacity is None:
+            raise UserError(f"--link-order {order} needs --buffer-partitions C (the partitions resident at once)")
+        if order == "beta" and logical is not None:
+            raise UserError("--logical-partitions: BETA swaps physical partitions (--link-order comet takes it)")
+        p = dataset.manifest.num_partitions
+        if not 2 <= capacity < p:
+            raise UserError(f"--buffer-partitions {capacity}: a buffer must hold at least 2 and fewer than the "
+                            f"dataset's {p} partitions (prepare --partitions sets them)")
+        try:
+            resolved = resolved_logical(cast(LinkOrder, order), p, capacity, logical)
+            held = capacity if order == "beta" else logical_capacity(p, capacity, resolved)
+        except ValueError as err:
+            raise UserError(f"--logical-partitions {logical}: {err}") from None
+        return BufferSettings(order, capacity, p, resolved, held)
 
     def _read(self, dataset: Dataset, name: str, shape: tuple[int, int]) -> np.ndarray:
         array = dataset.read(name, np.int64, 2)
@@ -154,22 +236,63 @@ class LinkInMemorySource:
     def train_positives(self) -> int:
         return int(self.train_edges.shape[1])
 
-    def batches_per_epoch(self) -> int:
-        return num_batches(self.train_positives, self.batch_size)
+    def batches_per_epoch(self, epoch: int) -> int:
+        """Training batches of ``epoch``: a buffer order cuts each state's edges on their own, so it may have more."""
+        if self.buffer is None:
+            return num_batches(self.train_positives, self.batch_size)
+        return self.buffer_epoch(epoch).num_batches
+
+    def buffer_epoch(self, epoch: int) -> BufferEpoch:
+        """Epoch ``epoch`` in the buffer order (the last one asked for is kept: the loop asks again after it)."""
+        if self.buffer is None:
+            raise ValueError("a shuffled run has no buffer order")
+        if self._epoch is None or self._epoch.plan.epoch != epoch:
+            plan = buffer_plan(self.link_order, self.buffer.physical_partitions, self.buffer.capacity,
+                               None if self.link_order == "beta" else self.buffer.logical_partitions, self.seed,
+                               epoch)
+            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size)
+        return self._epoch
 
     def train_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
         """Epoch ``epoch``'s training batches (the same epoch gives the same batches)."""
+        if self.buffer is not None:
+            yield from self._buffer_batches(epoch)
+            return
         plan = link_batch_plan(self.train_positives, self.batch_size, self.seed, epoch)
         for b in range(plan.num_batches):
             positions, key = plan.batch(b)
             sampled = sample_link_batch(self.data.graph, self.train_edges[0, positions],
                                         self.train_edges[1, positions], self.num_nodes, self.fanouts, key,
                                         negatives_per_positive=self.negatives, disjoint=self.disjoint)
-            graph = NodeBatch(self._rows(sampled.local_nodes), torch.from_numpy(sampled.edge_index),
-                              [int(v) for v in sampled.num_sampled_nodes], [int(v) for v in sampled.num_sampled_edges],
-                              torch.from_numpy(sampled.nodes))
-            yield LinkBatch(graph, torch.from_numpy(sampled.edge_label_index), torch.from_numpy(sampled.edge_label),
-                            len(positions))
+            yield self._link_batch(sampled, len(positions))
+
+    def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
+        """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer."""
+        order = self.buffer_epoch(epoch)
+        for state in order.states:
+            if not state.num_batches:  # a state that trains nothing builds no subgraph
+                continue
+            graph = induced_by_ranges(self.data.graph, state.node_begin, state.node_end)
+            # every node of the buffer, once: the negatives a state may draw (local ids are 0..M-1 by construction)
+            pool = np.arange(graph.num_nodes, dtype=np.int64)
+            src = local_in_ranges(self.train_edges[0, state.order], state.node_begin, state.node_end)
+            dst = local_in_ranges(self.train_edges[1, state.order], state.node_begin, state.node_end)
+            first = int(order.state_batches[state.index])
+            for k in range(state.num_batches):
+                begin, end = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
+                _, key = order.batches.batch(first + k)
+                sampled = sample_link_batch(graph, src[begin:end], dst[begin:end], graph.num_nodes, self.fanouts,
+                                            key, negatives_per_positive=self.negatives, negative_pool=pool,
+                                            disjoint=self.disjoint)
+                yield self._link_batch(sampled, end - begin)
+
+    def _link_batch(self, sampled: SampledLinkBatch, positives: int) -> LinkBatch:
+        # rows by dataset id (``nodes``): in a buffer's subgraph the sampler's local ids are not the dataset's
+        graph = NodeBatch(self._rows(sampled.nodes), torch.from_numpy(sampled.edge_index),
+                          [int(v) for v in sampled.num_sampled_nodes], [int(v) for v in sampled.num_sampled_edges],
+                          torch.from_numpy(sampled.nodes))
+        return LinkBatch(graph, torch.from_numpy(sampled.edge_label_index), torch.from_numpy(sampled.edge_label),
+                         positives)
 
     def eval_batches(self, split: str) -> Iterator[NodeBatch]:
         """Node batches over ``held_out[split].nodes`` in order: batch b's seeds are its nodes

@@ -77,7 +77,8 @@ class _LinkRun:
                                           "decoder": cfg.decoder}
         if train.model == "gat":
             self.signature["heads"] = train.heads
-        self.result = LinkResult(cfg, str(self.device), source.description)
+        self.result = LinkResult(cfg, str(self.device), source.description,
+                                 buffer=None if source.buffer is None else source.buffer.to_json())
         if cfg.metric == "auto":
             self.set_metric(DEFAULT_LINK_METRIC, "auto: link prediction, each held-out positive ranked against its "
                                                  "own negatives")
@@ -130,7 +131,7 @@ class _LinkRun:
         total_loss, pairs, positives, batches = 0.0, 0, 0, 0
         wait_s = step_s = 0.0
         started = time.perf_counter()
-        total = self.source.batches_per_epoch()
+        total = self.source.batches_per_epoch(epoch)
         with (EpochProgress(epoch, self.cfg.train.epochs, enabled=self.progress,
                             interval_s=self.progress_interval) as bar,
               contextlib.closing(self.source.train_batches(epoch)) as stream):
@@ -167,9 +168,13 @@ class _LinkRun:
                     break
         train_s = time.perf_counter() - started
         busy = wait_s + step_s
-        return LinkEpochRecord(epoch=epoch, loss=total_loss / max(1, pairs), batches=batches, samples=positives,
-                               samples_per_s=positives / train_s if train_s > 0 else 0.0, wait_s=wait_s,
-                               step_s=step_s, data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s)
+        record = LinkEpochRecord(epoch=epoch, loss=total_loss / max(1, pairs), batches=batches, samples=positives,
+                                 samples_per_s=positives / train_s if train_s > 0 else 0.0, wait_s=wait_s,
+                                 step_s=step_s, data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s)
+        if self.source.buffer is not None:  # what the epoch's buffer plan would read out of core
+            plan = self.source.buffer_epoch(epoch).plan
+            record.buffer_states, record.partition_loads = plan.num_states, plan.io_partitions
+        return record
 
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:

@@ -1,5 +1,8 @@
-"""``megabatch train``'s link-prediction flags (``--task``, ``--decoder``, ``--negatives``, ``--disjoint``)
-and the checks of what they may be combined with. Imports no torch: the parser's errors come in a blink."""
+"""``megabatch train``'s link-prediction flags (``--task``, ``--decoder``, ``--negatives``, ``--disjoint``, and the
+training order: ``--link-order shuffled|comet|beta`` with ``--buffer-partitions C`` and ``--logical-partitions L``)
+and the checks of what they may be combined with. Imports no torch (nor the loader, whose numba kernels take
+a while to load): the parser's errors come in a blink. That a buffer fits the dataset's partitions is
+checked once the dataset is open (``trainer.link.inmemory``)."""
 
 import argparse
 from collections.abc import Callable
@@ -9,11 +12,13 @@ from proto.cli_types import positive_int
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
-__all__ = ["TASKS", "DECODERS", "ALL_METRIC_CHOICES", "add_arguments", "check_arguments", "DAEMON_REFUSAL",
-           "RANKS_REFUSAL"]
+__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "add_arguments", "check_arguments",
+           "DAEMON_REFUSAL", "RANKS_REFUSAL"]
 
 TASKS = ("node", "link")
 DECODERS = ("dot", "mlp")
+LINK_ORDERS = ("shuffled", "comet", "beta")
+"""``--link-order``: ``loader.sampling.buffer_order.LINK_ORDERS``, spelled out so that the parser imports no loader."""
 
 ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name not in METRIC_CHOICES))
 """What ``--metric`` accepts: the node task's choices, then the link task's that are not among them."""
@@ -36,6 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     link.add_argument("--disjoint", action="store_true", default=None,
                       help="drop each training batch's positive edges from its own message passing, so the model "
                            "cannot read the answer off the graph (default: keep them)")
+    link.add_argument("--link-order", choices=LINK_ORDERS, default=None,
+                      help="training edge order: shuffled over the whole graph, or MariusGNN's partition buffer "
+                           "orders comet and beta, where each buffer state trains its edge buckets with negatives "
+                           "and neighbours from the resident partitions only (in memory; default shuffled)")
+    link.add_argument("--buffer-partitions", type=positive_int, default=None, metavar="C",
+                      help="--link-order comet|beta: partitions resident at once (2 <= C < the dataset's partitions)")
+    link.add_argument("--logical-partitions", type=positive_int, default=None, metavar="L",
+                      help="--link-order comet: logical partitions the physical ones are grouped into each epoch "
+                           "(default MariusGNN's 2P/C, rounded so that two fit the buffer)")
 
 
 def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
@@ -43,7 +57,9 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
     must be resolved ("daemon" or "inmemory")."""
     if args.task == "node":
         given = [flag for flag, value in (("--decoder", args.decoder), ("--negatives", args.negatives),
-                                          ("--disjoint", args.disjoint)) if value is not None]
+                                          ("--disjoint", args.disjoint), ("--link-order", args.link_order),
+                                          ("--buffer-partitions", args.buffer_partitions),
+                                          ("--logical-partitions", args.logical_partitions)) if value is not None]
         if given:
             error(f"{', '.join(given)}: link-prediction options (--task link)")
         if args.metric not in METRIC_CHOICES:
@@ -57,3 +73,13 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
     if args.metric not in LINK_METRIC_CHOICES:
         error(f"--metric {args.metric}: not a link-prediction metric (--task link is judged by "
               f"{', '.join(LINK_METRIC_CHOICES)})")
+    order = args.link_order or "shuffled"
+    if order == "shuffled":
+        given = [flag for flag, value in (("--buffer-partitions", args.buffer_partitions),
+                                          ("--logical-partitions", args.logical_partitions)) if value is not None]
+        if given:
+            error(f"{', '.join(given)}: buffer options (--link-order comet or beta)")
+    elif args.buffer_partitions is None:
+        error(f"--link-order {order} needs --buffer-partitions C (the partitions resident at once)")
+    elif order == "beta" and args.logical_partitions is not None:
+        error("--logical-partitions: BETA swaps physical partitions (--link-order comet takes it)")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from proto.errors import UserError
-from trainer.link.options import DECODERS
+from trainer.link.options import DECODERS, LINK_ORDERS
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.records import TrainConfig
 
@@ -28,27 +28,35 @@ class LinkConfig:
     """A link-prediction run: ``train`` the options it shares with node runs (model, hidden, dropout, lr,
     weight_decay, epochs, eval_every, patience, seed, device, checkpoint, resume, heads, max_steps; its
     ``metric`` is not read), decoder ("dot", the default, or "mlp"), negatives (training negatives per
-    positive, default 1), disjoint (drop a batch's positive edges from its message passing, default False)
-    and metric (a ``LINK_METRIC_CHOICES`` name; "auto", the default, is mrr)."""
+    positive, default 1), disjoint (drop a batch's positive edges from its message passing, default False),
+    metric (a ``LINK_METRIC_CHOICES`` name; "auto", the default, is mrr) and the training order: link_order
+    ("shuffled", the default, or the buffer orders "comet" and "beta"), buffer_partitions and
+    logical_partitions as given (None: not given; the source checks them against the dataset)."""
 
     train: TrainConfig
     decoder: str = "dot"
     negatives: int = 1
     disjoint: bool = False
     metric: str = "auto"
+    link_order: str = "shuffled"
+    buffer_partitions: int | None = None
+    logical_partitions: int | None = None
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
             raise UserError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.negatives < 1:
             raise UserError(f"negatives must be positive, got {self.negatives}")
+        if self.link_order not in LINK_ORDERS:
+            raise UserError(f"link order must be one of {', '.join(LINK_ORDERS)}, got {self.link_order!r}")
         if self.metric not in LINK_METRIC_CHOICES:
             raise UserError(f"a link-prediction metric must be one of {', '.join(LINK_METRIC_CHOICES)}, "
                             f"got {self.metric!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {**self.train.to_json(), "task": "link", "decoder": self.decoder, "negatives": self.negatives,
-                "disjoint": self.disjoint, "metric": self.metric}
+                "disjoint": self.disjoint, "metric": self.metric, "link_order": self.link_order,
+                "buffer_partitions": self.buffer_partitions, "logical_partitions": self.logical_partitions}
 
 
 def _json_float(value: float | None) -> float | None:
@@ -65,8 +73,10 @@ class LinkEpochRecord:
     """What one epoch did. loss: mean BCE over the epoch's supervision pairs; samples: positives trained
     on; val: every ``LINK_METRICS`` score of the validation split (None without evaluation); test: the
     test split's, evaluated only where val improved on the best so far (None elsewhere: the test score
-    reported is the best val epoch's); val_score, test_score: by the run's metric. Timings as
-    ``trainer.records.EpochRecord``'s."""
+    reported is the best val epoch's); val_score, test_score: by the run's metric; buffer_states,
+    partition_loads: in a buffer order (``--link-order comet|beta``; None when shuffled), the epoch plan's
+    states and the physical partitions it reads (``BufferPlan.io_partitions``: the first state whole, then
+    each swap's). Timings as ``trainer.records.EpochRecord``'s."""
 
     epoch: int
     loss: float
@@ -82,6 +92,8 @@ class LinkEpochRecord:
     test: dict[str, float] | None = None
     val_score: float | None = None
     test_score: float | None = None
+    buffer_states: int | None = None
+    partition_loads: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         values = asdict(self)
@@ -111,6 +123,8 @@ class LinkResult:
     stopped_at_max_steps: bool = False
     stopped_on_request: bool = False
     resumed_from_epoch: int | None = None
+    buffer: dict[str, object] | None = None
+    """A buffer order's settings as resolved (``BufferSettings.to_json``); None when shuffled."""
     model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
 
@@ -122,7 +136,8 @@ class LinkResult:
                 "test_score_at_best": _json_float(self.test_score_at_best),
                 "best_val": _json_scores(self.best_val), "test_at_best": _json_scores(self.test_at_best),
                 "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
-                "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch}
+                "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch,
+                "buffer": self.buffer}
 
     def summary(self) -> str:
         """The final line: ``best val mrr 0.4123 at epoch 12: test mrr 0.4011 hits@1 0.2500 hits@10 0.8000

@@ -43,10 +43,13 @@ def run_link(args: argparse.Namespace, dataset: Dataset, sampler: "SamplerSettin
                         checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
                         heads=args.heads, max_steps=args.max_steps)
     cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=args.negatives or 1,
-                     disjoint=bool(args.disjoint), metric=args.metric)
+                     disjoint=bool(args.disjoint), metric=args.metric, link_order=args.link_order or "shuffled",
+                     buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions)
     source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
                                 disjoint=cfg.disjoint, fanouts=sampler.fanouts, eval_fanouts=sampler.eval_fanouts,
-                                eval_batch_size=sampler.eval_batch_size, seed=sampler.seed)
+                                eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
+                                link_order=cfg.link_order,
+                                buffer_partitions=cfg.buffer_partitions, logical_partitions=cfg.logical_partitions)
     metrics = TrainerMetrics()
     control = StopControl()
     stop.attach(control)

@@ -1,0 +1,327 @@
+"""Link prediction in MariusGNN's partition buffer orders vs a shuffled epoch, in memory (issue 31).
+
+Before any daemon mode serves link prediction out of core, this measures what the order alone costs:
+``--link-order comet`` and ``beta`` train each edge bucket while its two partitions are in a buffer of
+C of the P partitions, with negatives and neighbours from the buffer only (trainer/link/inmemory.py),
+against ``shuffled``, every training edge in one random order over the whole graph. Evaluation is the
+same for all three (the full graph, each held-out positive ranked among its fixed negative tails).
+
+Every shared graph (../shared/data, default cora-planetoid, citeseer-planetoid, amazon-photo) is
+imported once per ``--work`` directory with ``import --task link`` (0.85/0.05/0.10 split by pair,
+seed 0, 100 negatives per held-out positive) and prepared with METIS into ``--partitions`` P (32).
+Then per seed S (model seed = sampler seed) and order, GraphSAGE (hidden 128, MLP decoder, batch 256,
+fanouts 10,5, one training negative per positive) trains for up to ``--max-epochs`` (100) epochs with
+early stopping on validation MRR (``--patience`` 10):
+
+    python -m trainer --mode inmemory --dataset DS --task link --model sage --hidden 128 --decoder mlp
+        --batch-size 256 --fanouts 10,5 --sampler-seed S --seed S --epochs MAX --patience PAT
+        --json-out OUT --no-progress -q [--link-order comet|beta --buffer-partitions C]
+
+with C = ``--buffer-partitions`` (default P/4) and COMET's logical partitions MariusGNN's default
+(``--logical-partitions`` passes its own).
+
+Reported per graph (bench/results/link-<graphs>[-tag].{md,json}): per order the test MRR, Hits@10 and
+ROC AUC at the best validation epoch (mean of the seeds, then each seed), the MRR's difference to
+shuffled in points, the best epoch, the epochs to accuracy (the first epoch whose validation MRR reaches
+shuffled's mean best validation MRR minus 1 point, mean over the seeds that reach it, "never" if none),
+the buffer states and the partitions an epoch reads (``BufferPlan.io_partitions``: what the order would
+cost out of core; shuffled reads the whole graph and has no plan), and seconds of training per epoch.
+
+Usage (cora takes minutes per run on 2 cores, amazon-photo far longer; keep --work to rerun without
+importing and preparing, and --reuse to resume):
+
+    .venv/bin/python bench/link_bench.py [--work /var/tmp/mb-link]
+    .venv/bin/python bench/link_bench.py --datasets cora-planetoid --seeds 0 --max-epochs 2 --tag smoke
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from bench.harness import RESULTS, ROOT, machine_description, sh
+
+__all__ = ["DATASETS", "ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem", "train_command", "read_run",
+           "summarize", "dataset_markdown", "main"]
+
+PY = sys.executable
+SHARED = ROOT.parent / "shared" / "data"
+DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
+ORDERS = ("shuffled", "comet", "beta")
+TARGET_GAP = 0.01
+"""Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
+
+
+@dataclass(frozen=True)
+class LinkRun:
+    """One training run, from its ``--json-out``: validation MRR per evaluated epoch and the scores at the best."""
+
+    order: str
+    seed: int
+    val_mrr: list[tuple[int, float]]
+    """(epoch, validation MRR) of every evaluated epoch with a defined MRR."""
+    best_epoch: int
+    best_val_mrr: float
+    test: dict[str, float]
+    """Every test score at the best validation epoch (mrr, hits@10, roc_auc, ...)."""
+    epochs_run: int
+    states: list[int]
+    """Buffer states per epoch (empty for shuffled)."""
+    loads: list[int]
+    """Physical partitions read per epoch (empty for shuffled)."""
+    train_s: float
+    """Seconds of training per epoch, mean."""
+
+    def epochs_to(self, target: float) -> int | None:
+        """The first epoch whose validation MRR reaches ``target``, None if none does."""
+        return next((epoch for epoch, mrr in self.val_mrr if mrr >= target), None)
+
+
+@dataclass(frozen=True)
+class OrderSummary:
+    """One order's runs on one graph, in the report's terms (per-epoch figures: means over every epoch of every
+    seed; None where there is nothing to average: shuffled has no buffer states)."""
+
+    order: str
+    seeds: list[int]
+    mrr: list[float]
+    hits10: list[float]
+    auc: list[float]
+    best_epoch: list[int]
+    epochs_run: list[int]
+    epochs_to_target: list[int | None]
+    states_per_epoch: float | None
+    loads_per_epoch: float | None
+    train_s_per_epoch: float | None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated shared graphs")
+    parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated subset of {','.join(ORDERS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--partitions", type=int, default=32, help="prepare --partitions P (default 32)")
+    parser.add_argument("--buffer-partitions", type=int, default=None, help="C (default P/4)")
+    parser.add_argument("--logical-partitions", type=int, default=None, help="COMET's L (default MariusGNN's)")
+    parser.add_argument("--max-epochs", type=int, default=100)
+    parser.add_argument("--patience", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--fanouts", default="10,5")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--reuse", action="store_true", help="read runs whose result is already in --work")
+    parser.add_argument("--tag", default="", help="appended to the result files' names")
+    parser.add_argument("--work", type=Path, help="datasets, runs and logs (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    args.datasets = args.datasets.split(",")
+    args.orders = args.orders.split(",")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    unknown = sorted(set(args.orders) - set(ORDERS))
+    if unknown:
+        parser.error(f"--orders: unknown {', '.join(unknown)} (choose from {', '.join(ORDERS)})")
+    if args.buffer_partitions is None:
+        args.buffer_partitions = max(2, args.partitions // 4)
+    if not 2 <= args.buffer_partitions < args.partitions:
+        parser.error(f"--buffer-partitions {args.buffer_partitions}: need 2 <= C < --partitions {args.partitions}")
+    return args
+
+
+def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
+    """A run's file names: they name what the run depends on, so --reuse never takes another setting's run."""
+    buffer = "" if order == "shuffled" else f"-c{args.buffer_partitions}"
+    if order == "comet" and args.logical_partitions is not None:
+        buffer += f"-l{args.logical_partitions}"
+    return f"{name}-p{args.partitions}-{order}{buffer}-b{args.batch_size}-seed{seed}"
+
+
+def train_command(dataset: Path, order: str, seed: int, out: Path, args: argparse.Namespace) -> list[str]:
+    command = [PY, "-m", "trainer", "--mode", "inmemory", "--dataset", str(dataset), "--task", "link", "--model",
+               "sage", "--hidden", "128", "--decoder", "mlp", "--batch-size", str(args.batch_size), "--fanouts",
+               args.fanouts, "--sampler-seed", str(seed), "--seed", str(seed), "--epochs", str(args.max_epochs),
+               "--patience", str(args.patience), "--device", args.device, "--json-out", str(out), "--no-progress",
+               "-q"]
+    if order != "shuffled":
+        command += ["--link-order", order, "--buffer-partitions", str(args.buffer_partitions)]
+        if order == "comet" and args.logical_partitions is not None:
+            command += ["--logical-partitions", str(args.logical_partitions)]
+    return command
+
+
+def read_run(order: str, seed: int, data: dict) -> LinkRun:
+    """A ``LinkRun`` from a trainer's ``--json-out`` (parsed)."""
+    epochs = data["epochs"]
+    val = [(int(e["epoch"]), float(e["val"]["mrr"])) for e in epochs
+           if e.get("val") is not None and e["val"].get("mrr") is not None]
+    if data.get("best_epoch") is None or data.get("test_at_best") is None:
+        raise ValueError("no evaluated epoch with a defined validation MRR")
+    return LinkRun(order, seed, val, int(data["best_epoch"]), float(data["best_val"]["mrr"]),
+                   {k: float("nan") if v is None else float(v) for k, v in data["test_at_best"].items()},
+                   len(epochs), [int(e["buffer_states"]) for e in epochs if e.get("buffer_states") is not None],
+                   [int(e["partition_loads"]) for e in epochs if e.get("partition_loads") is not None],
+                   _mean([float(e["train_s"]) for e in epochs]))
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _defined(value: float) -> float | None:
+    """A mean of nothing (NaN) as None, "-" in the table and null in the JSON."""
+    return None if math.isnan(value) else value
+
+
+def summarize(runs: dict[str, list[LinkRun]]) -> tuple[float | None, list[OrderSummary]]:
+    """(the target validation MRR, one summary per order in ``runs``' order); no target without shuffled runs."""
+    shuffled = runs.get("shuffled", [])
+    target = _mean([r.best_val_mrr for r in shuffled]) - TARGET_GAP if shuffled else None
+    summaries = []
+    for order, group in runs.items():
+        summaries.append(OrderSummary(
+            order, [r.seed for r in group], [r.test["mrr"] for r in group], [r.test["hits@10"] for r in group],
+            [r.test["roc_auc"] for r in group], [r.best_epoch for r in group], [r.epochs_run for r in group],
+            [None if target is None else r.epochs_to(target) for r in group],
+            _defined(_mean([s for r in group for s in r.states])), _defined(_mean([x for r in group for x in r.loads])),
+            _defined(_mean([r.train_s for r in group]))))
+    return target, summaries
+
+
+def _scores(values: list[float]) -> str:
+    each = ", ".join(f"{v:.3f}" for v in values)
+    return f"{_mean(values):.4f} ({each})" if len(values) > 1 else f"{_mean(values):.4f}"
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _reached(values: list[int | None], has_target: bool) -> str:
+    if not has_target:
+        return "-"
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return "never"
+    missed = f" ({len(values) - len(reached)} never)" if len(reached) < len(values) else ""
+    return f"{_mean(reached):.1f}{missed}"
+
+
+def dataset_markdown(name: str, target: float | None, summaries: list[OrderSummary], buffer: str) -> str:
+    """One graph's section: a row per order."""
+    base = next((s for s in summaries if s.order == "shuffled"), None)
+    lines = [f"## {name}", "",
+             f"{buffer}; target validation MRR "
+             + ("-" if target is None else f"{target:.4f} (shuffled's mean best minus 1 point)") + ".", "",
+             "| order | test MRR (per seed) | vs shuffled (points) | Hits@10 | ROC AUC | best epoch | epochs run | "
+             "epochs to target | states / epoch | partitions read / epoch | train s / epoch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        delta = "-" if base is None or s.order == "shuffled" else f"{100 * (_mean(s.mrr) - _mean(base.mrr)):+.1f}"
+        lines.append(f"| {s.order} | {_scores(s.mrr)} | {delta} | {_scores(s.hits10)} | {_scores(s.auc)} | "
+                     f"{_mean(s.best_epoch):.1f} | {_mean(s.epochs_run):.1f} | "
+                     f"{_reached(s.epochs_to_target, target is not None)} | {_number(s.states_per_epoch)} | "
+                     f"{_number(s.loads_per_epoch)} | {_number(s.train_s_per_epoch, 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- datasets and runs
+
+def _build(out: Path, command: Callable[[Path], list[str]]) -> None:
+    """Run ``command(out.partial)`` and rename its output to ``out``, so an interrupted step is redone."""
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    sh(command(partial))
+    partial.rename(out)
+
+
+def prepare(name: str, work: Path, partitions: int) -> Path:
+    """``work/data/NAME-link-pP``: NAME imported for link prediction and prepared, each step skipped when done."""
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    raw, out = data / f"{name}-link-raw", data / f"{name}-link-p{partitions}"
+    if not raw.exists():
+        _build(raw, lambda to: [PY, "-m", "loader.cli", "-q", "import", str(SHARED / f"{name}.npz"), str(to),
+                                "--format", "npz", "--task", "link"])
+    if not out.exists():
+        _build(out, lambda to: [PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(to), "--partitions",
+                                str(partitions), "--partitioner", "metis", "--memory-budget", "2G"])
+    return out
+
+
+def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Path],
+            args: argparse.Namespace) -> LinkRun:
+    stem = run_stem(name, order, seed, args)
+    out, log = dirs["runs"] / f"{stem}.json", dirs["logs"] / f"{stem}.log"
+    if not (args.reuse and out.exists()):  # the json is written atomically when a run ends: a finished run
+        out.unlink(missing_ok=True)
+        command = train_command(dataset, order, seed, out, args)
+        with log.open("w") as sink:
+            sink.write("$ " + " ".join(command) + "\n")
+            sink.flush()
+            code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            raise SystemExit(f"bench: {stem}: exit {code}\n{tail}")
+    try:
+        return read_run(order, seed, json.loads(out.read_text()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"bench: {out}: {err}") from None
+
+
+def write_outputs(stem: str, sections: list[str], payload: dict[str, object], args: argparse.Namespace) -> None:
+    machine = machine_description()
+    header = (f"# Link prediction: partition buffer orders vs shuffled (in memory)\n\n{machine}; seeds {args.seeds}, "
+              f"max {args.max_epochs} epochs, patience {args.patience} (validation MRR), {args.partitions} METIS "
+              f"partitions, GraphSAGE hidden 128, MLP decoder, batch {args.batch_size}, fanouts {args.fanouts}, "
+              f"device {args.device}; test scores at the best validation epoch, each held-out positive ranked among "
+              f"its 100 fixed negative tails; `bench/link_bench.py`.\n\n")
+    (RESULTS / f"{stem}.md").write_text(header + "\n".join(sections))
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"args": settings, "machine": machine, **payload}, indent=2))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: kill the trainer
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = "link-" + "-".join(args.datasets) + (f"-{args.tag}" if args.tag else "")
+    sections: list[str] = []
+    graphs: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="mb-link-", dir=os.environ.get("TMPDIR")) as tmp:
+        work = (args.work or Path(tmp)).resolve()
+        dirs = {"work": work, "runs": work / "runs", "logs": work / "logs"}
+        for path in dirs.values():
+            path.mkdir(parents=True, exist_ok=True)
+        for name in args.datasets:
+            dataset = prepare(name, work, args.partitions)
+            runs: dict[str, list[LinkRun]] = {}
+            buffer = f"buffer of C = {args.buffer_partitions} of {args.partitions} partitions"
+            for order in args.orders:
+                for seed in args.seeds:
+                    started = time.monotonic()
+                    run = one_run(name, dataset, order, seed, dirs, args)
+                    runs.setdefault(order, []).append(run)
+                    print(f"{name} {order} seed {seed}: test mrr {run.test['mrr']:.4f} hits@10 "
+                          f"{run.test['hits@10']:.4f} auc {run.test['roc_auc']:.4f} at epoch {run.best_epoch} of "
+                          f"{run.epochs_run}, {time.monotonic() - started:.0f} s", flush=True)
+            target, summaries = summarize(runs)
+            sections.append(dataset_markdown(name, target, summaries, buffer))
+            graphs[name] = {"target_val_mrr": target, "orders": [asdict(s) for s in summaries],
+                            "runs": {order: [asdict(r) for r in group] for order, group in runs.items()}}
+            write_outputs(stem, sections, {"datasets": graphs}, args)  # after each graph: a cut run keeps its start
+        print((RESULTS / f"{stem}.md").read_text())
+    print(f"results: {RESULTS / (stem + '.md')}, {RESULTS / (stem + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

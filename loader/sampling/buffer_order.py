@@ -1,0 +1,165 @@
+"""An epoch of link-prediction training in a partition buffer order (COMET or BETA): which training edges
+are trained in which buffer state, in which batches, and which nodes each state holds. Pure numpy.
+
+MariusGNN (EuroSys '23) trains link prediction out of core by keeping c of p partitions in a buffer and
+training an edge bucket (i, j) only while partitions i and j are both resident; ``comet.py`` plans the
+states and assigns each bucket one (``BufferPlan``, ``bucket_order``). This module turns a plan into
+the batches of one epoch, so that the in-memory trainer can measure what the order costs in accuracy
+before any daemon mode serves it (``--link-order comet|beta``):
+
+* ``buffer_plan(order, p, c, l, seed, epoch)``: ``comet_plan`` or ``beta_plan`` of (seed, epoch).
+* ``buffer_epoch(plan, edge_buckets, partitions, batch_size)``: for each state t in plan order, the
+  training edges of its buckets (``bucket_order(plan)[t]``; bucket (i, j) is positions
+  ``edge_buckets[i*P + j]:edge_buckets[i*P + j + 1]`` of ``train_edges.npy``, docs/FORMAT.md), in
+  bucket order, shuffled by ``shuffle(positions, key_t)`` with key_t = key t of
+  ``batch_keys(seed, STREAM_LINK_BUFFER, epoch, 0, 0, num_states)``, and cut into batches of
+  ``batch_size`` (a state's last batch may be short: a batch never spans two states, since the buffer
+  changes between them). A state without edges has no batch. Every stored training edge is in exactly
+  one bucket, and every bucket in one state, so an epoch trains each edge once; an undirected pair is
+  stored once, in bucket (i, j) or (j, i) as its orientation says, and is trained where that bucket is.
+* The epoch's batches are ``link_batch_plan_in_order`` over the states' orders concatenated, with the
+  states' batch boundaries: batch b gets the same key as batch b of the shuffled order
+  (``STREAM_LINK_TRAIN``), so the one link sampler serves both orders.
+
+What a state's batches may see (the trainer's part, ``trainer/link/inmemory.py``): negatives drawn
+from the resident nodes (``BufferState.node_begin``/``node_end``, the resident partitions' node
+ranges) and message passing over the subgraph those nodes induce (``induced.induced_by_ranges``).
+Both endpoints of every edge of a state are resident (the plan trains a bucket only where both its
+partitions are).
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from loader.format.partition_table import PartitionTable
+from loader.sampling.comet import BufferPlan, beta_plan, bucket_order, comet_plan, default_logical
+from loader.sampling.induced import range_nodes
+from loader.sampling.link_sampling import LinkEpochPlan, link_batch_plan_in_order
+from loader.sampling.sampling import as_int, as_int_array, batch_keys, shuffle
+
+__all__ = ["LINK_ORDERS", "LinkOrder", "STREAM_LINK_BUFFER", "BufferState", "BufferEpoch", "buffer_plan",
+           "buffer_epoch", "resolved_logical"]
+
+LinkOrder = Literal["shuffled", "comet", "beta"]
+LINK_ORDERS: tuple[LinkOrder, ...] = ("shuffled", "comet", "beta")
+"""``--link-order``: ``shuffled`` (``link_batch_plan``, every edge in one random order over the whole graph),
+or a partition buffer order of ``comet.py``."""
+
+STREAM_LINK_BUFFER = 28
+"""``batch_keys`` stream of the shuffle of each buffer state's edges (the next of the link block 24-27)."""
+
+
+@dataclass(frozen=True)
+class BufferState:
+    """One buffer state of an epoch: what is resident and which training edges it trains, in batches.
+
+    index: the state's number in the plan; partitions: int64, the resident physical partitions,
+    ascending; node_begin, node_end: int64, their node ranges (ascending, disjoint); order: int64,
+    positions into ``train_edges``, in batch order; batch_ptr: int64 [B_t + 1], batch k of the state is
+    ``order[batch_ptr[k]:batch_ptr[k + 1]]``.
+    """
+
+    index: int
+    partitions: np.ndarray
+    node_begin: np.ndarray
+    node_end: np.ndarray
+    order: np.ndarray
+    batch_ptr: np.ndarray
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_ptr) - 1
+
+    @property
+    def num_nodes(self) -> int:
+        """Resident nodes."""
+        return int((self.node_end - self.node_begin).sum())
+
+    def resident_nodes(self) -> np.ndarray:
+        """int64: the resident node ids, ascending (the negative pool of the state's batches)."""
+        return range_nodes(self.node_begin, self.node_end)
+
+
+@dataclass(frozen=True)
+class BufferEpoch:
+    """An epoch in a buffer order: the plan, its states in order and the epoch's batches.
+
+    batches: the whole epoch's ``LinkEpochPlan`` (the states' orders back to back); state_batches:
+    int64 [S + 1], state t's batches are ``state_batches[t]:state_batches[t + 1]`` of ``batches``.
+    """
+
+    plan: BufferPlan
+    states: list[BufferState]
+    batches: LinkEpochPlan
+    state_batches: np.ndarray
+
+    @property
+    def num_batches(self) -> int:
+        return self.batches.num_batches
+
+
+def resolved_logical(order: LinkOrder, num_partitions: int, capacity: int, num_logical: int | None) -> int:
+    """The logical partitions a plan groups into: ``default_logical`` for COMET unless given, p for BETA."""
+    if order == "beta":
+        return num_partitions
+    return default_logical(num_partitions, capacity) if num_logical is None else num_logical
+
+
+def buffer_plan(order: LinkOrder, num_partitions: int, capacity: int, num_logical: int | None, seed: int,
+                epoch: int) -> BufferPlan:
+    """Epoch ``epoch``'s plan: ``comet_plan`` (l = ``num_logical``, None: MariusGNN's default) or ``beta_plan``
+    (which has no logical partitions: ``num_logical`` must be None). ValueError as theirs, or for "shuffled"."""
+    if order == "comet":
+        return comet_plan(num_partitions, capacity, num_logical, seed=seed, epoch=epoch)
+    if order == "beta":
+        if num_logical is not None:
+            raise ValueError("BETA swaps physical partitions: it takes no number of logical partitions")
+        return beta_plan(num_partitions, capacity, seed, epoch)
+    raise ValueError(f"order must be 'comet' or 'beta' for a buffer plan, got {order!r}")
+
+
+def _check_buckets(edge_buckets: np.ndarray, num_partitions: int) -> np.ndarray:
+    offsets = as_int_array("edge_buckets", edge_buckets, (np.int64,))
+    if len(offsets) != num_partitions * num_partitions + 1:
+        raise ValueError(f"edge_buckets: {len(offsets)} offsets, expected P*P + 1 = "
+                         f"{num_partitions * num_partitions + 1} for {num_partitions} partitions")
+    if offsets[0] != 0 or (np.diff(offsets) < 0).any():
+        raise ValueError("edge_buckets: offsets must rise from 0")
+    return offsets
+
+
+def buffer_epoch(plan: BufferPlan, edge_buckets: np.ndarray, partitions: PartitionTable,
+                 batch_size: int) -> BufferEpoch:
+    """The epoch of ``plan`` (its seed and epoch key the shuffles and batches; module docstring).
+
+    edge_buckets: int64 (P*P + 1,), the bucket offsets of ``train_edges.npy`` (the edges are
+    positions 0..edge_buckets[-1]-1); partitions: the dataset's P partitions (their node ranges).
+    ValueError when the offsets, the table and the plan disagree on P, or batch_size < 1.
+    """
+    p = plan.num_partitions
+    if len(partitions) != p:
+        raise ValueError(f"partitions: {len(partitions)} rows, the plan has {p} partitions")
+    offsets = _check_buckets(edge_buckets, p)
+    size = as_int("batch_size", batch_size)
+    if size < 1:
+        raise ValueError(f"batch_size: {size}, expected >= 1")
+    keys = batch_keys(plan.seed, STREAM_LINK_BUFFER, plan.epoch, 0, 0, plan.num_states)
+    states: list[BufferState] = []
+    for t, (members, buckets) in enumerate(zip(plan.states, bucket_order(plan), strict=True)):
+        flat = buckets[:, 0] * p + buckets[:, 1]
+        begin = offsets[flat]
+        positions = range_nodes(begin, offsets[flat + 1])  # the buckets' edges, bucket after bucket
+        order = shuffle(positions, int(keys[t]))
+        ptr = np.append(np.arange(0, len(order), size, dtype=np.int64), np.int64(len(order)))
+        states.append(BufferState(t, members, partitions.node_begin[members], partitions.node_end[members], order,
+                                  ptr))
+    counts = np.array([s.num_batches for s in states], dtype=np.int64)
+    state_batches = np.zeros(len(states) + 1, dtype=np.int64)
+    np.cumsum(counts, out=state_batches[1:])
+    edge_starts = np.cumsum([0] + [len(s.order) for s in states])
+    order = np.concatenate([s.order for s in states]) if states else np.zeros(0, dtype=np.int64)
+    batch_ptr = np.concatenate([[0]] + [s.batch_ptr[1:] + first for s, first in zip(states, edge_starts)])
+    batches = link_batch_plan_in_order(order, size, plan.seed, plan.epoch, batch_ptr.astype(np.int64))
+    return BufferEpoch(plan, states, batches, state_batches)

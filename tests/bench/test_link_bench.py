@@ -1,0 +1,63 @@
+"""bench/link_bench.py: its runs' commands and names, and the report from the trainer's JSON."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.link_bench import dataset_markdown, parse_args, read_run, run_stem, summarize, train_command
+
+
+def result(best: int, val: list[float], test_mrr: float, loads: int | None) -> dict:
+    """A trainer ``--json-out`` as the link task writes it, the fields the bench reads."""
+    epochs = [{"epoch": e + 1, "val": {"mrr": v}, "train_s": 2.0, "buffer_states": None if loads is None else 5,
+               "partition_loads": loads} for e, v in enumerate(val)]
+    return {"epochs": epochs, "best_epoch": best, "best_val": {"mrr": val[best - 1]},
+            "test_at_best": {"mrr": test_mrr, "hits@10": 0.8, "roc_auc": None}}
+
+
+def test_defaults_and_commands():
+    args = parse_args([])
+    assert (args.partitions, args.buffer_partitions, args.seeds, args.max_epochs, args.patience, args.batch_size) == \
+        (32, 8, [0, 1, 2], 100, 10, 256)
+    assert args.datasets == ["cora-planetoid", "citeseer-planetoid", "amazon-photo"]
+    out = Path("/o.json")
+    shuffled = train_command(Path("/ds"), "shuffled", 1, out, args)
+    assert "--link-order" not in shuffled and "--buffer-partitions" not in shuffled
+    assert shuffled[shuffled.index("--decoder") + 1] == "mlp" and shuffled[shuffled.index("--hidden") + 1] == "128"
+    assert shuffled[shuffled.index("--sampler-seed") + 1] == shuffled[shuffled.index("--seed") + 1] == "1"
+    comet = train_command(Path("/ds"), "comet", 1, out, parse_args(["--logical-partitions", "16"]))
+    assert comet[-6:] == ["--link-order", "comet", "--buffer-partitions", "8", "--logical-partitions", "16"]
+    beta = train_command(Path("/ds"), "beta", 1, out, parse_args(["--logical-partitions", "16"]))
+    assert beta[-4:] == ["--link-order", "beta", "--buffer-partitions", "8"]  # BETA takes no logical partitions
+    # the names tell settings apart, so --reuse never takes another setting's run
+    names = {run_stem("cora", order, 0, parse_args(extra)) for order in ("shuffled", "comet", "beta")
+             for extra in ([], ["--buffer-partitions", "4"], ["--logical-partitions", "16"])}
+    # shuffled does not depend on the buffer, nor beta on L: 1 + 3 + 2
+    assert names == {"cora-p32-shuffled-b256-seed0", "cora-p32-comet-c8-b256-seed0", "cora-p32-comet-c4-b256-seed0",
+                     "cora-p32-comet-c8-l16-b256-seed0", "cora-p32-beta-c8-b256-seed0", "cora-p32-beta-c4-b256-seed0"}
+
+
+@pytest.mark.parametrize("argv, message", [(["--orders", "comet,marius"], "unknown marius"),
+                                           (["--buffer-partitions", "32"], "need 2 <= C < --partitions 32")])
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_report_compares_with_shuffled():
+    runs = {"shuffled": [read_run("shuffled", 0, result(2, [0.30, 0.50, 0.45], 0.48, None)),
+                         read_run("shuffled", 1, result(3, [0.20, 0.40, 0.52], 0.50, None))],
+            "comet": [read_run("comet", 0, result(3, [0.10, 0.30, 0.50], 0.46, 100)),
+                      read_run("comet", 1, result(2, [0.10, 0.40, 0.30], 0.40, 120))]}
+    target, (shuffled, comet) = summarize(runs)
+    assert target == pytest.approx(0.50)  # the mean best validation MRR, 0.51, minus 1 point
+    assert shuffled.epochs_to_target == [2, 3] and comet.epochs_to_target == [3, None]
+    assert shuffled.loads_per_epoch is None and comet.loads_per_epoch == pytest.approx(110)
+    assert comet.states_per_epoch == 5 and comet.train_s_per_epoch == 2.0 and math.isnan(comet.auc[0])
+    text = dataset_markdown("g", target, [shuffled, comet], "buffer of C = 8 of 32 partitions")
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    assert rows["| comet"][1] == "0.4300 (0.460, 0.400)" and rows["| comet"][2] == "-6.0"
+    assert rows["| comet"][7] == "3.0 (1 never)" and rows["| comet"][9] == "110.0"
+    assert rows["| shuffled"][2] == "-" and rows["| shuffled"][9] == "-"
