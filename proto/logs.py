@@ -12,6 +12,7 @@ import datetime
 import logging
 import os
 import sys
+from typing import TextIO
 
 __all__ = ["LOG_FORMAT", "syslog_priority", "to_journal", "JournalFormatter", "configure_logging", "error_line"]
 
@@ -70,9 +71,26 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(prefix + line for line in text.split("\n"))
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to ``sys.stderr`` as it is when a record is emitted, as the standard library's own
+    last-resort handler does: one bound to the stream of its setup outlives a replaced ``sys.stderr`` (a test
+    runner's capture, a daemonizing wrapper) and fails on the closed file with a traceback on every record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always sys.stderr: see the class
+
+
 def configure_logging(level: int, stamped: bool = False) -> None:
     """The root logger: one stderr handler with ``JournalFormatter`` at ``level`` (``stamped``: see there)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JournalFormatter(stamped=stamped))
     logging.basicConfig(level=level, handlers=[handler], force=True)
 

@@ -32,3 +32,25 @@ def test_the_stamp_is_the_records_own_time_with_its_offset():
 def test_journald_gets_priorities_not_stamps_and_unstamped_stays_as_it_was():
     assert JournalFormatter(journal=True, stamped=True).format(record(logging.ERROR, "x")) == "<3>megabatch: x"
     assert JournalFormatter(journal=False).format(record(logging.ERROR, "x")) == "megabatch: x"
+
+
+def test_the_handler_writes_to_stderr_as_it_is_when_a_record_is_emitted(monkeypatch):
+    """A handler bound to the stderr of its setup wrote a traceback per record once that stream was closed (a
+    test's capture, replaced by the next test's): the records must follow sys.stderr."""
+    import io
+    import logging
+    import sys
+
+    from proto.logs import configure_logging
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging(logging.INFO)
+    try:
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("megabatch.test").info("after the swap")
+        assert second.getvalue().strip().endswith("after the swap"), second.getvalue()
+        assert "Logging error" not in second.getvalue()
+    finally:
+        logging.basicConfig(handlers=[logging.NullHandler()], force=True)
