@@ -141,6 +141,7 @@ def test_bad_edge_split_is_a_one_line_error(text, words):
 def test_cli_refuses_bad_link_options_in_one_line(tmp_path, capsys, args, words):
     src, dst = input_graph(2, 20, 40, symmetric=False)
     link_raw(tmp_path / "ok", src, dst, 20)
+    capsys.readouterr()  # the setup's own log lines (at whatever level an earlier test left logging): not main's
     code = main(["--no-progress", "-q", "import", str(tmp_path / "ok-input"), str(tmp_path / "out"),
                  "--format", "numpy", *args])
     err = capsys.readouterr().err.strip()
