@@ -11,12 +11,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loader.format.dataset import Dataset
 from proto.errors import UserError
 from trainer.link.options import RANKS_REFUSAL
 from trainer.ranks import Ranks
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the dataset is opened by trainer.cli's in-memory path; here it is only a type
+    from loader.format.dataset import Dataset
     from trainer.cli import SamplerSettings, _SigtermStop
 
 __all__ = ["run_link"]
@@ -24,7 +24,7 @@ __all__ = ["run_link"]
 log = logging.getLogger("megabatch")
 
 
-def run_link(args: argparse.Namespace, dataset: Dataset, sampler: "SamplerSettings", ranks: Ranks,
+def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSettings", ranks: Ranks,
              stop: "_SigtermStop") -> int:
     """Train, print the epoch lines and the final line, write ``--json-out``; the exit status."""
     if ranks.distributed:

@@ -19,35 +19,17 @@ from loader.sampling.link_sampling import (
     sample_link_batch,
 )
 from loader.sampling.sampling import CSCGraph
+from tests.loader.sampling.test_sampling import GAMMA, MASK, csc, floyd, mix64
+from tests.loader.sampling.test_sampling import reference_keys as sampler_keys
 
-MASK = (1 << 64) - 1
-GAMMA = 0x9E3779B97F4A7C15
 PROPERTY = settings(max_examples=150, deadline=None)
 
 
 # ---- reference: the module docstrings of link_sampling and sampling, transcribed in plain Python ----
 
-def mix64(z: int) -> int:
-    z &= MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
 def reference_keys(seed, stream, epoch, num_batches):
-    base = mix64(seed)
-    for x in (stream, epoch, 0):
-        base = mix64(base ^ mix64(x + GAMMA))
-    return [mix64(base + (i + 1) * GAMMA) for i in range(num_batches)]
-
-
-def floyd(degree, fanout, target_key):
-    picks = []
-    for j in range(fanout):
-        top = degree - fanout + j
-        t = mix64(target_key + (j + 1) * GAMMA) % (top + 1)
-        picks.append(top if t in picks else t)
-    return picks
+    """A link plan's batch keys: the node sampler's keys of pass 0 from batch 0 (``batch_keys``)."""
+    return sampler_keys(seed, stream, epoch, 0, 0, num_batches)
 
 
 def reference_neighbours(indptr, indices, global_ids, seeds, fanouts, key):
@@ -105,16 +87,6 @@ def reference_link_batch(graph, src, dst, num_nodes, fanouts, key, k, pool, disj
 
 
 # ---- strategies ----
-
-def csc(num_nodes, edges, index_dtype=np.int64):
-    """In-neighbour CSC of (src, dst) pairs; each list keeps the pairs' order."""
-    dst = np.array([d for _, d in edges], dtype=np.int64)
-    src = np.array([s for s, _ in edges], dtype=np.int64)
-    order = np.argsort(dst, kind="stable")
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
-    return indptr, src[order].astype(index_dtype)
-
 
 @st.composite
 def link_cases(draw, max_nodes=10, max_edges=40):
