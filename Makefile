@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_DIR := demo-data
 DEMO_ARGS := --nodes 200000 --avg-degree 20 --feat-dim 64 --classes 8 --seed 0
 
-.PHONY: demo test lint clean bench-prepare bench-compare bench-soak
+.PHONY: demo test lint clean bench-prepare bench-compare bench-soak gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ bench-compare: $(STAMP)
 SOAK_MINUTES ?= 5
 bench-soak: $(STAMP)
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
+
+# The CUDA path end to end on a machine with an NVIDIA GPU (bench/gpu_check.py: pinned slots, H2D GB/s,
+# data-wait, step time; bench/results/gpu-check.{json,md}). .venv holds torch's CPU build, so this runs
+# under GPU_PYTHON, a python whose torch is a CUDA build and that has the project's dependencies.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info

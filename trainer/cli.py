@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep this many bytes of feature rows on the training device (GPU memory, else RAM), "
                           "planned by the daemon so that only the rows it lacks are shipped, e.g. 256M "
                           "(default 0: off; daemon mode only)")
+    src.add_argument("--no-pin-slots", dest="pin_slots", action="store_false",
+                     help="with --device cuda, do not register the daemon's slots as pinned host memory: copies to "
+                          "the GPU are then synchronous, through the driver's bounce buffer (default: pinned)")
     src.add_argument("--mode", choices=("daemon", "inmemory"), default=None,
                      help="daemon (default with --socket) or inmemory (the in-memory reference)")
     src.add_argument("--dataset", help="prepared dataset directory (inmemory mode; default: [dataset] of --config)")
@@ -309,7 +312,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         except ImportError as err:
             raise UserError(f"daemon mode is not available in this installation ({err})") from None
         source = DaemonSource(args.socket, connect_timeout=args.connect_timeout,
-                              feature_cache_bytes=args.feature_cache, ranks=ranks, on_queued=stop.queued)
+                              feature_cache_bytes=args.feature_cache, ranks=ranks, on_queued=stop.queued,
+                              pin_slots=args.pin_slots)
         if args.feature_cache and not source.info.feature_cache_rows:
             log.warning("--feature-cache %s: the daemon plans no feature cache (an older daemon, or less than "
                         "one feature row); every row is shipped", args.feature_cache)

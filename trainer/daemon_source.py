@@ -31,6 +31,7 @@ from proto.messages import (
 )
 from proto.sizes import counted, format_size
 from trainer.batch import Batch, DeviceCachePlan
+from trainer.host_pinning import CudaHostRuntime, PinnedRegion, pin_region
 from trainer.ranks import SINGLE, Ranks
 from trainer.source import BatchSource, SourceInfo
 
@@ -65,6 +66,9 @@ class DaemonSource(BatchSource):
     session joins the job on the daemon, which deals each epoch to the job's ranks (every batch then
     says how many seeds its global batch holds) and gives each rank its share of an evaluation.
 
+    pin_slots (default True): on a CUDA device, register the slot segment as pinned host memory for the
+    session (``pin_for``), so that device copies are asynchronous DMA; False keeps pageable copies.
+
     on_queued (default None): called with True when the daemon queues an epoch's ``StartEpoch`` (another
     trainer holds its training pipeline) and with False when the wait ends; ``megabatch train`` stops at
     once on SIGTERM meanwhile, since no step is under way to finish. It may raise, and the stream then ends.
@@ -72,7 +76,7 @@ class DaemonSource(BatchSource):
 
     def __init__(self, socket_path: str, credits: int | None = None, timeout: float | None = 60.0,
                  connect_timeout: float = 0.0, feature_cache_bytes: int = 0, ranks: Ranks = SINGLE,
-                 on_queued: Callable[[bool], None] | None = None) -> None:
+                 on_queued: Callable[[bool], None] | None = None, pin_slots: bool = True) -> None:
         if feature_cache_bytes < 0:
             raise ValueError(f"feature_cache_bytes must be >= 0, got {feature_cache_bytes}")
         self._ranks = ranks
@@ -106,6 +110,8 @@ class DaemonSource(BatchSource):
                                             f"{describe_slots(w.slots)})",
                                 feature_dtype=d.feature_dtype, feature_cache_rows=w.feature_cache_rows,
                                 dealing=w.dealing)
+        self._pin_slots = pin_slots
+        self._pinned: PinnedRegion | None = None
         self._next_seq = 0
         self._cache_step = 0  # plans received so far: the device cache checks they are applied in this order
         self._send(Credit(count=credits or w.slots.count))
@@ -113,6 +119,23 @@ class DaemonSource(BatchSource):
     @property
     def info(self) -> SourceInfo:
         return self._info
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the slot segment registered as pinned host memory (0: copies from pageable memory)."""
+        return self._pinned.nbytes if self._pinned is not None else 0
+
+    def pin_for(self, device: torch.device, runtime: CudaHostRuntime | None = None) -> None:
+        """On CUDA, register the slot segment as pinned once for the session (``trainer.host_pinning``); a
+        refusal leaves pageable copies and says so in one warning. ``runtime``: tests pass a fake."""
+        if device.type != "cuda" or not self._pin_slots or self._pinned is not None:
+            return
+        outcome = pin_region(self._client.segment.mapping, runtime)
+        if outcome.region is None:
+            log.warning("%s: host-to-device copies stay pageable (synchronous, slower)", outcome.reason)
+            return
+        self._pinned = outcome.region
+        log.info("slot segment pinned for %s: %s registered read-only", device, format_size(outcome.region.nbytes))
 
     def _send(self, msg: Message) -> None:
         try:
@@ -200,4 +223,6 @@ class DaemonSource(BatchSource):
                      stream_batches=ready.num_batches if ready.num_batches >= 0 else None, _release=release)
 
     def close(self) -> None:
+        if self._pinned is not None:  # before the unmap: the registration names those pages
+            self._pinned.release()
         self._client.close("trainer done")

@@ -140,6 +140,7 @@ class _Run:
                                        self.device)
             self.log(f"feature cache: {info.feature_cache_rows:,} rows ({cache.nbytes / 2**20:.1f} MiB) "
                      f"on {self.device}")
+        source.pin_for(self.device)
         self.stager = Stager(self.device, cache)
         self.row_bytes = info.num_features * torch.empty(0, dtype=getattr(torch, info.feature_dtype)).element_size()
         self.result = TrainResult(cfg, str(self.device), info.description)
@@ -232,7 +233,8 @@ class _Run:
         wait_s = step_s = 0.0
         started = time.perf_counter()
         check = SequenceCheck(f"train (epoch {epoch})")
-        self.stager.take_rows()  # forget the rows of evaluation batches
+        self.stager.take_rows()  # forget the rows and copies of evaluation batches
+        self.stager.take_copies()
         with (EpochProgress(epoch, self.cfg.epochs, enabled=self.progress, interval_s=self.progress_interval) as bar,
               contextlib.closing(prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
             for batch, waited in stream:
@@ -269,6 +271,7 @@ class _Run:
                     self.result.stopped_at_max_steps = True
                     break
         train_s = time.perf_counter() - started
+        h2d_bytes, h2d_s = self.stager.take_copies()
         busy = wait_s + step_s
         if self.ranks.distributed:
             # the epoch's loss, accuracy and throughput over every rank's pieces; timings stay this rank's
@@ -278,7 +281,8 @@ class _Run:
         return EpochRecord(epoch=epoch, loss=total_loss / max(1, labelled), train_acc=correct / max(1, labelled),
                            val_acc=None, test_acc=None, batches=batches, samples=samples,
                            samples_per_s=samples / train_s if train_s > 0 else 0.0, wait_s=wait_s, step_s=step_s,
-                           data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s, eval_s=0.0)
+                           data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s, eval_s=0.0,
+                           h2d_bytes=h2d_bytes, h2d_s=h2d_s)
 
     def stop_requested(self) -> bool:
         """Whether to stop at this step boundary: under several ranks, whether any rank was asked to (every

@@ -36,16 +36,36 @@ class SequenceCheck:
 class _Staged:
     host: Batch
     device: Batch
+    """On CUDA: the batch as it will be on the device once ``assembled`` fires (full ``x`` with a cache)."""
     copied: "torch.cuda.Event | None"
+    """Recorded on the copy stream after the copy from the slot: then the slot may be released."""
+    assembled: "torch.cuda.Event | None"
+    """Recorded after the feature cache's assembly (= ``copied`` without a cache plan): the step waits for it."""
+    began: "torch.cuda.Event | None"
+    copy_bytes: int
+    rows_shipped: int
+    rows_cached: int
+
+
+def _host_bytes(batch: Batch) -> int:
+    plan = batch.cache_plan
+    tensors = (batch.x, batch.y, batch.edge_index, *(plan.tensors() if plan is not None else ()))
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Stager:
     """Starts device copies on a side stream and hands batches over once their copy has landed.
 
-    With a feature cache, ``finish`` also assembles each batch's full ``x`` on the device, on the
-    compute stream, after its copy: only the shipped rows cross PCIe, and batches are assembled
-    in the order they are finished, which is the order the source yields them. ``rows_shipped``
-    and ``rows_cached`` count the rows of finished batches by origin (``take_rows`` resets them).
+    On CUDA the copy of batch i+1 runs on the side stream while batch i trains on the compute stream;
+    from pinned slots (``trainer.host_pinning``) it is a DMA that overlaps the step, from pageable
+    memory the driver stages it synchronously. With a feature cache, ``start`` also assembles each
+    batch's full ``x`` on the device, on the side stream right after the batch's copy, so the cache's
+    gathers and updates overlap the previous step too: only the shipped rows cross PCIe, and plans are
+    applied in the order batches are started, which is the order the source yields them.
+
+    ``rows_shipped`` and ``rows_cached`` count the rows of finished batches by origin (``take_rows``
+    resets them); ``copy_bytes`` and ``copy_s`` the bytes copied to the device and the copies' time on
+    the side stream (CUDA event time, 0 on CPU; ``take_copies`` resets them).
     """
 
     def __init__(self, device: torch.device, cache: DeviceFeatureCache | None = None) -> None:
@@ -54,6 +74,8 @@ class Stager:
         self.cache = cache
         self.rows_shipped = 0
         self.rows_cached = 0
+        self.copy_bytes = 0
+        self.copy_s = 0.0
 
     def take_rows(self) -> tuple[int, int]:
         """(shipped, cached) rows of the batches finished since the last call."""
@@ -61,35 +83,52 @@ class Stager:
         self.rows_shipped = self.rows_cached = 0
         return rows
 
+    def take_copies(self) -> tuple[int, float]:
+        """(bytes, seconds) of the host-to-device copies of the batches finished since the last call."""
+        copies = self.copy_bytes, self.copy_s
+        self.copy_bytes, self.copy_s = 0, 0.0
+        return copies
+
+    def _assembled(self, batch: Batch) -> Batch:
+        if batch.cache_plan is None:
+            return batch
+        if self.cache is None:
+            raise RuntimeError("a batch carries a feature cache plan but the source has no feature cache")
+        return self.cache.assemble_batch(batch)
+
     def start(self, batch: Batch) -> _Staged:
+        shipped = batch.x.shape[0]
+        cached = batch.cache_plan.hit_slot.shape[0] - shipped if batch.cache_plan is not None else 0
         if self.stream is None:
-            return _Staged(batch, batch.to(self.device), None)
+            return _Staged(batch, self._assembled(batch.to(self.device)), None, None, None, 0, shipped, cached)
         with torch.cuda.stream(self.stream):
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(self.stream)
             moved = batch.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return _Staged(batch, moved, event)
+            copied = torch.cuda.Event(enable_timing=True)
+            copied.record(self.stream)
+            ready = self._assembled(moved)
+            assembled = copied
+            if ready is not moved:
+                assembled = torch.cuda.Event()
+                assembled.record(self.stream)
+        return _Staged(batch, ready, copied, assembled, began, _host_bytes(batch), shipped, cached)
 
     def finish(self, staged: _Staged) -> Batch:
-        if staged.copied is not None:
+        if staged.copied is not None and staged.assembled is not None:
             # the slot is shared memory the producer overwrites once released: the copy must be complete
             staged.copied.synchronize()
             staged.host.release()
+            if staged.began is not None:
+                self.copy_s += staged.began.elapsed_time(staged.copied) / 1000
+            self.copy_bytes += staged.copy_bytes
             compute = torch.cuda.current_stream(self.device)
-            compute.wait_event(staged.copied)
-            plan = staged.device.cache_plan
-            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index,
-                           *(plan.tensors() if plan is not None else ())):
+            compute.wait_event(staged.assembled)
+            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index):
                 tensor.record_stream(compute)  # memory allocated on the copy stream is used on this one
-        batch = staged.device
-        shipped = batch.x.shape[0]
-        self.rows_shipped += shipped
-        if batch.cache_plan is not None:
-            if self.cache is None:
-                raise RuntimeError("a batch carries a feature cache plan but the source has no feature cache")
-            self.rows_cached += batch.cache_plan.hit_slot.shape[0] - shipped
-            batch = self.cache.assemble_batch(batch)
-        return batch
+        self.rows_shipped += staged.rows_shipped
+        self.rows_cached += staged.rows_cached
+        return staged.device
 
     def abandon(self, staged: _Staged) -> None:
         if staged.copied is not None:

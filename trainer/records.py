@@ -94,7 +94,8 @@ class EpochRecord:
 
     wait_s: time blocked on the source (and on device copies); step_s: forward, backward and
     optimizer steps; data_wait = wait_s / (wait_s + step_s); samples: seed nodes trained on;
-    train_s: the training part of the epoch, eval_s the evaluation part.
+    train_s: the training part of the epoch, eval_s the evaluation part. h2d_bytes, h2d_s: the
+    training batches' host-to-device copies, bytes and seconds on the copy stream (0 off CUDA).
     """
 
     epoch: int
@@ -112,6 +113,8 @@ class EpochRecord:
     eval_s: float
     val_score: float | None = None
     test_score: float | None = None
+    h2d_bytes: int = 0
+    h2d_s: float = 0.0
 
 
 def _json_float(value: float | None) -> float | None:
@@ -209,9 +212,11 @@ def format_epoch(record: EpochRecord, total: int, metric: str = "accuracy") -> s
     """``epoch 3/10  loss 0.412  train 0.873  val 0.861  test 0.858  1234 samples/s  data-wait 4.1%``.
 
     With another ``metric`` than accuracy (default accuracy), val and test show both:
-    ``val auc 0.912 acc 0.951  test auc 0.905 acc 0.948``.
+    ``val auc 0.912 acc 0.951  test auc 0.905 acc 0.948``. On CUDA the line ends with the copies' rate,
+    ``H2D 11.2 GB/s`` (bytes copied over their time on the copy stream).
     """
     val = _split_column(record.val_acc, record.val_score, metric)
     test = _split_column(record.test_acc, record.test_score, metric)
+    h2d = f"  H2D {record.h2d_bytes / record.h2d_s / 1e9:.1f} GB/s" if record.h2d_s > 0 else ""
     return (f"epoch {record.epoch}/{total}  loss {record.loss:.3f}  train {record.train_acc:.3f}  val {val}  "
-            f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%")
+            f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%{h2d}")

@@ -4,6 +4,8 @@ import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from trainer.batch import Batch
 
 __all__ = ["SourceInfo", "BatchSource"]
@@ -63,6 +65,10 @@ class BatchSource(abc.ABC):
 
     @abc.abstractmethod
     def eval_batches(self, split: str) -> Iterator[Batch]: ...
+
+    def pin_for(self, device: torch.device) -> None:  # noqa: B027 - optional hook
+        """Ready the source's host memory for asynchronous copies to ``device`` (called once, before the first
+        batch); the default does nothing. The daemon's source pins its slot segment for a CUDA device."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and memory; the default has nothing to release."""

@@ -124,16 +124,20 @@ def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: Sampler
 
 
 def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig) -> int:
-    """Bytes per slot that fit every training and evaluation batch with high margin."""
+    """Bytes per slot that fit every training and evaluation batch with high margin (a training batch with
+    the arrays of a trainer feature cache's plan: any client may ask for one)."""
     m = dataset.manifest
     worst = 0
     cases = [(pilot.train, sampler.batch_size, sampler.fanouts), (pilot.eval, sampler.eval_batch_size,
                                                                    sampler.eval_fanouts)]
-    for bound, batch_size, fanouts in cases:
+    for training, (bound, batch_size, fanouts) in zip((True, False), cases):
         if bound is None:
             continue  # no batch of this kind to size for
+        # a training batch for a client with a feature cache may ship every row (at their first access) and
+        # carry its plan too: hit_slot for every node, an update per node at most (12 bytes a node in all)
+        cached = {"shipped_rows": bound.nodes, "num_updates": bound.nodes} if training else {}
         shape = BatchShape(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
-                           np.dtype(m.feat_dtype.value))
+                           np.dtype(m.feat_dtype.value), **cached)
         worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 

@@ -4,7 +4,21 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.daemon.slot_sizing import AUTO_CLIENTS, AUTO_SLOTS, HEADROOM, SIGMAS, _allowance, size_sessions
+from loader.daemon.config import SamplerConfig
+from loader.daemon.slot_sizing import (
+    AUTO_CLIENTS,
+    AUTO_SLOTS,
+    HEADROOM,
+    SIGMAS,
+    BatchBound,
+    PilotSizes,
+    _allowance,
+    estimate_slot_bytes,
+    size_sessions,
+)
+from loader.format.dataset import open_dataset
+from proto.batch_arrays import BatchShape
+from proto.slots import HEADER_BYTES, slot_bytes_for
 
 MiB = 1 << 20
 
@@ -40,3 +54,19 @@ def test_allowance_adds_six_sigmas_of_full_batches_capped_at_the_headroom():
     wild = np.array([100, 1000, 10, 500])
     assert _allowance(wild, np.ones(4, bool)) == int(1000 * HEADROOM) + 64
     assert _allowance(np.array([700]), np.array([True])) == int(700 * HEADROOM) + 64  # one batch: the cap
+
+
+def test_a_training_slot_holds_a_batch_at_the_bound_with_a_feature_cache_plan_shipping_every_row(dataset_3k):
+    # a cached client's first batches ship every row *and* carry hit_slot and the updates: with 16-dim rows the
+    # plan is 12 of every 76 bytes, and a slot sized for the plain batch refused such a batch mid-epoch
+    dataset = open_dataset(dataset_3k)
+    m = dataset.manifest
+    sampler = SamplerConfig(batch_size=256, fanouts=(10, 5), eval_batch_size=256)
+    bound = BatchBound(nodes=2500, edges=9000)
+    cached = BatchShape(bound.nodes, 256, bound.edges, 2, m.feat_dim, np.dtype(m.feat_dtype.value),
+                        shipped_rows=bound.nodes, num_updates=bound.nodes)
+    plain = BatchShape(bound.nodes, 256, bound.edges, 2, m.feat_dim, np.dtype(m.feat_dtype.value))
+    estimate = estimate_slot_bytes(dataset, PilotSizes(bound, None), sampler)
+    assert estimate >= slot_bytes_for(cached.specs(), HEADER_BYTES) > slot_bytes_for(plain.specs(), HEADER_BYTES)
+    # evaluation batches never carry a plan: sized plain
+    assert estimate_slot_bytes(dataset, PilotSizes(None, bound), sampler) == slot_bytes_for(plain.specs(), HEADER_BYTES)
