@@ -24,6 +24,10 @@ holds; ``--feature-ratio auto`` leaves the daemon's "auto" (on every shared grap
           daemon instead (what EX always did before), which checks the claim at the price of the runs.
     HB25r, HB25s, HB50 (not run by default; the remedy study): HB25 with schedule = "random" (the
           grouping before the balanced one), HB25 without the static cache, megabatch_fraction = 0.5
+    NS16, HB16 (not run by default; the float16 remedy): NS and HB on a copy of the graph prepared with
+          ``--feat-dtype float16``. HB16's mega-batch holds twice the partitions at the same bytes: its fraction
+          is 2/R (the features are still R times what a mega-batch holds, in bytes); NS16 is float16's own
+          accuracy cost, and HB16 is judged against NS (float32), as a user switching would be
     HB2   (not run by default) HB trained by 2 DDP ranks (--nproc-per-node 2, gloo) through the one
           daemon, each rank taking half the batch (global batch = --batch-size, as for HB), with
           [memory] budget = "3G": the second rank's slots come on top of the default 2G, so the
@@ -115,7 +119,7 @@ SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs", "coauthor-physics")
 TomlValue = str | int | float | bool | list[int]
 """What the bench's daemon configs hold."""
-MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2")
+MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2", "NS16", "HB16")
 # HB25 is HB at the default ratio 4; the exact-semantics modes cost no run unless --train-exact
 DEFAULT_MODES = ("NS", "HB", *EXACT_MODES, "FULL")
 DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
@@ -124,12 +128,17 @@ DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
     # the remedy study (docs/PERFORMANCE.md): the old default grouping, no static cache, a half
     "HB25r": {"hierarchy": {"megabatch_fraction": 0.25, "schedule": "random"}},
     "HB25s": {"hierarchy": {"megabatch_fraction": 0.25, "static_cache": False}},
-    "HB50": {"hierarchy": {"megabatch_fraction": 0.5}}, "HB2": {"memory": {"budget": "3G"}}}
+    "HB50": {"hierarchy": {"megabatch_fraction": 0.5}}, "HB2": {"memory": {"budget": "3G"}}, "HB16": {}}
 """What each daemon mode adds to the default config (the fraction of ``--feature-ratio`` comes on top where
 the mode sets none: ``daemon_tables``)."""
 DEFAULT_DAEMON_MODE = ModeConfig().mode
 """The daemon mode HB runs (its config sets no [loader] mode): its row of compare.json times HB."""
 RANKS = {"HB2": 2}
+FLOAT16 = {"NS16", "HB16"}
+"""Modes run on the graph prepared with float16 features (``prepare --feat-dtype float16``)."""
+BYTES_PER_FEATURE = {"HB16": 2}
+"""How many times fewer bytes a feature row takes in the mode (float16: 2): at the same --feature-ratio in bytes
+its mega-batch holds that many times the partitions."""
 """Daemon modes trained by several DDP ranks (the others: one trainer)."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
 SKEW = re.compile(r"neighbour coverage [0-9.]+, label skew ([0-9.]+)")
@@ -253,18 +262,20 @@ def _build(out: Path, command: Callable[[Path], list[str]]) -> None:
     partial.rename(out)
 
 
-def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis") -> Path:
-    """``work/data/NAME-pP[-PARTITIONER]``: NAME imported and prepared, each step skipped when already done."""
+def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis", float16: bool = False) -> Path:
+    """``work/data/NAME-pP[-PARTITIONER][-f16]``: NAME imported and prepared (``float16``: with float16 features),
+    each step skipped when already done."""
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    suffix = "" if partitioner == "metis" else f"-{partitioner}"
+    suffix = ("" if partitioner == "metis" else f"-{partitioner}") + ("-f16" if float16 else "")
+    dtype = ["--feat-dtype", "float16"] if float16 else []
     raw, out = data / f"{name}-raw", data / f"{name}-p{partitions}{suffix}"
     if not raw.exists():
         _build(raw, lambda to: [PY, "-m", "loader.cli", "-q", "import", str(SHARED / f"{name}.npz"), str(to),
                                 "--format", "npz", "--split", "0.6,0.2,0.2", "--split-seed", "0"])
     if not out.exists():
         _build(out, lambda to: [PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(to), "--partitions",
-                                str(partitions), "--partitioner", partitioner, "--memory-budget", "2G"])
+                                str(partitions), "--partitioner", partitioner, "--memory-budget", "2G", *dtype])
     return out
 
 
@@ -281,7 +292,10 @@ def daemon_config(mode: str, dataset: Path, sock: Path, seed: int, args: argpars
         "sampler": {"batch_size": args.batch_size // ranks, "fanouts": fanouts, "eval_fanouts": fanouts,
                     "eval_batch_size": args.batch_size, "seed": seed},
         "server": server, "metrics": {"port": 0}}
-    return toml_text(daemon_tables(base, DAEMON_EXTRA[mode], args.feature_ratio))
+    ratio = args.feature_ratio
+    if ratio is not None and mode in BYTES_PER_FEATURE:
+        ratio = max(1.0, ratio / BYTES_PER_FEATURE[mode])
+    return toml_text(daemon_tables(base, DAEMON_EXTRA[mode], ratio))
 
 
 def train_flags(seed: int, out: Path, args: argparse.Namespace) -> list[str]:
@@ -344,7 +358,7 @@ def one_run(name: str, dataset: Path, mode: str, seed: int, dirs: dict[str, Path
     out.unlink(missing_ok=True)
     trainer_log.unlink(missing_ok=True)
     started = time.monotonic()
-    if mode == "NS":
+    if mode in ("NS", "NS16"):
         run_logged([PY, "-m", "trainer", "--mode", "inmemory", "--dataset", str(dataset), "--batch-size",
                     str(args.batch_size), "--fanouts", args.fanouts, "--eval-fanouts", args.fanouts,
                     "--eval-batch-size", str(args.batch_size), "--sampler-seed", str(seed),
@@ -403,11 +417,11 @@ def write_outputs(stem: str, reports: list[DatasetReport], args: argparse.Namesp
 
 
 def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> dict[str, list[Run]]:
-    dataset = prepare(name, dirs["work"], args.partitions, args.partitioner)
     runs: dict[str, list[Run]] = {}
     for mode in args.modes:
         if reused(mode, args):
             continue
+        dataset = prepare(name, dirs["work"], args.partitions, args.partitioner, float16=mode in FLOAT16)
         for seed in args.seeds:
             run = one_run(name, dataset, mode, seed, dirs, args)
             runs.setdefault(mode, []).append(run)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.accuracy_bench import (
+    BYTES_PER_FEATURE,
     DAEMON_EXTRA,
     daemon_config,
     daemon_tables,
@@ -53,7 +54,9 @@ def test_every_daemon_mode_config_parses(mode):
     if "loader" in DAEMON_EXTRA[mode]:
         assert fraction is None
     else:
-        assert fraction == DAEMON_EXTRA[mode].get("hierarchy", {}).get("megabatch_fraction", 0.25)
+        # float16 rows (HB16) take half the bytes: twice the partitions in a mega-batch at the same ratio in bytes
+        want = 0.25 * BYTES_PER_FEATURE.get(mode, 1)
+        assert fraction == DAEMON_EXTRA[mode].get("hierarchy", {}).get("megabatch_fraction", want)
 
 
 def test_run_names_tell_partitions_and_ratio_apart():
@@ -71,3 +74,12 @@ def test_exact_semantics_modes_need_ns_unless_trained(capsys):
     assert parse_args(["--modes", "HB,STAGED", "--train-exact"]).train_exact
     with pytest.raises(SystemExit):
         parse_args(["--feature-ratio", "0.5"])
+
+
+def test_float16_modes_run_on_their_own_prepared_copy():
+    args = parse_args(["--modes", "NS,NS16,HB,HB16"])
+    stems = {run_stem("g", mode, 0, args) for mode in ("NS", "NS16", "HB", "HB16")}
+    assert len(stems) == 4  # --reuse never takes a float32 run for a float16 one
+    args = parse_args(["--modes", "HB16", "--feature-ratio", "1.5"])
+    config = tomllib.loads(daemon_config("HB16", Path("/d"), Path("/s.sock"), 1, args))
+    assert config["hierarchy"]["megabatch_fraction"] == 1.0  # half of 1.5 in bytes: the whole graph, not more
