@@ -34,12 +34,13 @@ BATCH_ARRAY_NAMES = [field.name for field in dataclasses.fields(BatchArrays)]
 
 
 def small_dataset(root: Path, *, nodes: int = 3000, partitions: int = 16, feat_dim: int = 16, classes: int = 4,
-                  avg_degree: float = 10, seed: int = 0, partitioner: str = "metis") -> Path:
+                  avg_degree: float = 10, seed: int = 0, partitioner: str = "metis",
+                  feat_dtype: str | None = None) -> Path:
     raw = generate_graph(root / "raw", num_nodes=nodes, avg_degree=avg_degree, feat_dim=feat_dim,
                          num_classes=classes, seed=seed, progress=False)
     out = root / "dataset"
     prepare_dataset(raw.path, out, PrepareOptions(num_partitions=partitions, partitioner=partitioner,
-                                                  memory_budget=256 << 20, progress=False))
+                                                  memory_budget=256 << 20, progress=False, feat_dtype=feat_dtype))
     return out
 
 

@@ -90,6 +90,14 @@ def _cache_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err).removeprefix("--feature-cache: ")) from None
 
 
+def _device_memory(text: str) -> int:
+    """``--device-memory``: a size like 8G."""
+    try:
+        return parse_size(text, name="--device-memory")
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--device-memory: ")) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train a GNN on batches from the loader daemon (--socket) or from a "
                                             "dataset held in memory (--mode inmemory --dataset).")
@@ -138,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "the cut epoch (benchmarks; default: no limit)")
     mod.add_argument("--seed", type=non_negative_int, default=0, help="model and dropout seed (default 0)")
     mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
+    micro = mod.add_mutually_exclusive_group()
+    micro.add_argument("--micro-batches", type=positive_int, default=None, metavar="K",
+                       help="train every batch as K micro-batches whose gradients accumulate to the batch's (one "
+                            "optimizer step per batch; seeds grouped by METIS on shared neighbours, Betty's REG)")
+    micro.add_argument("--device-memory", type=_device_memory, default=None, metavar="SIZE",
+                       help="split each batch into the fewest micro-batches whose estimated peak (batch, "
+                            "activations, model and Adam state) fits SIZE of device memory, e.g. 8G (default: "
+                            "train whole batches)")
     mod.add_argument("--checkpoint", help="write a checkpoint here after every epoch")
     mod.add_argument("--resume", action="store_true", help="continue from --checkpoint")
 
@@ -298,7 +314,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
                       weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                       patience=args.patience, seed=args.seed, device=args.device,
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
-                      heads=args.heads, max_steps=args.max_steps, metric=args.metric)
+                      heads=args.heads, max_steps=args.max_steps, metric=args.metric,
+                      micro_batches=args.micro_batches, device_memory=args.device_memory)
     if args.nproc_per_node > 1:
         # the arguments, the dataset and the configuration were checked once, here, before any rank starts
         from trainer.launch import launch

@@ -55,6 +55,7 @@ from trainer.checkpoint import (
 from trainer.device_cache import DeviceFeatureCache
 from trainer.distributed import Peers, data_parallel, training_device
 from trainer.metrics import TrainerMetrics
+from trainer.micro_batches import CUDA_STEP_OVERHEAD, MicroBatching, ModelShape
 from trainer.models import build_model
 from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
@@ -142,6 +143,18 @@ class _Run:
                      f"on {self.device}")
         source.pin_for(self.device)
         self.stager = Stager(self.device, cache)
+        shape = ModelShape(cfg.model, info.num_features, cfg.hidden, info.num_classes, info.num_hops, cfg.heads,
+                           torch.empty(0, dtype=getattr(torch, info.feature_dtype)).element_size(),
+                           CUDA_STEP_OVERHEAD if self.device.type == "cuda" else 0)
+        self.micro = MicroBatching(cfg.micro_batches, cfg.device_memory, shape, cfg.seed)
+        self.train_stager = self.stager
+        """Training batches' stager: on CUDA with micro-batches, one that keeps them on the host, where they are
+        cut, so that only one micro-batch at a time is on the device (the whole batch may not fit there)."""
+        if self.micro.enabled and self.device.type == "cuda":
+            if cache is not None:
+                raise UserError("--feature-cache does not combine with --micro-batches or --device-memory on CUDA: "
+                                "the cache assembles whole batches on the device, micro-batches are cut on the host")
+            self.train_stager = Stager(torch.device("cpu"))
         self.row_bytes = info.num_features * torch.empty(0, dtype=getattr(torch, info.feature_dtype)).element_size()
         self.result = TrainResult(cfg, str(self.device), info.description)
         self.bad_evals = 0
@@ -233,10 +246,13 @@ class _Run:
         wait_s = step_s = 0.0
         started = time.perf_counter()
         check = SequenceCheck(f"train (epoch {epoch})")
-        self.stager.take_rows()  # forget the rows and copies of evaluation batches
-        self.stager.take_copies()
+        self.train_stager.take_rows()  # forget the rows and copies of evaluation batches
+        self.train_stager.take_copies()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        source_batches = iter(self.source.train_batches(epoch))
         with (EpochProgress(epoch, self.cfg.epochs, enabled=self.progress, interval_s=self.progress_interval) as bar,
-              contextlib.closing(prefetched(iter(self.source.train_batches(epoch)), self.stager, check)) as stream):
+              contextlib.closing(prefetched(source_batches, self.train_stager, check)) as stream):
             for batch, waited in stream:
                 if self.stop_requested():
                     # a step boundary: the step before finished; closing the stream releases this batch
@@ -244,17 +260,15 @@ class _Run:
                     break
                 step_started = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                logits = self.train_model(batch.x, batch.edge_index, batch.num_sampled_nodes,
-                                          batch.num_sampled_edges)
-                loss, summed = self.loss(logits, batch)
-                loss.backward()
+                logits, summed = self.forward_backward(batch)
                 self.optimizer.step()
-                mask = batch.y >= 0
-                batch_correct = int((logits.argmax(1)[mask] == batch.y[mask]).sum())  # also waits for the GPU
+                y = batch.y.to(logits.device)  # a batch cut into micro-batches stayed on the host
+                mask = y >= 0
+                batch_correct = int((logits.argmax(1)[mask] == y[mask]).sum())  # also waits for the GPU
                 if self.label_counts is not None:
-                    self.label_counts += torch.bincount(batch.y[mask], minlength=2)[:2]
+                    self.label_counts += torch.bincount(y[mask], minlength=2)[:2]
                 batch_labelled = int(mask.sum())
-                total_loss += summed.item() if summed is not None else loss.item() * batch_labelled
+                total_loss += summed
                 batch.release()
                 step = time.perf_counter() - step_started
                 correct, labelled = correct + batch_correct, labelled + batch_labelled
@@ -262,7 +276,7 @@ class _Run:
                 wait_s, step_s = wait_s + waited, step_s + step
                 if self.metrics is not None:
                     self.metrics.observe_batch(waited, step, batch.batch_size)
-                    shipped, cached = self.stager.take_rows()
+                    shipped, cached = self.train_stager.take_rows()
                     self.metrics.observe_features(shipped * self.row_bytes, cached * self.row_bytes)
                 bar.update(batch.stream_batches, batch.batch_size, waited, step)
                 self.steps += 1
@@ -271,7 +285,9 @@ class _Run:
                     self.result.stopped_at_max_steps = True
                     break
         train_s = time.perf_counter() - started
-        h2d_bytes, h2d_s = self.stager.take_copies()
+        h2d_bytes, h2d_s = self.train_stager.take_copies()
+        split, micro, redundancy = self.micro.take_stats()
+        peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else 0
         busy = wait_s + step_s
         if self.ranks.distributed:
             # the epoch's loss, accuracy and throughput over every rank's pieces; timings stay this rank's
@@ -282,7 +298,43 @@ class _Run:
                            val_acc=None, test_acc=None, batches=batches, samples=samples,
                            samples_per_s=samples / train_s if train_s > 0 else 0.0, wait_s=wait_s, step_s=step_s,
                            data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s, eval_s=0.0,
-                           h2d_bytes=h2d_bytes, h2d_s=h2d_s)
+                           h2d_bytes=h2d_bytes, h2d_s=h2d_s, split_batches=split, micro_batches=micro,
+                           input_redundancy=redundancy, peak_device_bytes=peak)
+
+    def forward_backward(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """Forward and backward of one training batch, whole or as micro-batches (``cfg.micro_batches`` or
+        ``cfg.device_memory``): the seeds' logits and the sum of their losses (for the log). Split, each
+        micro-batch's loss is its seeds' summed loss over the batch's labelled seeds (under DDP: times W over
+        the global batch's seeds, as ``loss``), so the accumulated gradient is the whole batch's; under DDP
+        only the last micro-batch's backward all-reduces."""
+        parts = self.micro.split(batch)
+        if parts is None:
+            batch = batch.to(self.device)  # a no-op unless the batch was kept on the host to be cut
+            logits = self.train_model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+            loss, summed = self.loss(logits, batch)
+            loss.backward()
+            return logits, summed.item() if summed is not None else loss.item() * int((batch.y >= 0).sum())
+        if self.ranks.distributed:
+            if batch.global_seeds is None:
+                raise RuntimeError("a training batch under DDP does not say how many seeds its global batch holds")
+            scale = self.ranks.world_size / max(1, batch.global_seeds)
+        else:
+            scale = 1 / max(1, int((batch.y >= 0).sum()))
+        logits = torch.empty((batch.batch_size, self.info.num_classes), device=self.device)
+        total = 0.0
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            if not last and isinstance(self.train_model, torch.nn.parallel.DistributedDataParallel):
+                sync = self.train_model.no_sync()  # gradients accumulate locally; the last backward all-reduces
+            with sync:
+                b = part.batch.to(self.device)
+                out = self.train_model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+                summed = F.cross_entropy(out, b.y, ignore_index=-1, reduction="sum")
+                (summed * scale).backward()
+            logits[part.seeds.to(logits.device)] = out.detach()
+            total += summed.item()
+        return logits, total
 
     def stop_requested(self) -> bool:
         """Whether to stop at this step boundary: under several ranks, whether any rank was asked to (every

@@ -99,6 +99,11 @@ class SampledGNN(torch.nn.Module):
         layers = self.num_layers
         if len(num_sampled_edges) != layers:
             raise ValueError(f"batch has {len(num_sampled_edges)} sampled hops, the model {layers} layers")
+        weight = next(self.parameters())
+        if x.dtype != weight.dtype:
+            # float16 features (prepare --feat-dtype float16) cross the slot and PCIe at half the bytes and are
+            # widened here, on the training device
+            x = x.to(weight.dtype)
         for i in range(layers):
             x, edge_index, _ = trim_to_layer(i, num_sampled_nodes, num_sampled_edges, x, edge_index)
             # the outermost hop left only sends messages at this layer: no output rows for it

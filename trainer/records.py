@@ -33,6 +33,9 @@ class TrainConfig:
     judged by, the best epoch and early stopping included: "accuracy", "roc_auc", "macro_f1" or
     "auto" (the default: roc_auc for a binary task whose minority class is under 35% of the
     labelled training nodes, else accuracy; ``trainer.scores``). Accuracy is reported either way.
+    micro_batches: train every batch as this many micro-batches (Betty's REG + METIS split; default
+    None: whole). device_memory: bytes a training step may take on the device; each batch is split
+    into the fewest micro-batches whose estimated peak fits (``trainer.micro_batches``; default None).
     """
 
     model: str = "sage"
@@ -50,6 +53,8 @@ class TrainConfig:
     heads: int = 4
     max_steps: int | None = None
     metric: str = "auto"
+    micro_batches: int | None = None
+    device_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -75,6 +80,12 @@ class TrainConfig:
             raise UserError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}) for gat")
         if self.resume and self.checkpoint is None:
             raise UserError("resume needs a checkpoint path")
+        if self.micro_batches is not None and self.micro_batches <= 0:
+            raise UserError(f"micro_batches must be positive, got {self.micro_batches}")
+        if self.device_memory is not None and self.device_memory <= 0:
+            raise UserError(f"device_memory must be positive, got {self.device_memory}")
+        if self.micro_batches is not None and self.device_memory is not None:
+            raise UserError("give micro_batches (a fixed split) or device_memory (the split that fits), not both")
         if self.metric not in METRIC_CHOICES:
             raise UserError(f"metric must be one of {', '.join(METRIC_CHOICES)}, got {self.metric!r}")
 
@@ -96,6 +107,9 @@ class EpochRecord:
     optimizer steps; data_wait = wait_s / (wait_s + step_s); samples: seed nodes trained on;
     train_s: the training part of the epoch, eval_s the evaluation part. h2d_bytes, h2d_s: the
     training batches' host-to-device copies, bytes and seconds on the copy stream (0 off CUDA).
+    split_batches, micro_batches: batches trained as micro-batches and how many those were (0: none split);
+    input_redundancy: their input rows summed over the micro-batches over the batches' rows (1.0: none
+    loaded twice). peak_device_bytes: CUDA's ``max_memory_allocated`` over the epoch's training (0 off CUDA).
     """
 
     epoch: int
@@ -115,6 +129,10 @@ class EpochRecord:
     test_score: float | None = None
     h2d_bytes: int = 0
     h2d_s: float = 0.0
+    split_batches: int = 0
+    micro_batches: int = 0
+    input_redundancy: float = 1.0
+    peak_device_bytes: int = 0
 
 
 def _json_float(value: float | None) -> float | None:
@@ -218,5 +236,8 @@ def format_epoch(record: EpochRecord, total: int, metric: str = "accuracy") -> s
     val = _split_column(record.val_acc, record.val_score, metric)
     test = _split_column(record.test_acc, record.test_score, metric)
     h2d = f"  H2D {record.h2d_bytes / record.h2d_s / 1e9:.1f} GB/s" if record.h2d_s > 0 else ""
+    if record.split_batches:
+        h2d += (f"  micro-batches {record.micro_batches / record.split_batches:.1f}/batch "
+                f"(redundancy {record.input_redundancy:.2f})")
     return (f"epoch {record.epoch}/{total}  loss {record.loss:.3f}  train {record.train_acc:.3f}  val {val}  "
             f"test {test}  {record.samples_per_s:.0f} samples/s  data-wait {100 * record.data_wait:.1f}%{h2d}")
