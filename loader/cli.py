@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from loader.memory import pin_malloc_thresholds
 from proto.atomic import io_error
-from proto.cli_types import positive_int, positive_seconds
+from proto.cli_types import parse_fanouts, positive_int, positive_seconds
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
@@ -105,6 +105,27 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
                              progress=args.progress)
     dataset = prepare_dataset(Path(args.raw), Path(args.out), options)
     print(format_summary(dataset_summary(dataset.path)))
+    return 0
+
+
+def _cmd_aggregate(args: argparse.Namespace) -> int:
+    from loader.format.dataset import open_dataset
+    from loader.offline.aggregation import aggregation_bytes, build_aggregation_cache, pilot_nodes_per_hop
+
+    cache = build_aggregation_cache(Path(args.dataset), args.kind,
+                                    parse_size(args.memory_budget, name="--memory-budget"), progress=args.progress)
+    dataset = open_dataset(args.dataset)
+    hops = pilot_nodes_per_hop(dataset, args.batch_size, tuple(args.fanouts))
+    without, with_cache = aggregation_bytes([round(h) for h in hops], dataset.manifest.row_bytes)
+    report = {"dataset": str(dataset.path), "kind": cache.kind, "file": cache.file, "nodes_per_hop": hops,
+              "bytes_per_batch_without": without, "bytes_per_batch_with": with_cache, "pays": with_cache < without}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        verdict = "pays" if with_cache < without else "does not pay (the last hop is thin)"
+        print(f"aggregation cache ({cache.kind}) written to {dataset.path / cache.file}; a batch of "
+              f"{args.batch_size} seeds with fanouts {list(args.fanouts)} fetches {without / 2**20:.2f} MiB of rows "
+              f"without it, {with_cache / 2**20:.2f} MiB with it: the cache {verdict}")
     return 0
 
 
@@ -265,6 +286,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="store features as (default: the raw dtype)")
     prep.add_argument("--seed", type=int, default=0, help="partitioner seed (default 0)")
     prep.set_defaults(handler=_cmd_prepare)
+
+    agg = sub.add_parser("aggregate", help="build BatchGNN's aggregation cache: every node's features aggregated "
+                                           "over all its in-neighbours (docs/FORMAT.md)")
+    agg.add_argument("dataset")
+    agg.add_argument("--kind", default="mean", help="aggregator: mean, sum or gcn (default mean)")
+    agg.add_argument("--memory-budget", default="1G", help="peak data memory (default 1G)")
+    agg.add_argument("--batch-size", type=positive_int, default=1024,
+                     help="batch of the cost estimate printed at the end (default 1024)")
+    agg.add_argument("--fanouts", type=parse_fanouts, default=(10, 5), help="fanouts of that estimate (default 10,5)")
+    agg.add_argument("--json", action="store_true", help="machine-readable output")
+    agg.set_defaults(handler=_cmd_aggregate)
 
     ver = sub.add_parser("verify", help="check checksums and structure; exit 0 only if all hold")
     ver.add_argument("dataset")

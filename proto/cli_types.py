@@ -8,7 +8,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["positive_int", "non_negative_int", "port", "positive_seconds", "non_negative_seconds"]
+__all__ = ["positive_int", "non_negative_int", "port", "positive_seconds", "non_negative_seconds", "parse_fanouts"]
 
 MAX_PORT = 65535
 
@@ -63,3 +63,14 @@ def positive_seconds(text: str) -> float:
 def non_negative_seconds(text: str) -> float:
     """A finite number of seconds of at least 0 (waits where 0 means not at all)."""
     return _seconds(text, lambda value: value >= 0, "a non-negative")
+
+
+def parse_fanouts(text: str) -> tuple[int, ...]:
+    """"10,5" -> (10, 5); each entry a positive integer or -1 (all neighbours)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,5, got {text!r}") from None
+    if any(v == 0 or v < -1 for v in values):
+        raise argparse.ArgumentTypeError(f"each fanout must be positive or -1 (all neighbours), got {text!r}")
+    return values

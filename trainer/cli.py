@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from proto.atomic import atomic_file, io_error
-from proto.cli_types import non_negative_int, non_negative_seconds, positive_int, positive_seconds
+from proto.cli_types import non_negative_int, non_negative_seconds, parse_fanouts, positive_int, positive_seconds
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import parse_size
@@ -67,17 +67,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROG}: error: {message} (see --help)\n")
-
-
-def parse_fanouts(text: str) -> tuple[int, ...]:
-    """"10,5" -> (10, 5); each entry a positive integer or -1 (all neighbours)."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 10,5, got {text!r}") from None
-    if any(v == 0 or v < -1 for v in values):
-        raise argparse.ArgumentTypeError(f"each fanout must be positive or -1 (all neighbours), got {text!r}")
-    return values
 
 
 def _cache_size(text: str) -> int:
