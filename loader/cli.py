@@ -109,8 +109,10 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
+    from loader.format.aggregates import aggregation_bytes
     from loader.format.dataset import open_dataset
-    from loader.offline.aggregation import aggregation_bytes, build_aggregation_cache, pilot_nodes_per_hop
+    from loader.offline.aggregation import build_aggregation_cache
+    from loader.sampling.pilot import pilot_nodes_per_hop
 
     cache = build_aggregation_cache(Path(args.dataset), args.kind,
                                     parse_size(args.memory_budget, name="--memory-budget"), progress=args.progress)

@@ -72,6 +72,10 @@ class Batch:
     included; None where it does not know ahead (the daemon's hierarchical mode with ``passes = "auto"``).
     Progress counts against it, not an estimate from the seed count: a hierarchical epoch may publish more
     batches than ``train_nodes / batch_size`` (each mega-batch's last batch is short)."""
+    x_agg: torch.Tensor | None = None
+    """With an aggregation cache (``--aggregation-cache``): per node of the batch, its input features aggregated
+    over all its neighbours, rows as ``x``'s; the batch then holds one hop fewer than the model's layers (the
+    first layer reads these rows instead of a sampled last hop). None: no cache."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -88,6 +92,8 @@ class Batch:
         if self.edge_index.shape != (2, sum(self.num_sampled_edges)):
             raise ValueError(f"edge_index has shape {tuple(self.edge_index.shape)}, "
                              f"expected (2, {sum(self.num_sampled_edges)})")
+        if self.x_agg is not None and self.x_agg.shape != (nodes, self.x.shape[1]):
+            raise ValueError(f"x_agg has shape {tuple(self.x_agg.shape)}, expected ({nodes}, {self.x.shape[1]})")
         if self.y.shape[0] != self.num_sampled_nodes[0]:
             raise ValueError(f"y has {self.y.shape[0]} entries, expected {self.num_sampled_nodes[0]} seeds")
 
@@ -104,7 +110,9 @@ class Batch:
         return Batch(self.x.to(device, non_blocking=non_blocking), self.y.to(device, non_blocking=non_blocking),
                      self.edge_index.to(device, non_blocking=non_blocking), self.n_id,
                      self.num_sampled_nodes, self.num_sampled_edges, self.seq, plan, self.global_seeds,
-                     self.stream_batches, _release=self.release)
+                     self.stream_batches,
+                     None if self.x_agg is None else self.x_agg.to(device, non_blocking=non_blocking),
+                     _release=self.release)
 
     def release(self) -> None:
         """Hand the underlying shared-memory slot back to its producer (idempotent)."""

@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep this many bytes of feature rows on the training device (GPU memory, else RAM), "
                           "planned by the daemon so that only the rows it lacks are shipped, e.g. 256M "
                           "(default 0: off; daemon mode only)")
+    src.add_argument("--aggregation-cache", action="store_true",
+                     help="read the dataset's aggregation cache (megabatch aggregate): batches sample one hop fewer "
+                          "and the first layer takes every node's features aggregated over all its neighbours "
+                          "(BatchGNN; --model sage with a mean cache, gcn with a gcn cache; inmemory mode only)")
+    src.add_argument("--no-eval-aggregation", dest="eval_aggregation", action="store_false",
+                     help="with --aggregation-cache, evaluate on batches that sample every hop instead")
     src.add_argument("--no-pin-slots", dest="pin_slots", action="store_false",
                      help="with --device cuda, do not register the daemon's slots as pinned host memory: copies to "
                           "the GPU are then synchronous, through the driver's bounce buffer (default: pinned)")
@@ -328,7 +334,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
 
         source = InMemorySource(opened, batch_size=sampler.batch_size, fanouts=sampler.fanouts,
                                 eval_fanouts=sampler.eval_fanouts, eval_batch_size=sampler.eval_batch_size,
-                                seed=sampler.seed, rank=ranks.rank, world_size=ranks.world_size)
+                                seed=sampler.seed, rank=ranks.rank, world_size=ranks.world_size,
+                                aggregation=args.aggregation_cache, eval_aggregation=args.eval_aggregation)
     # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()
@@ -386,6 +393,8 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"{', '.join(given)}: inmemory-mode options (the daemon's config sets its sampler)")
         if args.nproc_per_node > 1 and args.feature_cache:
             parser.error(SEVERAL_RANKS_NO_CACHE)
+        if args.aggregation_cache:
+            parser.error("--aggregation-cache: inmemory mode only so far (the daemon does not serve x_agg yet)")
     elif args.socket is not None:
         parser.error("--socket and --mode inmemory exclude each other")
     elif args.feature_cache:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from loader.format.aggregates import read_aggregates
 from loader.format.dataset import Dataset, open_dataset
 from loader.sampling.inmemory import (
     EpochBatches,
@@ -56,11 +57,16 @@ class InMemorySource(BatchSource):
     sampler call (default 256). rank, world_size: the share of the epoch this source yields
     (default 0 of 1: all of it); ``batch_size`` is then per rank.
     Features stored as float16 are widened to float32 per batch.
+    aggregation (default False): read the dataset's aggregation cache (``megabatch aggregate``): training
+    batches sample one hop fewer and carry ``x_agg``, every node's features aggregated over all its
+    neighbours, for the model's first layer (BatchGNN); eval_aggregation (default True): evaluation batches
+    too (False: they sample every hop, and the model's first layer aggregates the sampled neighbours).
     """
 
     def __init__(self, dataset: Path | str | Dataset, *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 5),
                  eval_fanouts: Sequence[int] | None = None, eval_batch_size: int = 1024, seed: int = 0,
-                 chunk_batches: int = DEFAULT_CHUNK_BATCHES, rank: int = 0, world_size: int = 1) -> None:
+                 chunk_batches: int = DEFAULT_CHUNK_BATCHES, rank: int = 0, world_size: int = 1,
+                 aggregation: bool = False, eval_aggregation: bool = True) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("chunk_batches", chunk_batches)):
             if value <= 0:
@@ -81,6 +87,12 @@ class InMemorySource(BatchSource):
         self.chunk_batches = chunk_batches
         opened = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
         self.data: InMemoryGraph = load_in_memory(opened)
+        self.aggregates: np.ndarray | None = None
+        kind = ""
+        if aggregation:
+            cache, self.aggregates = read_aggregates(opened)
+            kind = cache.kind
+        self.eval_aggregation = aggregation and eval_aggregation
         train_labels = self.data.labels[self.data.splits["train"]]
         # every label is in memory already: the class balance costs one bincount, not an epoch of counting
         counts = np.bincount(train_labels[train_labels >= 0], minlength=self.data.num_classes)
@@ -91,7 +103,7 @@ class InMemorySource(BatchSource):
                                 num_hops=len(self.fanouts), batch_size=batch_size,
                                 train_nodes=int(self.data.splits["train"].shape[0]),
                                 description=f"inmemory {opened.path}",
-                                train_class_counts=tuple(int(c) for c in counts))
+                                train_class_counts=tuple(int(c) for c in counts), aggregation=kind)
 
     @property
     def info(self) -> SourceInfo:
@@ -100,8 +112,10 @@ class InMemorySource(BatchSource):
     def train_batches(self, epoch: int) -> Iterator[Batch]:
         # one rank of one is the single-process epoch exactly (seeds and keys; tests/test_ranks.py)
         mine = deal_epoch(self.data.splits["train"], self.batch_size, self.seed, epoch, self.rank, self.world_size)
-        return self._batches(EpochBatches(mine.seeds, mine.keys), self.batch_size, self.fanouts,
-                             mine.global_sizes.tolist())
+        aggregated = self.aggregates is not None
+        return self._batches(EpochBatches(mine.seeds, mine.keys), self.batch_size,
+                             self.fanouts[:-1] if aggregated else self.fanouts, mine.global_sizes.tolist(),
+                             aggregated=aggregated)
 
     def eval_batches(self, split: str) -> Iterator[Batch]:
         if split not in ("val", "test"):
@@ -109,10 +123,12 @@ class InMemorySource(BatchSource):
         plan = eval_split_batches(self.data.splits[split], self.eval_batch_size, self.seed, split_stream(split))
         if self.world_size > 1:
             plan = deal_eval(plan, self.eval_batch_size, self.rank, self.world_size)
-        return self._batches(plan, self.eval_batch_size, self.eval_fanouts)
+        aggregated = self.eval_aggregation
+        return self._batches(plan, self.eval_batch_size, self.eval_fanouts[:-1] if aggregated else self.eval_fanouts,
+                             aggregated=aggregated)
 
     def _batches(self, plan: EpochBatches, batch_size: int, fanouts: tuple[int, ...],
-                 global_sizes: list[int] | None = None) -> Iterator[Batch]:
+                 global_sizes: list[int] | None = None, *, aggregated: bool = False) -> Iterator[Batch]:
         """The batches of ``plan``; a key beyond the batches its seeds fill is an empty batch (a rank's
         piece of a last global batch too short to give it a seed). ``global_sizes``: per batch, the
         seeds of the global batch it belongs to (DDP training)."""
@@ -125,28 +141,36 @@ class InMemorySource(BatchSource):
             # keys are per batch, so sampling in chunks gives exactly the batches of one whole-epoch call
             sampled = sample_pass(self.data.graph, seeds, batch_size, fanouts, keys)
             for b in range(sampled.num_batches):
-                yield self._to_batch(sampled.batch(b), seq, None if global_sizes is None else global_sizes[seq], total)
+                yield self._to_batch(sampled.batch(b), seq, None if global_sizes is None else global_sizes[seq], total,
+                                     aggregated)
                 seq += 1
         for step in range(filled, len(plan.keys)):
-            yield self._empty_batch(len(fanouts), seq, None if global_sizes is None else global_sizes[step], total)
+            yield self._empty_batch(len(fanouts), seq, None if global_sizes is None else global_sizes[step], total,
+                                    aggregated)
             seq += 1
 
-    def _empty_batch(self, hops: int, seq: int, global_seeds: int | None, total: int) -> Batch:
+    def _empty_batch(self, hops: int, seq: int, global_seeds: int | None, total: int, aggregated: bool) -> Batch:
         # no seed, yet a batch: the training step still runs forward and backward so DDP's all-reduce matches
-        return Batch(x=torch.zeros((0, self.data.feat_dim), dtype=torch.float32), y=torch.zeros(0, dtype=torch.int64),
+        empty = torch.zeros((0, self.data.feat_dim), dtype=torch.float32)
+        return Batch(x=empty, y=torch.zeros(0, dtype=torch.int64),
                      edge_index=torch.zeros((2, 0), dtype=torch.int64), n_id=torch.zeros(0, dtype=torch.int64),
                      num_sampled_nodes=[0] * (hops + 1), num_sampled_edges=[0] * hops, seq=seq,
-                     global_seeds=global_seeds, stream_batches=total)
+                     global_seeds=global_seeds, stream_batches=total, x_agg=empty if aggregated else None)
 
-    def _to_batch(self, sampled: SampledBatch, seq: int, global_seeds: int | None, total: int) -> Batch:
+    @staticmethod
+    def _rows(matrix: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
+        rows = matrix[nodes]
+        return torch.from_numpy(rows if rows.dtype == np.float32 else rows.astype(np.float32))
+
+    def _to_batch(self, sampled: SampledBatch, seq: int, global_seeds: int | None, total: int,
+                  aggregated: bool = False) -> Batch:
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
-        features = self.data.features[nodes]
-        if features.dtype != np.float32:
-            features = features.astype(np.float32)
-        return Batch(x=torch.from_numpy(features), y=torch.from_numpy(self.data.labels[nodes[:num_seeds]]),
+        x_agg = self._rows(self.aggregates, nodes) if aggregated and self.aggregates is not None else None
+        return Batch(x=self._rows(self.data.features, nodes),
+                     y=torch.from_numpy(self.data.labels[nodes[:num_seeds]]),
                      edge_index=torch.from_numpy(sampled.edge_index),
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),
                      num_sampled_nodes=[int(v) for v in sampled.num_sampled_nodes],
                      num_sampled_edges=[int(v) for v in sampled.num_sampled_edges], seq=seq,
-                     global_seeds=global_seeds, stream_batches=total)
+                     global_seeds=global_seeds, stream_batches=total, x_agg=x_agg)

@@ -56,7 +56,7 @@ from trainer.device_cache import DeviceFeatureCache
 from trainer.distributed import Peers, data_parallel, training_device
 from trainer.metrics import TrainerMetrics
 from trainer.micro_batches import CUDA_STEP_OVERHEAD, MicroBatching, ModelShape
-from trainer.models import build_model
+from trainer.models import AGGREGATION_FOR, build_model
 from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
 from trainer.ranks import SINGLE, Ranks
@@ -128,8 +128,13 @@ class _Run:
         self._check_same_dealing()
         # the same seed on every rank: the same initial weights (DDP broadcasts rank 0's anyway) and dropout seed
         seed_everything(cfg.seed)
+        if info.aggregation and AGGREGATION_FOR.get(cfg.model) != info.aggregation:
+            raise UserError(f"--aggregation-cache: the dataset's cache is {info.aggregation!r}; --model {cfg.model} "
+                            + (f"reads a {AGGREGATION_FOR[cfg.model]!r} one (megabatch aggregate --kind "
+                               f"{AGGREGATION_FOR[cfg.model]})" if cfg.model in AGGREGATION_FOR
+                               else "reads none (attention needs every edge)"))
         self.model = build_model(cfg.model, info.num_features, cfg.hidden, info.num_classes, info.num_hops,
-                                 cfg.dropout, cfg.heads).to(self.device)
+                                 cfg.dropout, cfg.heads, info.aggregation).to(self.device)
         self.train_model = data_parallel(self.model, ranks, self.device)
         """What training steps call: ``model`` itself, or its DDP wrapper under several ranks. Evaluation
         calls ``model``: ranks evaluate different numbers of batches and DDP's forward may be a collective."""
@@ -310,7 +315,8 @@ class _Run:
         parts = self.micro.split(batch)
         if parts is None:
             batch = batch.to(self.device)  # a no-op unless the batch was kept on the host to be cut
-            logits = self.train_model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+            logits = self.train_model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges,
+                                      batch.x_agg)
             loss, summed = self.loss(logits, batch)
             loss.backward()
             return logits, summed.item() if summed is not None else loss.item() * int((batch.y >= 0).sum())
@@ -329,7 +335,7 @@ class _Run:
                 sync = self.train_model.no_sync()  # gradients accumulate locally; the last backward all-reduces
             with sync:
                 b = part.batch.to(self.device)
-                out = self.train_model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+                out = self.train_model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges, b.x_agg)
                 summed = F.cross_entropy(out, b.y, ignore_index=-1, reduction="sum")
                 (summed * scale).backward()
             logits[part.seeds.to(logits.device)] = out.detach()
@@ -386,7 +392,8 @@ class _Run:
         # each rank evaluates its share of the batches; the counts (and AUC's scores) are pooled below
         with contextlib.closing(prefetched(iter(self.source.eval_batches(split)), self.stager, check)) as stream:
             for batch, _ in stream:
-                logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+                logits = self.model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges,
+                                    batch.x_agg)
                 mask = batch.y >= 0
                 y = batch.y[mask]
                 counts = torch.bincount(y * classes + logits.argmax(1)[mask], minlength=classes * classes)

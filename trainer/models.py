@@ -14,9 +14,11 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.utils import trim_to_layer
 
-__all__ = ["MODELS", "SampledGNN", "build_model", "mean_weights"]
+__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "mean_weights"]
 
 MODELS = ("sage", "gcn", "gat")
+AGGREGATION_FOR = {"sage": "mean", "gcn": "gcn"}
+"""The aggregation cache each model's first layer can read (BatchGNN: SAGE's mean, GCN's normalized sum)."""
 
 
 def mean_weights(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
@@ -45,10 +47,15 @@ class SampledGNN(torch.nn.Module):
     """
 
     def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int, dropout: float,
-                 heads: int = 4) -> None:
+                 heads: int = 4, aggregation: str = "") -> None:
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {kind!r}")
+        if aggregation and AGGREGATION_FOR.get(kind) != aggregation:
+            want = AGGREGATION_FOR.get(kind)
+            raise ValueError(f"model {kind} reads " + (f"a {want!r} aggregation cache" if want else "no aggregation "
+                             "cache (attention needs every edge)") + f", the batches carry {aggregation!r}")
+        self.aggregation = aggregation
         for name, value in (("in_dim", in_dim), ("hidden", hidden), ("out_dim", out_dim),
                             ("num_layers", num_layers), ("heads", heads)):
             if value <= 0:
@@ -93,30 +100,53 @@ class SampledGNN(torch.nn.Module):
             return conv(x, edges, weights)[:targets]
         return conv(x, edge_index)[:targets]
 
+    def aggregated_layer(self, x: Tensor, x_agg: Tensor) -> Tensor:
+        """Layer 0 from the aggregation cache, for every node of the batch, no message passing: SAGE's
+        ``lin_l(mean of all neighbours) + lin_r(x)``, GCN's ``(A_hat X) W + b`` (the cache holds A_hat X with
+        the global degrees, BatchGNN's normalization), with the same parameters as the sampled layer."""
+        conv = self.convs[0]
+        if self.kind == "sage":
+            assert isinstance(conv, SAGEConv)
+            return conv.lin_l(x_agg) + conv.lin_r(x)
+        assert isinstance(conv, GCNConv) and conv.bias is not None
+        return conv.lin(x_agg) + conv.bias
+
     def forward(self, x: Tensor, edge_index: Tensor, num_sampled_nodes: list[int],
-                num_sampled_edges: list[int]) -> Tensor:
-        """Logits of the ``num_sampled_nodes[0]`` seed nodes (the first rows of ``x``)."""
+                num_sampled_edges: list[int], x_agg: Tensor | None = None) -> Tensor:
+        """Logits of the ``num_sampled_nodes[0]`` seed nodes (the first rows of ``x``). With ``x_agg`` (an
+        aggregation cache's rows) the batch holds one hop fewer than the model's layers."""
         layers = self.num_layers
-        if len(num_sampled_edges) != layers:
-            raise ValueError(f"batch has {len(num_sampled_edges)} sampled hops, the model {layers} layers")
+        first = 0 if x_agg is None else 1
+        if len(num_sampled_edges) != layers - first:
+            raise ValueError(f"batch has {len(num_sampled_edges)} sampled hops, the model {layers} layers"
+                             + ("" if x_agg is None else " and reads an aggregation cache"))
         weight = next(self.parameters())
         if x.dtype != weight.dtype:
             # float16 features (prepare --feat-dtype float16) cross the slot and PCIe at half the bytes and are
             # widened here, on the training device
             x = x.to(weight.dtype)
-        for i in range(layers):
-            x, edge_index, _ = trim_to_layer(i, num_sampled_nodes, num_sampled_edges, x, edge_index)
+        if x_agg is not None:
+            if not self.aggregation:
+                raise ValueError("the batch carries an aggregation cache the model was not built for")
+            x = self.aggregated_layer(x, x_agg.to(weight.dtype))
+            if layers > 1:
+                x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
+        hops = layers - first
+        for j in range(hops):
+            x, edge_index, _ = trim_to_layer(j, num_sampled_nodes, num_sampled_edges, x, edge_index)
             # the outermost hop left only sends messages at this layer: no output rows for it
-            outer = num_sampled_nodes[layers - i]
+            outer = num_sampled_nodes[hops - j]
+            i = j + first
             x = self.layer(i, x, edge_index, x.size(0) - outer)
             if i < layers - 1:
                 x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
                 # zero rows standing in for that hop, which trim_to_layer drops before the next layer
                 x = F.pad(x, (0, 0, 0, outer))
-        return x
+        return x[:num_sampled_nodes[0]]
 
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int, dropout: float,
-                heads: int = 4) -> torch.nn.Module:
-    """A ``SampledGNN`` of kind ``name`` ("sage", "gcn" or "gat"); ``heads`` (default 4) is used by gat only."""
-    return SampledGNN(name, in_dim, hidden, out_dim, num_layers, dropout, heads)
+                heads: int = 4, aggregation: str = "") -> torch.nn.Module:
+    """A ``SampledGNN`` of kind ``name`` ("sage", "gcn" or "gat"); ``heads`` (default 4) is used by gat only;
+    ``aggregation``: the kind of aggregation cache its batches carry ("" none; ``AGGREGATION_FOR``)."""
+    return SampledGNN(name, in_dim, hidden, out_dim, num_layers, dropout, heads, aggregation)

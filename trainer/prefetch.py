@@ -124,7 +124,8 @@ class Stager:
             self.copy_bytes += staged.copy_bytes
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(staged.assembled)
-            for tensor in (staged.device.x, staged.device.y, staged.device.edge_index):
+            device = staged.device
+            for tensor in (device.x, device.y, device.edge_index, *(() if device.x_agg is None else (device.x_agg,))):
                 tensor.record_stream(compute)  # memory allocated on the copy stream is used on this one
         self.rows_shipped += staged.rows_shipped
         self.rows_cached += staged.rows_cached

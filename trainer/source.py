@@ -33,6 +33,8 @@ class SourceInfo:
     """Labelled training nodes per class (index = class id), when the source knows them up front (the
     in-memory source does; the daemon's handshake does not carry them). None: the training loop counts
     the labels of the first epoch's training batches where it needs the class balance (``--metric auto``)."""
+    aggregation: str = ""
+    """The aggregation cache the batches carry (``Batch.x_agg``): "mean" or "gcn", "" for none."""
     dealing: str = ""
     """What decides the epochs' batches, as a fingerprint (the daemon's ``Welcome.dealing``; "" where the
     source does not say). The ranks of one job must agree on it: the loop checks that they do."""

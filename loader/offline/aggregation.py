@@ -6,25 +6,25 @@ Every node's input features aggregated once over *all* its in-neighbours (sum, m
 checks (``aggregate-blocks-KIND.npy``, features.bin's check block). A first GNN layer can then read one
 aggregated row per node of hop L-1 instead of sampling hop L and fetching its rows: on [10, 5] fanouts
 hop 2 holds most of a batch's nodes, so for an out-of-core loader the cache is first of all a cut in
-bytes per batch, when ``aggregation_bytes`` says it is one (BatchGNN, seed 003, Appendix C: with the
-cache a batch fetches two rows, x and x_agg, for each node of hops 0..L-1, without it one row for each
-node of hops 0..L; it pays when hop L holds more nodes than hops 0..L-1 together).
+bytes per batch, when ``loader.format.aggregates.aggregation_bytes`` says it is one (BatchGNN, seed 003,
+Appendix C: with the cache a batch fetches two rows, x and x_agg, for each node of hops 0..L-1, without it
+one row for each node of hops 0..L; it pays when hop L holds more nodes than hops 0..L-1 together).
 
 The build streams destination nodes in chunks sized to ``--memory-budget``, reading each chunk's
 in-edges and its neighbours' rows through the page cache (an offline pass, like prepare's), writes the
 file under a temporary name, fsyncs and renames it, then publishes it by rewriting manifest.json
 atomically (section ``aggregation_cache``, and the new files' checksums in ``files``): a dataset holds
-the previous cache, or the new one, never half of one. Serving batches with it is not built yet
-(docs/FORMAT.md, "Aggregation cache").
+the previous cache, or the new one, never half of one. ``megabatch train --mode inmemory --aggregation-cache``
+reads it; the daemon does not serve it yet (docs/FORMAT.md, "Aggregation cache").
 """
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from loader.format.aggregates import SECTION, AggregationCache, aggregation_files, node_row_starts
 from loader.format.dataset import Dataset, FileEntry, manifest_text, open_dataset
 from loader.format.fileio import file_xxh3, write_all
 from loader.format.read_checks import PAGE_BYTES, file_block_checksums
@@ -34,70 +34,10 @@ from proto.errors import UserError
 from proto.progress import Progress
 from proto.sizes import format_size
 
-__all__ = ["KINDS", "AggregationCache", "aggregation_bytes", "build_aggregation_cache", "aggregation_files",
-           "node_row_starts", "SECTION", "pilot_nodes_per_hop"]
+__all__ = ["KINDS", "build_aggregation_cache"]
 
 KINDS = tuple(KIND_CODES)
-SECTION = "aggregation_cache"
-"""The manifest's section naming the dataset's aggregation cache (absent: none)."""
-
 log = logging.getLogger("megabatch.aggregate")
-
-
-def aggregation_files(kind: str) -> tuple[str, str]:
-    """(data file, block checks file) of the cache of ``kind``."""
-    return f"aggregates-{kind}.bin", f"aggregate-blocks-{kind}.npy"
-
-
-@dataclass(frozen=True)
-class AggregationCache:
-    """What manifest.json's ``aggregation_cache`` section says: the aggregator, its files, the check block."""
-
-    kind: str
-    file: str
-    checks: str
-    check_block: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "file": self.file, "checks": self.checks, "check_block": self.check_block}
-
-
-def aggregation_bytes(nodes_per_hop: list[int], row_bytes: int) -> tuple[int, int]:
-    """(feature bytes a batch of these sizes fetches without the cache, with it): without, one row for every
-    node of hops 0..L; with, a row of x and one of x_agg for every node of hops 0..L-1 and nothing of hop L.
-    The cache pays where the second is smaller (BatchGNN's Table 5 shows both cases)."""
-    inner = sum(nodes_per_hop[:-1])
-    return sum(nodes_per_hop) * row_bytes, 2 * inner * row_bytes
-
-
-def pilot_nodes_per_hop(dataset: Dataset, batch_size: int, fanouts: tuple[int, ...], batches: int = 8,
-                        seed: int = 0) -> list[float]:
-    """Mean sampled nodes per hop of the first ``batches`` training batches of epoch 0 (the in-memory sampler
-    over the memory-mapped graph): what ``aggregation_bytes`` needs to say whether the cache pays."""
-    from loader.sampling.inmemory import epoch_batches_inmemory
-    from loader.sampling.sampling import CSCGraph, sample_pass
-
-    m = dataset.manifest
-    graph = CSCGraph(dataset.read("indptr", np.int64, 1), np.load(dataset.file("indices"), mmap_mode="r"),
-                     np.arange(m.num_nodes, dtype=np.int64))
-    plan = epoch_batches_inmemory(np.load(dataset.file("train")), batch_size, seed, 0)
-    count = min(batches, len(plan.keys))
-    if count == 0:
-        return [0.0] * (len(fanouts) + 1)
-    sampled = sample_pass(graph, plan.seeds[:count * batch_size], batch_size, list(fanouts), plan.keys[:count])
-    return [float(v) for v in sampled.num_sampled_nodes.mean(axis=0)]
-
-
-def node_row_starts(dataset: Dataset) -> np.ndarray:
-    """Per node, the element index of its row in features.bin read as a flat array of the feature dtype."""
-    m = dataset.manifest
-    parts = dataset.partitions()
-    itemsize = np.dtype(m.feat_dtype.value).itemsize
-    counts = parts.node_end - parts.node_begin
-    if np.any(parts.feat_offset % itemsize):
-        raise UserError(f"{dataset.file('features')}: a partition's rows start off the {itemsize}-byte grid")
-    first = np.repeat(parts.feat_offset // itemsize - parts.node_begin * m.feat_dim, counts)
-    return first + np.arange(m.num_nodes, dtype=np.int64) * m.feat_dim
 
 
 def build_aggregation_cache(path: Path | str, kind: str, memory_budget: int, *, progress: bool = False

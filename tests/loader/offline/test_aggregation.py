@@ -13,15 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loader.format.aggregates import SECTION, aggregation_bytes, aggregation_files, node_row_starts
 from loader.format.dataset import open_dataset
-from loader.offline.aggregation import (
-    KINDS,
-    SECTION,
-    aggregation_bytes,
-    aggregation_files,
-    build_aggregation_cache,
-    node_row_starts,
-)
+from loader.offline.aggregation import KINDS, build_aggregation_cache
 from loader.offline.aggregation_kernels import KIND_CODES, aggregate_chunk, half_to_float, kernel_features
 from loader.offline.verify import verify_dataset
 from proto.errors import UserError
@@ -146,3 +140,56 @@ def test_the_cost_model_counts_two_rows_per_inner_node_and_none_of_the_last_hop(
     assert aggregation_bytes([1024, 9000, 30000], 100) == (40024 * 100, 2 * 10024 * 100)
     without, with_cache = aggregation_bytes([100, 900, 500], 4)  # a thin last hop: the cache fetches more
     assert with_cache > without
+
+
+def test_sage_on_a_mean_cache_is_sage_over_every_neighbour(own_dataset):
+    """With every neighbour sampled, layer 1 over the sampled last hop and layer 1 from the mean cache compute the
+    same thing: the batches (one hop fewer) and the logits agree, whole and cut into micro-batches."""
+    import torch
+
+    from trainer.inmemory_source import InMemorySource
+    from trainer.micro_batches import split_batch
+    from trainer.models import build_model
+
+    build_aggregation_cache(own_dataset, "mean", 1 << 20)
+    full = InMemorySource(own_dataset, batch_size=64, fanouts=(-1, -1), seed=2)
+    cached = InMemorySource(own_dataset, batch_size=64, fanouts=(-1, -1), seed=2, aggregation=True)
+    assert cached.info.aggregation == "mean" and cached.info.num_hops == 2
+    torch.manual_seed(0)
+    model = build_model("sage", 16, 32, 4, 2, dropout=0.0, aggregation="mean").eval()
+    for want_batch, got_batch, _ in zip(full.train_batches(0), cached.train_batches(0), range(3)):
+        assert len(got_batch.num_sampled_edges) == 1 and got_batch.x_agg is not None
+        assert torch.equal(got_batch.n_id[:64], want_batch.n_id[:64])
+        with torch.no_grad():
+            want = model(want_batch.x, want_batch.edge_index, want_batch.num_sampled_nodes,
+                         want_batch.num_sampled_edges)
+            got = model(got_batch.x, got_batch.edge_index, got_batch.num_sampled_nodes, got_batch.num_sampled_edges,
+                        got_batch.x_agg)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            parts = split_batch(got_batch, torch.arange(got_batch.batch_size) % 3)
+            for part in parts:
+                b = part.batch
+                out = model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges, b.x_agg)
+                torch.testing.assert_close(out, got[part.seeds], rtol=1e-5, atol=1e-5)
+    # evaluation may sample every hop instead, with the same model
+    plain_eval = InMemorySource(own_dataset, fanouts=(5, 5), seed=2, aggregation=True, eval_aggregation=False)
+    batch = next(iter(plain_eval.eval_batches("val")))
+    assert batch.x_agg is None and len(batch.num_sampled_edges) == 2
+
+
+def test_training_with_the_cache_and_its_refusals(own_dataset):
+    from trainer.inmemory_source import InMemorySource
+    from trainer.loop import TrainConfig, train
+
+    with pytest.raises(UserError, match="has no aggregation cache: build one with 'megabatch aggregate"):
+        InMemorySource(own_dataset, aggregation=True)
+    build_aggregation_cache(own_dataset, "gcn", 1 << 20)
+    source = InMemorySource(own_dataset, batch_size=256, fanouts=(10, 5), seed=0, aggregation=True)
+    result = train(source, TrainConfig(model="gcn", hidden=32, epochs=2, device="cpu"), log=lambda line: None)
+    assert len(result.epochs) == 2 and result.test_acc_at_best is not None
+    for model, message in (("sage", "reads a 'mean' one"), ("gat", "reads none")):
+        with pytest.raises(UserError, match=message):
+            train(source, TrainConfig(model=model, hidden=32, epochs=1, device="cpu"))
+    done = subprocess.run([sys.executable, "-m", "trainer", "--socket", "/nonexistent.sock", "--aggregation-cache"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "inmemory mode only" in done.stderr and len(done.stderr.splitlines()) == 1
