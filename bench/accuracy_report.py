@@ -199,7 +199,7 @@ def compare_run(mode: str, default_mode: str) -> str | None:
     The HB variants differ in their fraction, grouping or static cache, and compare ran the mode with
     ``megabatch_fraction = "auto"``: with one pass an epoch reads every partition once whatever the fraction,
     so the rate carries over."""
-    if mode in ("NS", "NS16"):  # NS16: compare ran float32 features; a float16 epoch reads half the bytes
+    if mode in ("NS", "NS16", "NSAGG"):  # compare ran float32 features without a cache: the rate is NS's
         return "inmemory"
     if mode in EXACT_MODES:
         return EXACT_MODES[mode]
