@@ -82,6 +82,8 @@ class QualityKnobs:
     partitions: int
     advised_partitions: int
     """``prepare --partitions auto``'s count for this graph (``loader.format.partition_count``)."""
+    float32_features: bool = False
+    """Features stored as float32: ``prepare --feat-dtype float16`` would fit twice the partitions in a mega-batch."""
 
     def for_coverage(self) -> list[str]:
         knobs = []
@@ -102,6 +104,9 @@ class QualityKnobs:
                          f"{self.partitions}: more, smaller partitions mix better at the same fraction)")
         if not self.whole_graph:
             knobs.append("raise [memory] budget" if self.fraction_auto else "raise [hierarchy] megabatch_fraction")
+            if self.float32_features:
+                knobs.append("prepare with --feat-dtype float16 (twice the partitions in a mega-batch at the same "
+                             "budget; docs/PERFORMANCE.md, \"Remedy: float16 features\")")
         knobs.append("use [loader] mode = \"staged\" or \"exact\"")
         return knobs
 

@@ -91,7 +91,8 @@ class HierarchicalMode(TrainingMode):
                              fraction_auto=cfg.hierarchy.megabatch_fraction is None,
                              whole_graph=plan.buffer.partitions >= len(parts),
                              static_cache_off=cfg.hierarchy.static_cache is False, partitions=len(parts),
-                             advised_partitions=auto_partitions(m.num_nodes, m.num_nodes * m.row_bytes))
+                             advised_partitions=auto_partitions(m.num_nodes, m.num_nodes * m.row_bytes),
+                             float32_features=m.feat_dtype.value == "float32")
         self.context = PipelineContext(cfg, resident, arena, reader, serving.metrics, serving.cpu_pool,
                                        plan.buffer.partitions, train_label_counts(parts, train, resident.labels),
                                        knobs)

@@ -90,8 +90,9 @@ def test_a_warning_names_only_the_knobs_not_already_set():
     skewed = EpochQuality()
     skewed.add(NeighbourSlots(50, 100), GroupSkew(0.9, 0.0, 10), 10)
     nothing_set = QualityKnobs(schedule_balanced=False, fraction_auto=False, whole_graph=False,
-                               static_cache_off=True, partitions=32, advised_partitions=256)
+                               static_cache_off=True, partitions=32, advised_partitions=256, float32_features=True)
     said = skewed.warnings(nothing_set)
+    assert "--feat-dtype float16" in said["skew"]
     assert "schedule = \"balanced\"" in said["skew"] and "--partitions auto (256 partitions, not 32" in said["skew"]
     assert "megabatch_fraction" in said["skew"] and "megabatch_fraction" in said["coverage"]
     assert "static_cache = \"auto\"" in said["coverage"]
@@ -99,7 +100,7 @@ def test_a_warning_names_only_the_knobs_not_already_set():
     all_set = QualityKnobs(schedule_balanced=True, fraction_auto=True, whole_graph=False, static_cache_off=False,
                            partitions=256, advised_partitions=256)
     said = skewed.warnings(all_set)
-    for knob in ("schedule", "--partitions", "megabatch_fraction", "static_cache"):
+    for knob in ("schedule", "--partitions", "megabatch_fraction", "static_cache", "--feat-dtype"):
         assert knob not in said["skew"] + said["coverage"], (knob, said)
     assert "[memory] budget" in said["skew"] and "mode = \"staged\"" in said["skew"]
 
