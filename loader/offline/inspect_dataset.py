@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.format.aggregates import dataset_cache
 from loader.format.dataset import open_dataset
 from loader.format.npyio import NpyReader, rows_per_chunk
 from loader.format.partition_count import auto_partitions
@@ -34,6 +35,8 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
     split_sizes = {name: m.splits.of(name) for name in ("train", "val", "test")}
     # a node dataset's summary keeps exactly its keys; a link dataset's adds its task and edge split
     link: dict[str, Any] = {} if m.link is None else {"task": "link", "link": m.link.to_json()}
+    cache = dataset_cache(dataset)
+    aggregation: dict[str, Any] = {} if cache is None else {"aggregation_cache": cache.to_json()}
     return {
         "path": str(dataset.path), "format_version": m.version, "num_nodes": m.num_nodes,
         "num_edges": m.num_edges, "num_classes": m.num_classes,
@@ -46,7 +49,7 @@ def dataset_summary(path: Path | str) -> dict[str, Any]:
         "partitions": {"count": m.num_partitions, "nodes": _stats(sizes),
                        "imbalance": float(sizes.max() / sizes.mean()) if sizes.size else 1.0,
                        "empty": int((sizes == 0).sum())},
-        "static_cache": m.static_cache.to_json(), "splits": split_sizes, "source": m.source, **link,
+        "static_cache": m.static_cache.to_json(), "splits": split_sizes, "source": m.source, **link, **aggregation,
     }
 
 
@@ -78,6 +81,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"link split   {'directed' if link['directed'] else 'undirected'} pairs: train {link['train']:,}, "
                      f"val {link['val']:,}, test {link['test']:,} (ratios {ratios}, seed {link['seed']}); "
                      f"{link['eval_negatives']} negative tails per held-out pair")
+    if "aggregation_cache" in s:
+        cache = s["aggregation_cache"]
+        lines.append(f"aggregation  {cache['kind']} over all in-neighbours ({cache['file']}, "
+                     f"{format_size(s['bytes'].get(cache['file'], 0))}; megabatch aggregate)")
     advice = partition_advice(parts["count"], s["num_nodes"], s["bytes"].get("features.bin", 0))
     if advice is not None:
         lines.append(f"advice       {advice}")

@@ -134,6 +134,9 @@ def test_the_cli_builds_the_cache_and_reports_what_it_saves(own_dataset):
     report = json.loads(done.stdout)
     assert report["kind"] == "gcn" and report["bytes_per_batch_without"] > 0 and report["bytes_per_batch_with"] > 0
     assert report["pays"] == (report["bytes_per_batch_with"] < report["bytes_per_batch_without"])
+    shown = subprocess.run([sys.executable, "-m", "loader.cli", "inspect", str(own_dataset), "--json"],
+                           capture_output=True, text=True)
+    assert json.loads(shown.stdout)["aggregation_cache"]["kind"] == "gcn"
 
 
 def test_the_cost_model_counts_two_rows_per_inner_node_and_none_of_the_last_hop():
