@@ -171,6 +171,8 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
     (["--mode", "inmemory", "--dataset", "x", "--link-order", "beta", "--buffer-partitions", "4"],
      "--link-order, --buffer-partitions: link-prediction options (--task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "marius"], "invalid choice"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--micro-batches", "2", "--aggregation-cache"],
+     "--micro-batches, --aggregation-cache: node-classification options so far (not --task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet", "--buffer-partitions", "0"],
      "--buffer-partitions"),
 ])

@@ -70,6 +70,12 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
         error(DAEMON_REFUSAL)
     if args.nproc_per_node > 1:
         error(RANKS_REFUSAL)
+    node_only = [flag for flag, value in (("--micro-batches", args.micro_batches),
+                                          ("--device-memory", args.device_memory),
+                                          ("--aggregation-cache", args.aggregation_cache or None))
+                 if value is not None]
+    if node_only:
+        error(f"{', '.join(node_only)}: node-classification options so far (not --task link)")
     if args.metric not in LINK_METRIC_CHOICES:
         error(f"--metric {args.metric}: not a link-prediction metric (--task link is judged by "
               f"{', '.join(LINK_METRIC_CHOICES)})")
