@@ -297,7 +297,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         if args.task == "link":
             from trainer.link.run import run_link
 
-            return run_link(args, opened, sampler, ranks, stop)
+            return run_link(args, opened, sampler, ranks, stop, argv)
 
     from trainer.loop import StopControl, TrainConfig, resolve_device, train
     from trainer.metrics import TrainerMetrics

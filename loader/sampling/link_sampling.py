@@ -49,7 +49,7 @@ from loader.sampling.sampling import CSCGraph, as_int, as_int_array, batch_keys,
 
 __all__ = ["STREAM_LINK_SHUFFLE", "STREAM_LINK_TRAIN", "STREAM_LINK_VAL", "STREAM_LINK_TEST", "LinkEpochPlan",
            "SampledLinkBatch", "link_shuffle_key", "link_batch_plan", "link_batch_plan_in_order", "link_eval_plan",
-           "sample_link_batch"]
+           "sample_link_batch", "STREAM_LINK_TRAIN_RANK", "link_rank_key"]
 
 # A block of its own: 0-4 are the node streams (``loader.sampling.inmemory``) and 16 the hierarchical
 # mega-batch shuffle; 24-27 stay clear of both and of the next small numbers other streams will take.
@@ -61,6 +61,18 @@ STREAM_LINK_VAL = 26
 """``batch_keys`` stream of link-prediction validation batches (``link_eval_plan``)."""
 STREAM_LINK_TEST = 27
 """``batch_keys`` stream of link-prediction test batches (``link_eval_plan``)."""
+STREAM_LINK_TRAIN_RANK = 29
+"""Keys of rank r > 0's pieces of the global training batches under several ranks (``link_rank_key``)."""
+
+
+def link_rank_key(seed: int, epoch: int, rank: int, batch: int, single_key: int) -> int:
+    """The sampling key of rank ``rank``'s piece of global training batch ``batch``: rank 0 keeps the batch's
+    own key (``single_key``, so one rank of one is the single process exactly), the others draw from their own
+    stream (their negatives and neighbours must not repeat rank 0's)."""
+    if rank == 0:
+        return single_key
+    return int(batch_keys(seed, STREAM_LINK_TRAIN_RANK, epoch, rank, batch, 1)[0])
+
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _KEY_LIMIT = 1 << 64

@@ -47,8 +47,10 @@ from loader.sampling.link_sampling import (
     STREAM_LINK_VAL,
     SampledLinkBatch,
     link_batch_plan,
+    link_rank_key,
     sample_link_batch,
 )
+from loader.sampling.ranks import check_rank
 from loader.sampling.sampling import sample_pass
 from proto.errors import UserError
 from trainer.inmemory_source import checked_fanouts
@@ -90,18 +92,21 @@ class NodeBatch:
 class LinkBatch:
     """A training batch: the subgraph around its seeds (every endpoint of a supervision pair, ``NodeBatch``)
     and the pairs: edge_label_index int64 (2, B(1+k)) positions among the seeds, the B positives first;
-    edge_label float32 (B(1+k),), 1 for a positive, 0 for a negative; positives: B."""
+    edge_label float32 (B(1+k),), 1 for a positive, 0 for a negative; positives: B. global_positives: under
+    several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
+    None for a single process)."""
 
     graph: NodeBatch
     edge_label_index: torch.Tensor
     edge_label: torch.Tensor
     positives: int
+    global_positives: int | None = None
 
     def to(self, device: torch.device) -> "LinkBatch":
         if self.graph.x.device == device:
             return self
         return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
-                         self.positives)
+                         self.positives, self.global_positives)
 
 
 @dataclass(frozen=True)
@@ -146,14 +151,18 @@ class LinkInMemorySource:
     fanouts, eval_fanouts (default: ``fanouts``), eval_batch_size (nodes per evaluation batch), seed:
     as the node task's in-memory source; link_order: "shuffled" or a buffer order ("comet", "beta"), which
     needs buffer_partitions C (2 <= C < the dataset's partitions) and, for COMET, takes logical_partitions
-    (None: MariusGNN's default). A dataset that is not a link dataset, or whose link files do not fit its
-    manifest, and a buffer the dataset's partitions do not allow, are UserErrors.
+    (None: MariusGNN's default). rank, world_size (default 0 of 1): this process's share under several
+    ranks: global training batches of ``batch_size`` x world_size positives, of which rank r trains the r-th
+    ``batch_size`` (an empty piece where a last batch is short; rank 0 of 1 is the single process exactly);
+    shuffled order only. A dataset that is not a link dataset, or whose link files do not fit its manifest,
+    and a buffer the dataset's partitions do not allow, are UserErrors.
     """
 
     def __init__(self, dataset: Dataset, *, batch_size: int = 1024, negatives: int = 1, disjoint: bool = False,
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
                  eval_batch_size: int = 1024, seed: int = 0, link_order: str = "shuffled",
-                 buffer_partitions: int | None = None, logical_partitions: int | None = None) -> None:
+                 buffer_partitions: int | None = None, logical_partitions: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("negatives", negatives)):
             if value <= 0:
@@ -169,8 +178,16 @@ class LinkInMemorySource:
         if len(self.eval_fanouts) != len(self.fanouts):
             raise UserError(f"eval_fanouts {list(self.eval_fanouts)} needs one entry per hop "
                             f"({len(self.fanouts)}, as fanouts {list(self.fanouts)})")
+        try:
+            check_rank(rank, world_size)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self.rank, self.world_size = rank, world_size
         # before the dataset is read: a buffer it cannot take is refused at once
         self.buffer = self._buffer_settings(dataset, link_order, buffer_partitions, logical_partitions)
+        if self.buffer is not None and world_size > 1:
+            raise UserError(f"--link-order {link_order}: one process only so far (several ranks train the shuffled "
+                            f"order)")
         self.link_order = cast(LinkOrder, link_order)  # one of LINK_ORDERS: _buffer_settings refuses the others
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.negatives, self.disjoint = negatives, disjoint
@@ -239,7 +256,7 @@ class LinkInMemorySource:
     def batches_per_epoch(self, epoch: int) -> int:
         """Training batches of ``epoch``: a buffer order cuts each state's edges on their own, so it may have more."""
         if self.buffer is None:
-            return num_batches(self.train_positives, self.batch_size)
+            return num_batches(self.train_positives, self.batch_size * self.world_size)
         return self.buffer_epoch(epoch).num_batches
 
     def buffer_epoch(self, epoch: int) -> BufferEpoch:
@@ -258,13 +275,27 @@ class LinkInMemorySource:
         if self.buffer is not None:
             yield from self._buffer_batches(epoch)
             return
-        plan = link_batch_plan(self.train_positives, self.batch_size, self.seed, epoch)
+        size, rank, several = self.batch_size, self.rank, self.world_size > 1
+        plan = link_batch_plan(self.train_positives, size * self.world_size, self.seed, epoch)
         for b in range(plan.num_batches):
             positions, key = plan.batch(b)
-            sampled = sample_link_batch(self.data.graph, self.train_edges[0, positions],
-                                        self.train_edges[1, positions], self.num_nodes, self.fanouts, key,
+            whole = len(positions) if several else None
+            piece = positions[rank * size:(rank + 1) * size]  # all of it for a single process
+            if not len(piece):
+                yield self._empty_link_batch(whole)  # DDP's all-reduce needs this rank's step too
+                continue
+            sampled = sample_link_batch(self.data.graph, self.train_edges[0, piece], self.train_edges[1, piece],
+                                        self.num_nodes, self.fanouts, link_rank_key(self.seed, epoch, rank, b, key),
                                         negatives_per_positive=self.negatives, disjoint=self.disjoint)
-            yield self._link_batch(sampled, len(positions))
+            yield self._link_batch(sampled, len(piece), whole)
+
+    def _empty_link_batch(self, global_positives: int | None) -> LinkBatch:
+        hops = len(self.fanouts)
+        no_edges = torch.zeros((2, 0), dtype=torch.long)
+        graph = NodeBatch(torch.zeros((0, self.num_features), dtype=torch.float32), no_edges, [0] * (hops + 1),
+                          [0] * hops, torch.zeros(0, dtype=torch.long))
+        return LinkBatch(graph, torch.zeros((2, 0), dtype=torch.long), torch.zeros(0, dtype=torch.float32), 0,
+                         global_positives)
 
     def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
         """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer."""
@@ -286,13 +317,14 @@ class LinkInMemorySource:
                                             disjoint=self.disjoint)
                 yield self._link_batch(sampled, end - begin)
 
-    def _link_batch(self, sampled: SampledLinkBatch, positives: int) -> LinkBatch:
+    def _link_batch(self, sampled: SampledLinkBatch, positives: int, global_positives: int | None = None
+                    ) -> LinkBatch:
         # rows by dataset id (``nodes``): in a buffer's subgraph the sampler's local ids are not the dataset's
         graph = NodeBatch(self._rows(sampled.nodes), torch.from_numpy(sampled.edge_index),
                           [int(v) for v in sampled.num_sampled_nodes], [int(v) for v in sampled.num_sampled_edges],
                           torch.from_numpy(sampled.nodes))
         return LinkBatch(graph, torch.from_numpy(sampled.edge_label_index), torch.from_numpy(sampled.edge_label),
-                         positives)
+                         positives, global_positives)
 
     def eval_batches(self, split: str) -> Iterator[NodeBatch]:
         """Node batches over ``held_out[split].nodes`` in order: batch b's seeds are its nodes

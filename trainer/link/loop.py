@@ -13,8 +13,13 @@ epoch's batches and each evaluation's neighbourhoods, ``seed`` the initial weigh
 request is honoured at the next step boundary, the cut epoch neither evaluated nor checkpointed; a
 checkpoint holds a completed epoch with every RNG state, so a resumed run ends with the same model as an
 uninterrupted one (bitwise on CPU). A checkpoint records its task: a node run's cannot resume a link run
-and the other way round (``trainer.checkpoint.check_task``). One process only: several ranks are refused
-before the loop starts.
+and the other way round (``trainer.checkpoint.check_task``).
+
+Several ranks (``--nproc-per-node``, DDP) train the node loop's way: each takes its piece of every global
+batch (``LinkInMemorySource(rank, world_size)``), the loss of a piece is its pairs' summed BCE times W over
+the global batch's pairs, so DDP's average is the gradient of the global batch's mean; every rank evaluates
+the whole split (the same scores on each; the held-out splits are small beside training) and rank 0 alone
+logs and writes the checkpoint (the weights are the same on every rank after each step).
 """
 
 import contextlib
@@ -39,7 +44,7 @@ from trainer.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from trainer.distributed import training_device
+from trainer.distributed import Peers, data_parallel, training_device
 from trainer.link.inmemory import LinkInMemorySource
 from trainer.link.model import LinkModel
 from trainer.link.ranking import DEFAULT_LINK_METRIC, link_scores
@@ -47,10 +52,14 @@ from trainer.link.records import LinkConfig, LinkEpochRecord, LinkResult, format
 from trainer.loop import seed_everything
 from trainer.metrics import TrainerMetrics
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
-from trainer.ranks import SINGLE
+from trainer.ranks import SINGLE, Ranks
 from trainer.records import StopControl
 
 __all__ = ["train_link", "EVAL_PAIR_CELLS"]
+
+
+def _quiet(line: str) -> None:
+    """The log of a rank other than 0: its lines would repeat rank 0's."""
 
 log_ = logging.getLogger("megabatch.trainer")
 
@@ -63,14 +72,19 @@ class _LinkRun:
     """The state of one ``train_link`` call; methods in the order they run."""
 
     def __init__(self, source: LinkInMemorySource, cfg: LinkConfig, progress: bool, progress_interval: float,
-                 metrics: TrainerMetrics | None, log: Callable[[str], None], control: StopControl) -> None:
-        self.source, self.cfg, self.metrics, self.log, self.control = source, cfg, metrics, log, control
-        self.progress, self.progress_interval = progress, progress_interval
+                 metrics: TrainerMetrics | None, log: Callable[[str], None], control: StopControl,
+                 ranks: Ranks = SINGLE) -> None:
+        self.source, self.cfg, self.metrics, self.control, self.ranks = source, cfg, metrics, control, ranks
+        self.log = log if ranks.main else _quiet
+        self.progress, self.progress_interval = progress and ranks.main, progress_interval
         train = cfg.train
-        self.device = training_device(train.device, SINGLE)
+        self.device = training_device(train.device, ranks)
+        self.peers = Peers(ranks, self.device)
         seed_everything(train.seed)
         self.model = LinkModel(train.model, source.num_features, train.hidden, source.num_hops, train.dropout,
                                train.heads, cfg.decoder).to(self.device)
+        self.train_model = data_parallel(self.model, ranks, self.device)
+        """What training steps call: the model, or its DDP wrapper under several ranks (evaluation calls the model)."""
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
         self.signature: dict[str, Any] = {"task": "link", "model": train.model, "in_dim": source.num_features,
                                           "hidden": train.hidden, "num_layers": source.num_hops,
@@ -140,7 +154,7 @@ class _LinkRun:
                 batch = next(stream, None)  # sampling happens here: the wait for data
                 if batch is None:
                     break
-                if self.control.requested:
+                if self.peers.any(self.control.requested):  # every rank stops at the same step boundary
                     self.result.stopped_on_request = True  # a step boundary: the step before finished
                     break
                 batch = batch.to(self.device)
@@ -148,13 +162,21 @@ class _LinkRun:
                 step_started = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
                 graph = batch.graph
-                logits = self.model(graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges,
-                                    batch.edge_label_index)
-                loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label)
+                logits = self.train_model(graph.x, graph.edge_index, graph.num_sampled_nodes,
+                                          graph.num_sampled_edges, batch.edge_label_index)
+                labelled = int(batch.edge_label.numel())
+                summed: torch.Tensor | None = None
+                if batch.global_positives is None:
+                    loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label)
+                else:
+                    # a piece's summed loss times W over the global batch's pairs: DDP divides the ranks' sum by W
+                    summed = F.binary_cross_entropy_with_logits(logits, batch.edge_label, reduction="sum")
+                    pairs_global = batch.global_positives * (1 + self.source.negatives)
+                    loss = summed * (self.ranks.world_size / max(1, pairs_global))
                 loss.backward()
                 self.optimizer.step()
-                labelled = int(batch.edge_label.numel())
-                total_loss += loss.item() * labelled  # .item() also waits for the GPU: the step's time is whole
+                # .item() also waits for the GPU: the step's time is whole
+                total_loss += summed.item() if summed is not None else loss.item() * labelled
                 step = time.perf_counter() - step_started
                 pairs, positives, batches = pairs + labelled, positives + batch.positives, batches + 1
                 wait_s, step_s = wait_s + waited, step_s + step
@@ -168,6 +190,9 @@ class _LinkRun:
                     break
         train_s = time.perf_counter() - started
         busy = wait_s + step_s
+        if self.ranks.distributed:  # the epoch's loss and throughput over every rank's pieces; timings stay this rank's
+            totals = self.peers.sum(torch.tensor([total_loss, pairs, positives], dtype=torch.float64))
+            total_loss, pairs, positives = float(totals[0]), int(totals[1]), int(totals[2])
         record = LinkEpochRecord(epoch=epoch, loss=total_loss / max(1, pairs), batches=batches, samples=positives,
                                  samples_per_s=positives / train_s if train_s > 0 else 0.0, wait_s=wait_s,
                                  step_s=step_s, data_wait=wait_s / busy if busy > 0 else 0.0, train_s=train_s)
@@ -245,6 +270,8 @@ class _LinkRun:
     def save(self, epoch: int) -> None:
         path = self.cfg.train.checkpoint
         assert path is not None
+        if not self.ranks.main:  # the weights are every rank's; rank 0 writes them
+            return
         self.control.writing = epoch
         result = self.result
         progress = {"best_epoch": result.best_epoch, "best_val": result.best_val_score,
@@ -261,15 +288,17 @@ class _LinkRun:
 
 def train_link(source: LinkInMemorySource, cfg: LinkConfig, *, progress: bool = False,
                progress_interval: float = DEFAULT_INTERVAL_S, metrics: TrainerMetrics | None = None,
-               log: Callable[[str], None] | None = None, control: StopControl | None = None) -> LinkResult:
+               log: Callable[[str], None] | None = None, control: StopControl | None = None,
+               ranks: Ranks = SINGLE) -> LinkResult:
     """Train a link predictor on ``source`` for ``cfg.train.epochs`` epochs (fewer when early stopping fires).
 
-    ``progress``, ``progress_interval``, ``metrics``, ``log`` and ``control`` as ``trainer.loop.train``'s;
+    ``progress``, ``progress_interval``, ``metrics``, ``log``, ``control`` and ``ranks`` as ``trainer.loop.train``'s
+    (under several ranks the process group is set up and ``source`` yields this rank's pieces);
     ``result.model`` is the trained ``LinkModel``.
     """
     control = control if control is not None else StopControl()
     run = _LinkRun(source, cfg, progress, progress_interval, metrics, log if log is not None else log_.info,
-                   control)
+                   control, ranks)
     if cfg.train.resume:
         run.resume()
         if run.result.stopped_early:
@@ -277,7 +306,7 @@ def train_link(source: LinkInMemorySource, cfg: LinkConfig, *, progress: bool = 
             run.result.model = run.model
             return run.result
     for epoch in range(run.next_epoch, cfg.train.epochs + 1):
-        if control.requested:
+        if run.peers.any(control.requested):
             run.result.stopped_on_request = True
             break
         if run.run_epoch(epoch):

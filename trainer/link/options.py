@@ -24,7 +24,8 @@ ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name n
 """What ``--metric`` accepts: the node task's choices, then the link task's that are not among them."""
 
 DAEMON_REFUSAL = "--task link: link prediction runs with --mode inmemory so far"
-RANKS_REFUSAL = "--task link: link prediction runs in one process so far (not with several ranks)"
+RANKS_REFUSAL = ("--task link with several ranks trains the shuffled order so far (--link-order comet and beta run "
+                 "in one process)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +69,7 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
         return
     if args.mode == "daemon":
         error(DAEMON_REFUSAL)
-    if args.nproc_per_node > 1:
+    if args.nproc_per_node > 1 and args.link_order not in (None, "shuffled"):
         error(RANKS_REFUSAL)
     node_only = [flag for flag, value in (("--micro-batches", args.micro_batches),
                                           ("--device-memory", args.device_memory),

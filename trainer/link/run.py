@@ -8,11 +8,10 @@ final line), with the link source, loop and result.
 import argparse
 import contextlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proto.errors import UserError
-from trainer.link.options import RANKS_REFUSAL
 from trainer.ranks import Ranks
 
 if TYPE_CHECKING:  # the dataset is opened by trainer.cli's in-memory path; here it is only a type
@@ -25,11 +24,15 @@ log = logging.getLogger("megabatch")
 
 
 def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSettings", ranks: Ranks,
-             stop: "_SigtermStop") -> int:
-    """Train, print the epoch lines and the final line, write ``--json-out``; the exit status."""
-    if ranks.distributed:
-        raise UserError(RANKS_REFUSAL)
+             stop: "_SigtermStop", argv: Sequence[str] = ()) -> int:
+    """Train, print the epoch lines and the final line, write ``--json-out``; the exit status. With
+    ``--nproc-per-node N`` (> 1) this process launches the N ranks (``argv``: the command line) instead."""
+    if args.nproc_per_node > 1:
+        from trainer.launch import launch
+
+        return launch(argv, args.nproc_per_node)
     from trainer.cli import PROG, checkpoint_note, write_json
+    from trainer.distributed import process_group, training_device
     from trainer.link.inmemory import LinkInMemorySource
     from trainer.link.loop import train_link
     from trainer.link.records import LinkConfig
@@ -49,19 +52,28 @@ def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSett
                                 disjoint=cfg.disjoint, fanouts=sampler.fanouts, eval_fanouts=sampler.eval_fanouts,
                                 eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
                                 link_order=cfg.link_order,
-                                buffer_partitions=cfg.buffer_partitions, logical_partitions=cfg.logical_partitions)
-    metrics = TrainerMetrics()
+                                buffer_partitions=cfg.buffer_partitions, logical_partitions=cfg.logical_partitions,
+                                rank=ranks.rank, world_size=ranks.world_size)
+    # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
+    metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()
     stop.attach(control)
     with contextlib.ExitStack() as exposed:
-        exposed.enter_context(served(metrics, args))
+        if metrics is not None:
+            exposed.enter_context(served(metrics, args))
         log.info("source: %s (%d features, %d hops, %d training positives; %d val and %d test positives with %d "
                  "negatives each)", source.description, source.num_features, source.num_hops,
                  source.train_positives, source.held_out["val"].num_positives,
                  source.held_out["test"].num_positives, source.eval_negatives)
-        result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
-                            metrics=metrics, control=control,
-                            log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+        with contextlib.ExitStack() as group:
+            if ranks.distributed:
+                group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
+                log.info("%d ranks, %d training positives per rank and step", ranks.world_size, sampler.batch_size)
+            result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
+                                metrics=metrics, control=control, ranks=ranks,
+                                log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+        if not ranks.main:
+            return 0
         if args.json_out:
             write_json(Path(args.json_out), result.to_json())
         if result.stopped_on_request:
@@ -70,5 +82,6 @@ def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSett
         print(result.summary(), flush=True)
         log.info("%s", result.finished_line())
         # a SIGTERM already taken (by the handler that stops training) means: no wait
-        linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
+        if metrics is not None:
+            linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
     return 0
