@@ -49,7 +49,8 @@ class _Staged:
 
 def _host_bytes(batch: Batch) -> int:
     plan = batch.cache_plan
-    tensors = (batch.x, batch.y, batch.edge_index, *(plan.tensors() if plan is not None else ()))
+    tensors = (batch.x, batch.y, batch.edge_index, *(plan.tensors() if plan is not None else ()),
+               *(() if batch.x_agg is None else (batch.x_agg,)))
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
