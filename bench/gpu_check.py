@@ -11,9 +11,10 @@ Run it on a machine with an NVIDIA GPU (on one without, it says so in one line a
 2. **Training through the daemon**: a generated graph prepared with METIS, one ``megabatch serve``
    (``--mode``, default the default mode) and ``megabatch train --device cuda`` sessions against it,
    ``--steps`` steps each: pageable slots (``--no-pin-slots``), pinned slots, and pinned slots with a
-   device feature cache of ``--feature-cache``, after an untimed warm-up session. Per session:
-   samples/s, data-wait, step time, the time waited per batch and the H2D GB/s the trainer measured
-   on its copy stream.
+   device feature cache of ``--feature-cache``, after an untimed warm-up session, then one with
+   ``--device-memory`` at half the pinned session's CUDA peak (micro-batches cut on the host, one at a
+   time on the device). Per session: samples/s, data-wait, step time, the time waited per batch, the H2D
+   GB/s the trainer measured on its copy stream and CUDA's peak.
 
 Writes ``<out>/gpu-check.{json,md}`` (default ``bench/results``).
 
@@ -116,7 +117,8 @@ def train_session(sock: Path, work: Path, name: str, steps: int, extra: list[str
             "wait_ms": 1000 * epoch["wait_s"] / batches,
             "h2d_mb_per_batch": epoch.get("h2d_bytes", 0) / batches / 1e6,
             "h2d_gb_s": epoch["h2d_bytes"] / epoch["h2d_s"] / 1e9 if epoch.get("h2d_s") else None,
-            "slots": slots.strip()}
+            "slots": slots.strip(), "peak_device_bytes": epoch.get("peak_device_bytes", 0),
+            "micro_per_batch": epoch["micro_batches"] / epoch["split_batches"] if epoch.get("split_batches") else None}
 
 
 def main() -> int:
@@ -173,6 +175,14 @@ mode = "{args.mode}"\n[hierarchy]\npasses = 1\n[sampler]\nbatch_size = {args.bat
             row = train_session(sock, work, name, args.steps, extra)
             print(f"session {name}: {row}", flush=True)
             sessions.append(row)
+        # --device-memory at half the peak whole batches reached: the micro-batch path on the device, checked
+        whole = next((r for r in sessions if r["session"] == "pinned" and r.get("peak_device_bytes")), None)
+        if whole is not None:
+            budget = int(whole["peak_device_bytes"]) // 2  # type: ignore[call-overload]
+            row = train_session(sock, work, "device-memory", args.steps, ["--device-memory", str(budget)])
+            row["budget_bytes"] = budget
+            print(f"session device-memory: {row}", flush=True)
+            sessions.append(row)
     finally:
         stop_process(daemon, 60)
         daemon_log.close()
@@ -187,16 +197,20 @@ mode = "{args.mode}"\n[hierarchy]\npasses = 1\n[sampler]\nbatch_size = {args.bat
                      f"{row['bitwise_equal']} |")
     lines += ["", f"## Training through the daemon (mode {args.mode}, {args.nodes:,} nodes x {args.feat_dim} float32, "
               f"batch {args.batch_size}, fanouts [10, 5], GraphSAGE 256, {args.steps} steps)", "",
-              "| session | samples/s | data-wait | step (ms) | waited per batch (ms) | H2D MB/batch | H2D GB/s |",
-              "|---|---|---|---|---|---|---|"]
+              "| session | samples/s | data-wait | step (ms) | waited per batch (ms) | H2D MB/batch | H2D GB/s | "
+              "CUDA peak (MiB) |", "|---|---|---|---|---|---|---|---|"]
     for row in sessions:
         if "failure" in row:
-            lines.append(f"| {row['session']} | failed: {row['failure']} | | | | | |")
+            lines.append(f"| {row['session']} | failed: {row['failure']} | | | | | | |")
             continue
         h2d = row["h2d_gb_s"]
+        peak = f"{int(row['peak_device_bytes']) / 2**20:.0f}"  # type: ignore[call-overload]
+        if "budget_bytes" in row:
+            peak += (f" (budget {int(row['budget_bytes']) / 2**20:.0f}, "  # type: ignore[call-overload]
+                     f"{row['micro_per_batch'] or 1:.1f} micro-batches per batch)")
         lines.append(f"| {row['session']} | {row['samples_per_s']:,.0f} | {100 * row['data_wait']:.1f}% | "  # type: ignore[operator]
                      f"{row['step_ms']:.2f} | {row['wait_ms']:.2f} | {row['h2d_mb_per_batch']:.1f} | "
-                     f"{'-' if h2d is None else f'{h2d:.1f}'} |")
+                     f"{'-' if h2d is None else f'{h2d:.1f}'} | {peak} |")
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)
