@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.accuracy_bench import prepare
 from bench.harness import RESULTS, machine_description
-from loader.daemon.hierarchical.coverage import EXCESS_SKEW_WARN, EpochQuality, NeighbourSlots
+from loader.daemon.hierarchical.coverage import CHANCE_MULTIPLE, EXCESS_SKEW_WARN, EpochQuality, NeighbourSlots
 from loader.daemon.hierarchical.schedule import LabelMix, schedule_epoch, train_label_counts
 from loader.format.dataset import open_dataset
 
@@ -115,8 +115,9 @@ def accuracy_gaps(paths: list[Path]) -> dict[tuple[str, int], float]:
 
 def markdown(checks: list[ConfigCheck], source: str) -> str:
     lines = [f"# Does the label-skew warning predict the loss?\n\n{machine_description()}; gaps from {source}; "
-             f"warning when the skew beyond chance exceeds max({EXCESS_SKEW_WARN}, chance). Bar: warned in every "
-             f"seed where the gap > {LOSS_POINTS} pt, in no epoch where it is <= {QUIET_POINTS} pt.\n",
+             f"warning when the skew beyond chance exceeds max({EXCESS_SKEW_WARN}, {CHANCE_MULTIPLE:g} x chance). "
+             f"Bar: warned in every seed where the gap > {LOSS_POINTS} pt, in no epoch where it is <= "
+             f"{QUIET_POINTS} pt.\n",
              "| graph | partitions | N_d | skew | chance | excess | epochs warned | worst gap | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
