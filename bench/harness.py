@@ -30,16 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 # the one sys.path insertion of bench/: the repository root, so that scripts run as python bench/x.py import bench.*
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 if __name__ == "harness":  # imported by its bare name from a script in bench/: the same module as bench.harness
     sys.modules.setdefault("bench.harness", sys.modules[__name__])
 
 from loader.format.dataset import FORMAT_VERSION, Dataset, open_dataset
-from loader.sampling.inmemory import epoch_batches_inmemory
-from loader.sampling.sampling import CSCGraph, SampledPass, sample_pass
+from loader.sampling.pilot import dataset_csc, first_epoch_batches
+from loader.sampling.sampling import SampledPass
 
 __all__ = ["ROOT", "RESULTS", "RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup",
            "join_before_exec", "first_training_batches", "machine_description", "write_results", "warn", "sh",
@@ -188,13 +186,11 @@ def first_training_batches(dataset: Dataset, batches: int, batch_size: int, fano
                            ) -> tuple[SampledPass, int]:
     """(the first ``batches`` training batches of epoch 0, how many there are): the exact mode's seeds, keys
     and sampler, over an in-RAM copy of the graph (planning simulations, not a timed read path)."""
-    m = dataset.manifest
-    graph = CSCGraph(dataset.read("indptr", np.int64, 1), np.load(dataset.file("indices")),
-                     np.arange(m.num_nodes, dtype=np.int64))
-    plan = epoch_batches_inmemory(np.load(dataset.file("train")), batch_size, seed, 0)
-    count = min(batches, len(plan.keys))
+    graph = dataset_csc(dataset, mapped=False)
     t0 = time.perf_counter()
-    sampled = sample_pass(graph, plan.seeds[:count * batch_size], batch_size, fanouts, plan.keys[:count])
+    sampled, count = first_epoch_batches(dataset, graph, batches, batch_size, fanouts, seed)
+    if sampled is None:
+        raise SystemExit(f"bench: {dataset.path} has no training batch to sample")
     print(f"sampled {count} batches ({len(sampled.nodes) / count:,.0f} rows each) in {time.perf_counter() - t0:.1f} s",
           flush=True)
     return sampled, count
