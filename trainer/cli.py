@@ -31,10 +31,10 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from proto.atomic import atomic_file, io_error
 from proto.cli_types import non_negative_int, non_negative_seconds, parse_fanouts, positive_int, positive_seconds
@@ -50,10 +50,11 @@ from trainer.scrape import add_arguments as add_metrics_arguments
 from trainer.scrape import check_arguments as check_metrics_arguments
 
 __all__ = ["main", "exit_program", "build_parser", "parse_fanouts", "SamplerSettings", "resolve_sampler",
-           "checkpoint_note", "write_json"]
+           "checkpoint_note", "write_json", "epoch_printer", "report_result"]
 
 if TYPE_CHECKING:
     from trainer.loop import StopControl
+    from trainer.metrics import TrainerMetrics
 
 PROG = "megabatch train"
 log = logging.getLogger("megabatch")
@@ -275,6 +276,40 @@ def checkpoint_note(checkpoint: str | None, control: "StopControl | None") -> st
     return f"the checkpoint {checkpoint} holds epoch {control.checkpoint_epoch}; resume with --resume"
 
 
+class _RunResult(Protocol):
+    """What ``report_result`` reads of a node or link run's result."""
+
+    stopped_on_request: bool
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def summary(self) -> str: ...
+
+
+def epoch_printer(args: argparse.Namespace) -> Callable[[str], None]:
+    """The loop's per-epoch line: printed, or dropped with ``-q``."""
+    return (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+
+
+def report_result(args: argparse.Namespace, result: _RunResult, finished: str, control: "StopControl",
+                  metrics: "TrainerMetrics | None", stop: _SigtermStop) -> int:
+    """Rank 0's end of a run, node or link: ``--json-out``, the stop note or the summary and the ``finished``
+    line, then the metrics' linger; the exit status."""
+    if args.json_out:
+        write_json(Path(args.json_out), result.to_json())
+    if result.stopped_on_request:
+        print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
+        return 0
+    print(result.summary(), flush=True)
+    log.info("%s", finished)
+    if metrics is not None:
+        from trainer.scrape import linger_after_training
+
+        # a SIGTERM already taken (by the handler that stops training) means: no wait
+        linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
+    return 0
+
+
 SEVERAL_RANKS_NO_CACHE = ("--feature-cache: not with several ranks (the daemon deals one stream to all of a job's "
                           "ranks and plans no client cache for it)")
 
@@ -302,7 +337,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
     from trainer.loop import StopControl, TrainConfig, resolve_device, train
     from trainer.metrics import TrainerMetrics
     from trainer.progress import finished_line
-    from trainer.scrape import linger_after_training, served
+    from trainer.scrape import served
     from trainer.source import BatchSource
 
     cfg = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
@@ -356,23 +391,12 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
                 if ranks.distributed:
                     group.enter_context(process_group(ranks, device, args.dist_timeout))
                 result = train(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
-                               metrics=metrics, control=control, ranks=ranks,
-                               log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+                               metrics=metrics, control=control, ranks=ranks, log=epoch_printer(args))
         finally:
             source.close()  # before lingering: the daemon's session and slots are not the metrics' to hold
         if not ranks.main:
             return 0
-        if args.json_out:
-            write_json(Path(args.json_out), result.to_json())
-        if result.stopped_on_request:
-            print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
-            return 0
-        print(result.summary(), flush=True)
-        log.info("%s", finished_line(result))
-        if metrics is not None:
-            # a SIGTERM already taken (by the handler that stops training) means: no wait
-            linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
-    return 0
+        return report_result(args, result, finished_line(result), control, metrics, stop)
 
 
 def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

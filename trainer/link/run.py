@@ -31,14 +31,14 @@ def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSett
         from trainer.launch import launch
 
         return launch(argv, args.nproc_per_node)
-    from trainer.cli import PROG, checkpoint_note, write_json
+    from trainer.cli import epoch_printer, report_result
     from trainer.distributed import process_group, training_device
     from trainer.link.inmemory import LinkInMemorySource
     from trainer.link.loop import train_link
     from trainer.link.records import LinkConfig
     from trainer.metrics import TrainerMetrics
     from trainer.records import StopControl, TrainConfig
-    from trainer.scrape import linger_after_training, served
+    from trainer.scrape import served
 
     train = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
                         weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
@@ -70,18 +70,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSett
                 group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
                 log.info("%d ranks, %d training positives per rank and step", ranks.world_size, sampler.batch_size)
             result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
-                                metrics=metrics, control=control, ranks=ranks,
-                                log=(lambda line: None) if args.quiet else (lambda line: print(line, flush=True)))
+                                metrics=metrics, control=control, ranks=ranks, log=epoch_printer(args))
         if not ranks.main:
             return 0
-        if args.json_out:
-            write_json(Path(args.json_out), result.to_json())
-        if result.stopped_on_request:
-            print(f"{PROG}: stopped; {checkpoint_note(args.checkpoint, control)}", flush=True)
-            return 0
-        print(result.summary(), flush=True)
-        log.info("%s", result.finished_line())
-        # a SIGTERM already taken (by the handler that stops training) means: no wait
-        if metrics is not None:
-            linger_after_training(metrics, args.metrics_linger, skip=lambda: stop.requested)
-    return 0
+        return report_result(args, result, result.finished_line(), control, metrics, stop)
