@@ -32,7 +32,7 @@ from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
 
-__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "checked_fanouts"]
+__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "checked_fanouts", "float32_rows"]
 
 DEFAULT_CHUNK_BATCHES = 256
 """Batches sampled per ``sample_pass`` call: bounds the sampled-but-unconsumed memory."""
@@ -45,6 +45,12 @@ def checked_fanouts(name: str, values: Sequence[int]) -> tuple[int, ...]:
         raise UserError(f"{name} must be a non-empty list of positive integers or -1 (all neighbours), "
                         f"got {list(out)}")
     return out
+
+
+def float32_rows(matrix: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
+    """``matrix[nodes]`` as a float32 tensor (float16 rows widened; the model's weights are float32)."""
+    rows = matrix[nodes]
+    return torch.from_numpy(rows if rows.dtype == np.float32 else rows.astype(np.float32))
 
 
 class InMemorySource(BatchSource):
@@ -157,17 +163,12 @@ class InMemorySource(BatchSource):
                      num_sampled_nodes=[0] * (hops + 1), num_sampled_edges=[0] * hops, seq=seq,
                      global_seeds=global_seeds, stream_batches=total, x_agg=empty if aggregated else None)
 
-    @staticmethod
-    def _rows(matrix: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
-        rows = matrix[nodes]
-        return torch.from_numpy(rows if rows.dtype == np.float32 else rows.astype(np.float32))
-
     def _to_batch(self, sampled: SampledBatch, seq: int, global_seeds: int | None, total: int,
                   aggregated: bool = False) -> Batch:
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
-        x_agg = self._rows(self.aggregates, nodes) if aggregated and self.aggregates is not None else None
-        return Batch(x=self._rows(self.data.features, nodes),
+        x_agg = float32_rows(self.aggregates, nodes) if aggregated and self.aggregates is not None else None
+        return Batch(x=float32_rows(self.data.features, nodes),
                      y=torch.from_numpy(self.data.labels[nodes[:num_seeds]]),
                      edge_index=torch.from_numpy(sampled.edge_index),
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),

@@ -320,12 +320,7 @@ class _Run:
             loss, summed = self.loss(logits, batch)
             loss.backward()
             return logits, summed.item() if summed is not None else loss.item() * int((batch.y >= 0).sum())
-        if self.ranks.distributed:
-            if batch.global_seeds is None:
-                raise RuntimeError("a training batch under DDP does not say how many seeds its global batch holds")
-            scale = self.ranks.world_size / max(1, batch.global_seeds)
-        else:
-            scale = 1 / max(1, int((batch.y >= 0).sum()))
+        scale = self.rank_scale(batch) if self.ranks.distributed else 1 / max(1, int((batch.y >= 0).sum()))
         logits = torch.empty((batch.batch_size, self.info.num_classes), device=self.device)
         total = 0.0
         for i, part in enumerate(parts):
@@ -361,11 +356,15 @@ class _Run:
         """
         if not self.ranks.distributed:
             return F.cross_entropy(logits, batch.y, ignore_index=-1), None
+        summed = F.cross_entropy(logits, batch.y, ignore_index=-1, reduction="sum")
+        return summed * self.rank_scale(batch), summed.detach()
+
+    def rank_scale(self, batch: Batch) -> float:
+        """Under several ranks, what a piece's summed loss is multiplied by: W / (seeds of the global batch)."""
         if batch.global_seeds is None:
             raise RuntimeError("a training batch under DDP does not say how many seeds its global batch holds "
                                "(the source does not deal batches to ranks)")
-        summed = F.cross_entropy(logits, batch.y, ignore_index=-1, reduction="sum")
-        return summed * (self.ranks.world_size / max(1, batch.global_seeds)), summed.detach()
+        return self.ranks.world_size / max(1, batch.global_seeds)
 
     def decide_metric(self, epoch: int) -> None:
         """Resolve ``auto`` from the labels counted in this epoch's training batches (first epoch only)."""

@@ -53,7 +53,7 @@ from loader.sampling.link_sampling import (
 from loader.sampling.ranks import check_rank
 from loader.sampling.sampling import sample_pass
 from proto.errors import UserError
-from trainer.inmemory_source import checked_fanouts
+from trainer.inmemory_source import checked_fanouts, float32_rows
 
 __all__ = ["NodeBatch", "LinkBatch", "HeldOut", "BufferSettings", "LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
@@ -345,7 +345,4 @@ class LinkInMemorySource:
                                 torch.from_numpy(self.data.graph.global_ids[batch.nodes]))
 
     def _rows(self, nodes: np.ndarray) -> torch.Tensor:
-        features = self.data.features[nodes]
-        if features.dtype != np.float32:
-            features = features.astype(np.float32)
-        return torch.from_numpy(features)
+        return float32_rows(self.data.features, nodes)
