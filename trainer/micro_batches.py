@@ -217,16 +217,13 @@ def estimate_bytes(nodes_per_hop: list[int], edges_per_hop: list[int], model: Mo
 
 @dataclass(frozen=True)
 class GroupChoice:
-    """The groups picked for a batch, their count and the estimate of the largest micro-batch."""
+    """The groups picked for a batch, their count, the estimate of the largest micro-batch and, for K > 1,
+    the micro-batches themselves (estimating cut them already: the loop trains these, not a second cut)."""
 
     groups: Tensor
     k: int
     largest_bytes: int
-
-
-def _largest_estimate(batch: Batch, groups: Tensor, model: ModelShape) -> int:
-    return max(estimate_bytes(p.batch.num_sampled_nodes, p.batch.num_sampled_edges, model)
-               for p in split_batch(batch, groups))
+    parts: list[MicroBatch] | None = None
 
 
 def choose_groups(batch: Batch, budget: int, model: ModelShape, seed: int = 0, max_k: int = 64) -> GroupChoice:
@@ -242,9 +239,10 @@ def choose_groups(batch: Batch, budget: int, model: ModelShape, seed: int = 0, m
     while True:
         k = min(k, limit)
         groups = reg_groups(batch, k, seed)
-        largest = _largest_estimate(batch, groups, model)
+        parts = split_batch(batch, groups)
+        largest = max(estimate_bytes(p.batch.num_sampled_nodes, p.batch.num_sampled_edges, model) for p in parts)
         if largest <= budget:
-            return GroupChoice(groups, k, largest)
+            return GroupChoice(groups, k, largest, parts)
         if k == limit:
             raise MemoryError(f"a batch of {seeds} seeds needs about {largest / 2**20:.0f} MiB per micro-batch even "
                               f"split {k} ways; --device-memory is {budget / 2**20:.0f} MiB")
@@ -269,18 +267,17 @@ class MicroBatching:
         """``batch``'s micro-batches, or None to train it whole. Raises ``UserError`` when ``--device-memory``
         cannot be met."""
         if self.k is not None and self.k > 1:
-            groups = reg_groups(batch, self.k, self.seed)
+            parts = split_batch(batch, reg_groups(batch, self.k, self.seed))
         elif self.budget is not None:
             try:
                 choice = choose_groups(batch, self.budget, self.model, self.seed)
             except MemoryError as err:
                 raise UserError(f"--device-memory: {err}") from None
-            if choice.k == 1:
+            if choice.parts is None:
                 return None
-            groups = choice.groups
+            parts = choice.parts
         else:
             return None
-        parts = split_batch(batch, groups)
         self.batches += 1
         self.micro_batches += len(parts)
         self.input_rows += sum(p.batch.x.shape[0] for p in parts)
