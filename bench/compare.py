@@ -38,7 +38,13 @@ Ratios are to ``mmap`` (what PyG/DGL over np.memmap do) and to ``inmemory``, per
 checked run's loader batches/s over the unchecked one's. Two daemon runs a minute apart on a shared virtual disk
 differ by more than the few percent measured, so for the row-granular modes (exact, static) the report also
 gives bench/read_check_bench.py's replay of their reads, checked and unchecked interleaved batch by
-batch (``--replay-batches``, default 200; 0 skips it). Writes bench/results/compare.{json,md,png}.
+batch (``--replay-batches``, default 200; 0 skips it).
+
+With ``--aggregation-cache`` every run has a twin ``<run>-agg`` with ``[sampler] aggregation_cache = true`` (the
+dataset's mean cache is built first where it has none), and the report sets each pair side by side: the cost
+model's rows per batch (the daemon's startup line) against the rows delivered, disk bytes per batch (x_agg's
+share), batches/s, seeds/s and training samples/s. Writes bench/results/compare.{json,md,png} (``--out`` names
+another stem).
 
     .venv/bin/python bench/compare.py [--nodes 2000000] [--budget 448M] [--modes ...] [--ranks 1,2] [--work DIR]
 """
@@ -89,17 +95,26 @@ MODES = ("hierarchical", "exact", "static", "staged", "hybrid", "mmap", "inmemor
 CHECKED_MODES = ("hierarchical", "exact", "static")
 """The modes that verify what they read (format 1.1 read checks); ``--read-checks both`` runs each unchecked too."""
 UNCHECKED = "-unchecked"
+AGGREGATED = "-agg"
+"""A run with ``[sampler] aggregation_cache = true`` (``--aggregation-cache``)."""
+ESTIMATE = re.compile(r"fetches about ([\d,]+) rows \(([^)]+)\) without it, ([\d,]+) \(([^)]+)\) with it")
+"""The daemon's startup line pricing the aggregation cache (``loader.daemon.aggregate_rows``)."""
 RANKED = re.compile(r"-r(\d+)$")
 """A run serving a job of that many ranks (``--ranks``)."""
 METRICS_PORT = 9461
 
 
 def run_parts(run: str) -> tuple[str, bool, int]:
-    """(mode, read checks on, ranks) of a run name ``<mode>[-unchecked][-rW]``."""
+    """(mode, read checks on, ranks) of a run name ``<mode>[-unchecked][-agg][-rW]``."""
     match = RANKED.search(run)
     ranks = int(match.group(1)) if match else 1
-    base = run[:match.start()] if match else run
+    base = (run[:match.start()] if match else run).removesuffix(AGGREGATED)
     return base.removesuffix(UNCHECKED), not base.endswith(UNCHECKED), ranks
+
+
+def is_aggregated(run: str) -> bool:
+    """Whether run ``run`` serves the aggregation cache (its name's ``-agg``)."""
+    return RANKED.sub("", run).endswith(AGGREGATED)
 
 
 
@@ -128,6 +143,7 @@ batch_size = {args.batch_size}
 fanouts = [{args.fanouts}]
 eval_fanouts = [{args.fanouts}]
 eval_batch_size = {args.batch_size}
+aggregation_cache = {"true" if is_aggregated(run) else "false"}
 [io]
 direct_io = true
 read_threads = 4
@@ -305,7 +321,13 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
             reader_bytes = sum(delta(after, before, f'megabatch_disk_read_bytes_total{{file="{file}",purpose="train"}}')
                                for file in ("features", "indices"))
             rate = batches / seconds if seconds > 0 else 0.0
+            row_bytes = args.feat_dim * 4
+            served = delta(after, before, 'megabatch_feature_bytes_served_total{purpose="train"}')
+            aggregate_bytes = delta(after, before, 'megabatch_disk_read_bytes_total{file="aggregates",purpose="train"}')
             out.update({
+                # rows delivered per batch: x's, and x_agg's where the batches carry it
+                "rows_per_batch": served / row_bytes / batches if batches else None,
+                "aggregate_disk_bytes_per_batch": aggregate_bytes / batches if batches else None,
                 "feature_cache_bytes": after.get("megabatch_feature_cache_bytes"),
                 "neighbor_cache_bytes": after.get("megabatch_neighbor_cache_bytes"),
                 "batches": batches, "seconds": seconds, "batches_per_s": rate, "epoch_batches": epoch_batches,
@@ -343,6 +365,11 @@ def run_mode(run: str, dataset: Path, work: Path, args: argparse.Namespace, budg
                 out.update({"train_seconds": time.perf_counter() - t0, "train_samples_per_s": train["samples_per_s"],
                             "train_data_wait": train["data_wait"],
                             "train_steps_per_s": train["batches"] / train["train_s"] if train["train_s"] else None})
+            estimate = ESTIMATE.search(log_path.read_text())
+            if estimate is not None:  # the cost model's prediction, from the pilot at startup
+                out["estimated_rows"] = {"without": int(estimate.group(1).replace(",", "")),
+                                         "with": int(estimate.group(3).replace(",", ""))}
+                out["estimated_bytes"] = {"without": estimate.group(2), "with": estimate.group(4)}
             status = Path(f"/proc/{daemon.pid}/status").read_text()
             out["daemon_peak_rss"] = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
         except (Exception, SystemExit) as err:  # a dead daemon is a result, not the end of the bench
@@ -449,6 +476,27 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, budget: i
             wall = 1000 / float(r["batches_per_s"])  # type: ignore[arg-type]
             parts = ", ".join(f"{stage} {ms:.1f}" for stage, ms in stages.items() if ms > 0.05)
             lines.append(f"- {r['mode']}: {wall:.1f} ms per batch; {parts}")
+    pairs = [(r, by_mode[str(r["mode"])[:-len(AGGREGATED)]]) for r in results
+             if str(r["mode"]).endswith(AGGREGATED) and str(r["mode"])[:-len(AGGREGATED)] in by_mode]
+    if pairs:
+        lines += ["", "aggregation cache (BatchGNN), each mode with it against the same mode without it, same run:", "",
+                  "| mode | rows per batch without / with (predicted) | rows per batch without / with (delivered) | "
+                  "disk read per batch without / with (of it x_agg) | loader batches/s without / with | "
+                  "seeds/s ratio | train samples/s without / with |",
+                  "|---|---|---|---|---|---|---|"]
+        for agg, plain in pairs:
+            rows = agg.get("estimated_rows") or {}
+            per_batch, plain_per_batch = agg.get("disk_bytes_per_batch"), plain.get("disk_bytes_per_batch")
+            x_agg = agg.get("aggregate_disk_bytes_per_batch")
+            lines.append(
+                f"| {plain['mode']} | {rows.get('without', '-')} / {rows.get('with', '-')} | "  # type: ignore[union-attr]
+                f"{fmt(plain.get('rows_per_batch'), ',.0f')} / {fmt(agg.get('rows_per_batch'), ',.0f')} | "
+                f"{format_size(float(plain_per_batch)) if plain_per_batch else '-'} / "  # type: ignore[arg-type]
+                f"{format_size(float(per_batch)) if per_batch else '-'} "  # type: ignore[arg-type]
+                f"({format_size(float(x_agg)) if x_agg else '-'}) | "  # type: ignore[arg-type]
+                f"{fmt(plain.get('batches_per_s'), '.2f')} / {fmt(agg.get('batches_per_s'), '.2f')} | "
+                f"{ratio(agg, str(plain['mode']), 'seeds_per_s')} | "
+                f"{fmt(plain.get('train_samples_per_s'), '.0f')} / {fmt(agg.get('train_samples_per_s'), '.0f')} |")
     staged = by_mode.get("staged", {})
     if staged.get("disk_read_mb_s") is not None and staged.get("staging_written_mb_s") is not None:
         read, written = float(staged["disk_read_mb_s"]), float(staged["staging_written_mb_s"])  # type: ignore[arg-type]
@@ -512,6 +560,12 @@ def main() -> int:
                    help="with --read-checks both and exact or static: batches of the interleaved read-check replay "
                         "(default 200; 0: none)")
     p.add_argument("--ranks", default="1", help="comma-separated job sizes each mode serves (default 1; e.g. 1,2)")
+    p.add_argument("--aggregation-cache", action="store_true",
+                   help="run each mode again with [sampler] aggregation_cache = true (rows <mode>-agg; the dataset's "
+                        "mean cache is built first where it has none) and report the two side by side")
+    p.add_argument("--out", default="compare",
+                   help="results' file stem under bench/results (default compare; another keeps compare.json, which "
+                        "bench/accuracy_report.py reads, as it is)")
     p.add_argument("--unchecked-first", action="store_true",
                    help="run each mode's unchecked twin before it (the second run of a trace may find the virtual "
                         "disk's host cache warm: swap the order to see that bias)")
@@ -529,6 +583,8 @@ def main() -> int:
         args.ranks = []
     if not args.ranks or min(args.ranks) < 1:
         p.error(f"--ranks: expected job sizes >= 1, got {args.ranks!r}")
+    if args.aggregation_cache:
+        modes = [run for mode in modes for run in (mode, mode + AGGREGATED)]
     modes = [run + ("" if w == 1 else f"-r{w}") for run in modes for w in args.ranks]
     budget = parse_size(args.budget)
     work = Path(args.work)
@@ -536,6 +592,8 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     dataset = generated_dataset(work, args.nodes, args.avg_degree, args.feat_dim, args.partitions)
     features = (dataset / "features.bin").stat().st_size
+    if args.aggregation_cache and not (dataset / "aggregates-mean.bin").exists():
+        sh([PY, "-m", "loader.cli", "aggregate", str(dataset), "--kind", "mean", "--memory-budget", args.budget])
     if features < 4 * budget:
         warn(f"features ({format_size(features)}) are less than 4x the budget ({format_size(budget)})")
     if any(run_parts(run)[0] == "mmap" for run in modes) and features <= budget + DAEMON_OVERHEAD:
@@ -566,12 +624,12 @@ def main() -> int:
                                     [int(f) for f in args.fanouts.split(",")])
     text = report(results, args, budget, features, seq_rates, replay)
     print(text)
-    (RESULTS / "compare.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
                                                       "sequential_mb_s": seq_rate,
                                                       "sequential_mb_s_runs": seq_rates, "results": results,
                                                       "read_check_replay": replay}, indent=2))
-    (RESULTS / "compare.md").write_text(text + "\n")
-    chart(results, RESULTS / "compare.png")
+    (RESULTS / f"{args.out}.md").write_text(text + "\n")
+    chart(results, RESULTS / f"{args.out}.png")
     return 0
 
 

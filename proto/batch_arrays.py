@@ -36,6 +36,8 @@ class BatchShape:
     """A batch for a client with a feature cache: ``x`` holds only this many rows, and the batch
     carries ``hit_slot`` and an update of ``num_updates`` rows. None (default): every row, no cache arrays."""
     num_updates: int = 0
+    aggregated: bool = False
+    """The batch carries ``x_agg``: a row of the dataset's aggregation cache per node, in the feature dtype."""
 
     def specs(self) -> list[ArraySpec]:
         rows = self.num_nodes if self.shipped_rows is None else self.shipped_rows
@@ -45,6 +47,8 @@ class BatchShape:
                  ArraySpec("edge_index", _INT64, (2, self.num_edges)),
                  ArraySpec("nodes_per_hop", _INT64, (self.num_hops + 1,)),
                  ArraySpec("edges_per_hop", _INT64, (self.num_hops,))]
+        if self.aggregated:
+            specs.append(ArraySpec("x_agg", self.feat_dtype, (self.num_nodes, self.feat_dim)))
         if self.shipped_rows is not None:
             specs += [ArraySpec("hit_slot", _INT32, (self.num_nodes,)),
                       ArraySpec("upd_slot", _INT32, (self.num_updates,)),
@@ -78,6 +82,9 @@ class BatchArrays:
     """int32 (u,): cache slots to overwrite after assembly."""
     upd_pos: np.ndarray | None = None
     """int32 (u,): for each, the row of the assembled batch to copy in."""
+    x_agg: np.ndarray | None = None
+    """(n, D) in the feature dtype: each node's row of the dataset's aggregation cache (its features aggregated
+    over all its in-neighbours), for a model's first layer; None where the batch samples every hop."""
 
     @property
     def has_cache_plan(self) -> bool:
@@ -88,7 +95,8 @@ class BatchArrays:
         """Writer side: the views ``SlotRing.arrays_for`` made from ``BatchShape.specs`` (no checks needed)."""
         return cls(x=views["x"], n_id=views["n_id"], y=views["y"], edge_index=views["edge_index"],
                    nodes_per_hop=views["nodes_per_hop"], edges_per_hop=views["edges_per_hop"],
-                   hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"))
+                   hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"),
+                   x_agg=views.get("x_agg"))
 
     @classmethod
     def read(cls, views: Mapping[str, np.ndarray], feature_cache_rows: int) -> "BatchArrays":
@@ -120,6 +128,10 @@ class BatchArrays:
             raise SlotError(f"edge_index holds a position outside [0, {n})")
         if arrays.x.ndim != 2:
             raise SlotError(f"x has shape {arrays.x.shape}, expected (rows, features)")
+        agg = arrays.x_agg
+        if agg is not None and (agg.shape != (n, arrays.x.shape[1]) or agg.dtype != arrays.x.dtype):
+            raise SlotError(f"x_agg has shape {agg.shape} and dtype {agg.dtype}, expected ({n}, "
+                            f"{arrays.x.shape[1]}) and x's {arrays.x.dtype}")
         if arrays.hit_slot is None:
             if arrays.x.shape[0] != n:
                 raise SlotError(f"x has {arrays.x.shape[0]} rows for {n} nodes")

@@ -180,7 +180,8 @@ class DatasetInfo(Record):
     feature_dtype: str = field(metadata={"choices": FEATURE_DTYPES})
     num_classes: int = field(metadata=_COUNT)
     num_hops: int = field(metadata=_COUNT)
-    """Sampled hops per batch (= GNN layers the batches support); ``len(fanouts) == num_hops``."""
+    """GNN layers the batches support; ``len(fanouts) == num_hops``. Batches sample that many hops, one fewer
+    where they carry ``x_agg`` (``aggregation``)."""
     fanouts: list[int] = field(metadata=_FANOUT)
     """Neighbours sampled per hop for training, hop 1 first; -1 means all neighbours."""
     eval_fanouts: list[int] = field(metadata=_FANOUT)
@@ -193,6 +194,13 @@ class DatasetInfo(Record):
     mode: str
     """Batching mode the daemon runs (free-form, for logs): its ``[loader] mode``, e.g. ``"hierarchical"``
     or ``"exact"``."""
+    aggregation: str = ""
+    """The dataset's aggregation cache the batches carry as ``x_agg`` ("mean", "sum" or "gcn"; "" = none, and an
+    older daemon's value): training batches then sample ``num_hops - 1`` hops (``fanouts[:-1]``) and the model's
+    first layer reads each node's ``x_agg`` row instead of a last sampled hop."""
+    eval_aggregation: bool = False
+    """With ``aggregation``: evaluation batches are built the same way (False: they sample every hop of
+    ``eval_fanouts`` and carry no ``x_agg``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -259,6 +267,10 @@ class Hello(Message):
     """The client waits in the daemon's training queue (``Queued`` tells it its place) when another trainer
     holds the training pipeline; False (default, and every older client): such a StartEpoch is refused
     with ``Error("bad_request")`` at once."""
+    aggregation: bool = False
+    """The client reads ``x_agg`` (``DatasetInfo.aggregation``); False (default, and every older client): a daemon
+    whose batches carry it refuses the session with ``Error("bad_request")``, since such a client would build a
+    model one layer short."""
 
 
 @dataclass(frozen=True)

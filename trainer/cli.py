@@ -102,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--aggregation-cache", action="store_true",
                      help="read the dataset's aggregation cache (megabatch aggregate): batches sample one hop fewer "
                           "and the first layer takes every node's features aggregated over all its neighbours "
-                          "(BatchGNN; --model sage with a mean cache, gcn with a gcn cache; inmemory mode only)")
+                          "(BatchGNN; --model sage with a mean cache, gcn with a gcn cache; inmemory mode: through a "
+                          "daemon, its [sampler] aggregation_cache decides, and the trainer follows)")
     src.add_argument("--no-eval-aggregation", dest="eval_aggregation", action="store_false",
-                     help="with --aggregation-cache, evaluate on batches that sample every hop instead")
+                     help="with --aggregation-cache, evaluate on batches that sample every hop instead (inmemory mode; "
+                          "a daemon's [sampler] eval_aggregation)")
     src.add_argument("--no-pin-slots", dest="pin_slots", action="store_false",
                      help="with --device cuda, do not register the daemon's slots as pinned host memory: copies to "
                           "the GPU are then synchronous, through the driver's bounce buffer (default: pinned)")
@@ -417,8 +419,10 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"{', '.join(given)}: inmemory-mode options (the daemon's config sets its sampler)")
         if args.nproc_per_node > 1 and args.feature_cache:
             parser.error(SEVERAL_RANKS_NO_CACHE)
-        if args.aggregation_cache:
-            parser.error("--aggregation-cache: inmemory mode only so far (the daemon does not serve x_agg yet)")
+        if args.aggregation_cache or not args.eval_aggregation:
+            flag = "--aggregation-cache" if args.aggregation_cache else "--no-eval-aggregation"
+            parser.error(f"{flag}: inmemory-mode option (a daemon serves x_agg where its config sets [sampler] "
+                         "aggregation_cache = true, and the trainer follows)")
     elif args.socket is not None:
         parser.error("--socket and --mode inmemory exclude each other")
     elif args.feature_cache:

@@ -90,7 +90,7 @@ class DaemonSource(BatchSource):
             try:
                 self._client = ControlClient.connect(socket_path, client=f"megabatch-trainer pid {os.getpid()}",
                                                      timeout=timeout, feature_cache_bytes=feature_cache_bytes,
-                                                     job=job, queue=True)
+                                                     job=job, queue=True, aggregation=True)
                 break
             except ConnectFailed as err:
                 if time.monotonic() >= deadline:
@@ -109,7 +109,7 @@ class DaemonSource(BatchSource):
                                 description=f"daemon {socket_path} (session {w.session}, dataset {d.name}, "
                                             f"{describe_slots(w.slots)})",
                                 feature_dtype=d.feature_dtype, feature_cache_rows=w.feature_cache_rows,
-                                dealing=w.dealing)
+                                dealing=w.dealing, aggregation=d.aggregation)
         self._pin_slots = pin_slots
         self._pinned: PinnedRegion | None = None
         self._next_seq = 0
@@ -219,6 +219,7 @@ class DaemonSource(BatchSource):
                      num_sampled_nodes=[int(v) for v in arrays.nodes_per_hop],
                      num_sampled_edges=[int(v) for v in arrays.edges_per_hop],
                      seq=ready.seq, cache_plan=plan,
+                     x_agg=None if arrays.x_agg is None else torch.from_numpy(arrays.x_agg),
                      global_seeds=ready.global_seeds if self._ranks.distributed else None,
                      stream_batches=ready.num_batches if ready.num_batches >= 0 else None, _release=release)
 

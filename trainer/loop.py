@@ -129,7 +129,7 @@ class _Run:
         # the same seed on every rank: the same initial weights (DDP broadcasts rank 0's anyway) and dropout seed
         seed_everything(cfg.seed)
         if info.aggregation and AGGREGATION_FOR.get(cfg.model) != info.aggregation:
-            raise UserError(f"--aggregation-cache: the dataset's cache is {info.aggregation!r}; --model {cfg.model} "
+            raise UserError(f"aggregation cache: the batches carry a {info.aggregation!r} one; --model {cfg.model} "
                             + (f"reads a {AGGREGATION_FOR[cfg.model]!r} one (megabatch aggregate --kind "
                                f"{AGGREGATION_FOR[cfg.model]})" if cfg.model in AGGREGATION_FOR
                                else "reads none (attention needs every edge)"))

@@ -43,18 +43,23 @@ class FixedPart:
     """``resident.NODE_ARRAY_BYTES`` per node."""
     sessions: SessionSizing
     """Clients at once and their slots."""
+    aggregate_reader: int = 0
+    """The aggregation cache's row reader (``AggregateRows.nbytes``), 0 where the cache is off."""
 
     @property
     def total(self) -> int:
-        return self.node_arrays + self.sessions.total
+        return self.node_arrays + self.sessions.total + self.aggregate_reader
 
     def parts(self) -> list[Part]:
-        return [("node arrays", self.node_arrays), (f"slots ({self.sessions.describe()})", self.sessions.total)]
+        parts = [("node arrays", self.node_arrays), (f"slots ({self.sessions.describe()})", self.sessions.total)]
+        if self.aggregate_reader:
+            parts.append(("aggregate reads", self.aggregate_reader))
+        return parts
 
 
-def fixed_part(num_nodes: int, sessions: SessionSizing) -> FixedPart:
+def fixed_part(num_nodes: int, sessions: SessionSizing, aggregate_reader: int = 0) -> FixedPart:
     """The fixed part of every mode's plan for a graph of ``num_nodes`` nodes."""
-    return FixedPart(num_nodes * NODE_ARRAY_BYTES, sessions)
+    return FixedPart(num_nodes * NODE_ARRAY_BYTES, sessions, aggregate_reader)
 
 
 def budget_too_small(budget: int, mode: str, parts: Sequence[Part], remedy: str) -> UserError:

@@ -67,7 +67,11 @@ def check_serve(config: LoaderConfig, source: Path | str) -> str:
     # a registry of its own, never served; a pool never given work (the plan runs nothing)
     with ThreadPoolExecutor(1, thread_name_prefix="megabatch-check") as pool:
         setup = prepare_setup(config, DaemonMetrics(), pool)
-        plan = plan_mode(setup)
+        try:
+            plan = plan_mode(setup)
+        finally:
+            setup.serving.close()
+    estimate = setup.serving.aggregation_estimate
     m = setup.dataset.manifest
     return "\n".join([
         f"# megabatch serve --check {source}: the configuration as serve resolves it",
@@ -77,6 +81,7 @@ def check_serve(config: LoaderConfig, source: Path | str) -> str:
         f"{m.num_partitions} partitions",
         f"# clients and slots: {setup.sessions.describe()}",
         f"# {plan.describe()}",
+        *([] if estimate is None else [f"# {estimate.describe(config.sampler.aggregation_cache)}"]),
         f"# ok: {source} is valid and its dataset opens; serve would start (nothing was started: no socket, no "
         f"metrics port, no shared memory)",
     ])

@@ -112,6 +112,29 @@ class SamplerConfig:
     """Seed nodes per evaluation batch (default 1024)."""
     seed: int = 0
     """Seeds the partition shuffle and the sampler; same seed, same batches (default 0)."""
+    aggregation_cache: bool = False
+    """Serve the dataset's aggregation cache (``megabatch aggregate``; BatchGNN): training batches sample one hop
+    fewer (``fanouts`` but the last) and carry ``x_agg``, each node's features aggregated over all its
+    in-neighbours, which the model's first layer reads instead of the last hop (default false). The startup log
+    says whether it cuts the rows a batch fetches (docs/CONFIG.md, "Aggregation cache")."""
+    eval_aggregation: bool = True
+    """With ``aggregation_cache``: evaluation batches are built the same way (default true; false: they sample
+    every hop of ``eval_fanouts`` and the model aggregates the sampled neighbours, as without the cache)."""
+
+    @property
+    def sampled_fanouts(self) -> tuple[int, ...]:
+        """The hops training batches sample: ``fanouts``, but the last one with the aggregation cache."""
+        return self.fanouts[:-1] if self.aggregation_cache else self.fanouts
+
+    @property
+    def eval_aggregated(self) -> bool:
+        """Whether evaluation batches carry ``x_agg``."""
+        return self.aggregation_cache and self.eval_aggregation
+
+    @property
+    def sampled_eval_fanouts(self) -> tuple[int, ...]:
+        """The hops evaluation batches sample."""
+        return self.eval_fanouts[:-1] if self.eval_aggregated else self.eval_fanouts
 
 
 @dataclass(frozen=True)
@@ -354,11 +377,17 @@ def _sampler(t: Mapping[str, Any]) -> SamplerConfig:
     eval_fanouts = _fanouts("sampler", "eval_fanouts", t.get("eval_fanouts", list(fanouts)))
     if len(eval_fanouts) != len(fanouts):
         raise _fail("sampler", "eval_fanouts", f"needs one entry per hop ({len(fanouts)}), got {list(eval_fanouts)}")
+    aggregation = _bool("sampler", "aggregation_cache", t.get("aggregation_cache", d.aggregation_cache))
+    if aggregation and len(fanouts) < 2:
+        raise _fail("sampler", "aggregation_cache", f"needs at least 2 hops (the cache replaces the last one), "
+                                                    f"fanouts are {list(fanouts)}")
     return SamplerConfig(
         batch_size=_int("sampler", "batch_size", t.get("batch_size", d.batch_size), minimum=1),
         fanouts=fanouts, eval_fanouts=eval_fanouts,
         eval_batch_size=_int("sampler", "eval_batch_size", t.get("eval_batch_size", d.eval_batch_size), minimum=1),
-        seed=_int("sampler", "seed", t.get("seed", d.seed), minimum=0, maximum=2**63 - 1))
+        seed=_int("sampler", "seed", t.get("seed", d.seed), minimum=0, maximum=2**63 - 1),
+        aggregation_cache=aggregation,
+        eval_aggregation=_bool("sampler", "eval_aggregation", t.get("eval_aggregation", d.eval_aggregation)))
 
 
 def _server(t: Mapping[str, Any], base: Path) -> ServerConfig:

@@ -31,7 +31,7 @@ modes and of evaluation in the hierarchical and mmap modes (checks included; in 
 batch's staged region), a part of "publisher" (and of "eval") time: the breakdown of a batch's time. "staging"
 is mode staged's pass over the feature file and its staging writes, a part of "planner" time."""
 
-REFUSAL_REASONS = ("forbidden", "pending", "busy", "job")
+REFUSAL_REASONS = ("forbidden", "pending", "busy", "job", "aggregation")
 """Why a connection was closed before it became a session: a peer outside ``[server] allow_uids`` /
 ``allow_gids``, too many connections waiting for their Hello (``max_pending``), ``max_clients`` reached,
 or a job rank that does not fit its job (wrong sizes, a rank twice, a job this daemon cannot serve)."""
@@ -84,6 +84,15 @@ class DaemonMetrics:
         self._probes = _Probes()
         self.build_info = Info("megabatch_build", "Version, dataset and mode of this daemon", registry=r)
         self.memory_budget = Gauge("megabatch_memory_budget_bytes", "Configured memory budget", registry=r)
+        # present only where the dataset has an aggregation cache (megabatch aggregate)
+        self.aggregation_enabled = Gauge("megabatch_aggregation_cache_enabled", "Whether batches carry the "
+                                         "dataset's aggregation cache (x_agg; [sampler] aggregation_cache)", registry=r)
+        self.aggregation_rows = Gauge("megabatch_aggregation_estimate_rows", "Rows a training batch fetches "
+                                      "without and with the aggregation cache, from the startup pilot (the cost model)",
+                                      ["cache"], registry=r)
+        self.aggregation_bytes = Gauge("megabatch_aggregation_estimate_bytes", "Feature bytes a training batch "
+                                       "fetches without and with the aggregation cache, from the startup pilot",
+                                       ["cache"], registry=r)
         # by purpose (read_metrics.PURPOSES): the exact modes' training and evaluation share one reader
         self.disk_bytes = Counter("megabatch_disk_read_bytes", "Bytes read from the dataset (and staging files)",
                                   ["file", "purpose"], registry=r)
@@ -228,6 +237,13 @@ class DaemonMetrics:
         self.seeds_published.labels(kind).inc(seeds)
         self.feature_bytes_served.labels(purpose_of(kind)).inc(feature_bytes)
         self.published_bytes.inc(payload_bytes)
+
+    def set_aggregation(self, enabled: bool, rows: tuple[int, int], nbytes: tuple[int, int]) -> None:
+        """The aggregation cache's state and its cost model's (without, with) rows and bytes per training batch."""
+        self.aggregation_enabled.set(1 if enabled else 0)
+        for cache, row_count, size in zip(("without", "with"), rows, nbytes):
+            self.aggregation_rows.labels(cache).set(row_count)
+            self.aggregation_bytes.labels(cache).set(size)
 
     def set_build(self, dataset: str, mode: str, *, measures_quality: bool = False) -> None:
         # the mode's capability travels with its name, so that `megabatch status` need not know which modes measure

@@ -42,7 +42,9 @@ class ModeSetup:
     @property
     def fixed(self) -> FixedPart:
         """Node arrays and slots: the part of the budget every mode's plan starts from."""
-        return fixed_part(self.dataset.manifest.num_nodes, self.sessions)
+        aggregates = self.serving.aggregates
+        return fixed_part(self.dataset.manifest.num_nodes, self.sessions,
+                          0 if aggregates is None else aggregates.nbytes)
 
 
 class TrainingMode(ABC):

@@ -11,6 +11,7 @@ import asyncio
 
 import numpy as np
 
+from loader.daemon.aggregate_rows import AggregateFill
 from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledBatch, SampledBatches
 from proto.batch_arrays import BatchShape, OpenBatch, open_batch
@@ -75,10 +76,12 @@ class SlotFlow:
 
 
 def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, source: SlotSource, *,
-              ids: np.ndarray | None = None, shipped_rows: int | None = None, num_updates: int = 0) -> OpenBatch:
+              ids: np.ndarray | None = None, shipped_rows: int | None = None, num_updates: int = 0,
+              aggregates: AggregateFill | None = None) -> OpenBatch:
     """Lay ``batch`` out in ``slot`` and write all of it but its rows (``x``) and a client cache's arrays: ``n_id``
-    (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges and the per-hop counts. The caller fills
-    the rest and commits. ``shipped_rows``, ``num_updates``: a batch for a client with a feature cache
+    (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop counts and, with
+    ``aggregates``, each node's aggregation cache row (``x_agg``, read by dataset id). The caller fills the rest
+    and commits. ``shipped_rows``, ``num_updates``: a batch for a client with a feature cache
     (``BatchShape``). Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
 
     What every batch carries is written here once, for ``fill_slot`` and ``TrainerCache.fill_slot`` alike.
@@ -87,24 +90,27 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     seeds = int(batch.num_sampled_nodes[0])
     out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], num_hops,
                                             source.feat_dim, source.feat_dtype, shipped_rows=shipped_rows,
-                                            num_updates=num_updates))
+                                            num_updates=num_updates, aggregated=aggregates is not None))
     arrays = out.arrays
     arrays.n_id[:] = source.global_ids(nodes) if ids is None else ids
     arrays.y[:] = source.labels(nodes[:seeds])
     arrays.edge_index[:] = batch.edge_index
     arrays.nodes_per_hop[:] = batch.num_sampled_nodes
     arrays.edges_per_hop[:] = batch.num_sampled_edges
+    if aggregates is not None:
+        assert arrays.x_agg is not None
+        aggregates.fill(arrays.n_id, arrays.x_agg)
     return out
 
 
 def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatches, b: int,
-              source: SlotSource) -> int:
+              source: SlotSource, aggregates: AggregateFill | None = None) -> int:
     """Write batch ``b`` of ``sampled``, every row, into ``slot`` and commit it; returns payload bytes.
 
     Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
     """
     batch = sampled.batch(b)
-    out = open_slot(ring, slot, batch, sampled.num_hops, source)
+    out = open_slot(ring, slot, batch, sampled.num_hops, source, aggregates=aggregates)
     source.rows.fill(b, batch.nodes, out.arrays.x)
     return out.commit(batch_id)
 

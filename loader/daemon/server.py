@@ -175,6 +175,11 @@ class Daemon:
         self._serving, self.sessions = setup.serving, setup.sessions
         self.mode = open_mode(setup)
         log.info("%s", self.mode.budget_plan.describe())
+        estimate = setup.serving.aggregation_estimate
+        if estimate is not None:
+            log.info("%s", estimate.describe(cfg.sampler.aggregation_cache))
+            self.metrics.set_aggregation(cfg.sampler.aggregation_cache, (estimate.rows_without, estimate.rows_with),
+                                         (estimate.bytes_without, estimate.bytes_with))
         self._welcome_info = dataset_info(dataset, resident, cfg)
         self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
         self.metrics.set_build(dataset.path.name, cfg.loader.mode, measures_quality=self.mode.measures_quality)
@@ -231,6 +236,7 @@ class Daemon:
         await asyncio.gather(*pending, return_exceptions=True)
         if self._serving is not None:
             self._serving.cpu_pool.shutdown(wait=True, cancel_futures=True)
+            self._serving.close()
         if self.mode is not None:
             self.mode.close()
             self.mode = None
@@ -431,6 +437,12 @@ class Daemon:
             self.metrics.refused_connections.labels("busy").inc()
             await self._refuse(conn, ErrorCode.BUSY, f"{counted(len(self.state.sessions), 'client')} connected "
                                                      f"(max_clients = {self.sessions.clients})")
+            return
+        if self.config.sampler.aggregation_cache and not hello.aggregation:
+            self.metrics.refused_connections.labels("aggregation").inc()
+            await self._refuse(conn, ErrorCode.BAD_REQUEST,
+                               "this daemon's batches carry x_agg ([sampler] aggregation_cache = true), which the "
+                               "client does not read (an older trainer); upgrade it or turn the cache off")
             return
         problem = self._job_problem(hello)
         if problem is not None:

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loader.daemon.aggregate_rows import AggregateFill, AggregateRows, AggregationEstimate
 from loader.daemon.config import LoaderConfig
 from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.read_metrics import purpose_of
 
 __all__ = ["ServingContext"]
 
@@ -29,3 +31,18 @@ class ServingContext:
     """"train", "val", "test" -> sorted int64 dataset ids."""
     feat_dim: int
     feat_dtype: np.dtype
+    aggregates: AggregateRows | None = None
+    """The aggregation cache's rows (``[sampler] aggregation_cache``), read into batches' ``x_agg``; None: off."""
+    aggregation_estimate: AggregationEstimate | None = None
+    """The cache's cost model from the startup pilot, where the dataset has a cache (on or off)."""
+
+    def close(self) -> None:
+        """Close what the context opened (the aggregate reader); the pool is the caller's."""
+        if self.aggregates is not None:
+            self.aggregates.close()
+
+    def aggregates_for(self, kind: str) -> AggregateFill | None:
+        """What a batch of ``kind`` ("train", "val", "test") fills ``x_agg`` from, or None (no ``x_agg``)."""
+        if self.aggregates is None or (kind != "train" and not self.config.sampler.eval_aggregation):
+            return None
+        return self.aggregates.for_purpose(purpose_of(kind))

@@ -245,14 +245,15 @@ class Session:
         batch_id = BatchId(kind=kind, seq=seq, epoch=epoch, pass_index=pass_index, batch_index=index,
                            num_batches=num_batches)
         t0 = time.perf_counter()
+        aggregates = self._ctx.aggregates_for(kind)
         try:
             if cache_plan is None:
                 nbytes = await run_in_pool(self._ctx.cpu_pool, fill_slot, self.ring, slot, batch_id, sampled, b,
-                                           source)
+                                           source, aggregates)
             else:
                 assert self.trainer_cache is not None
                 cached = await run_in_pool(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring, slot,
-                                           batch_id, sampled, b, source, cache_plan)
+                                           batch_id, sampled, b, source, cache_plan, aggregates)
                 nbytes = cached.nbytes
                 rows = self._ctx.metrics.trainer_cache_rows
                 rows.labels("hit").inc(cached.hits)
@@ -274,6 +275,8 @@ class Session:
         # the batch's every row counts as served, shipped or taken from a client's cache: amplification is the read
         # path's, whatever the client keeps
         served = int(sampled.node_ptr[b + 1] - sampled.node_ptr[b]) * source.feat_dim * source.feat_dtype.itemsize
+        if aggregates is not None:
+            served *= 2  # a row of x_agg beside each row of x
         self._ctx.metrics.count_published(kind, int(sampled.num_sampled_nodes[b, 0]), served, nbytes)
         self._send(BatchReady.announce(slot, batch_id, global_seeds))
         return True
@@ -343,7 +346,7 @@ class Session:
                 seeds = plan.seeds[first * cfg.eval_batch_size:last * cfg.eval_batch_size]
                 t0 = time.perf_counter()
                 sampled = await run_in_pool(self._ctx.cpu_pool, access.sample, seeds, cfg.eval_batch_size,
-                                                     cfg.eval_fanouts, plan.keys[first:last])
+                                                     cfg.sampled_eval_fanouts, plan.keys[first:last])
                 self._ctx.metrics.stage_busy.labels("eval").inc(time.perf_counter() - t0)
                 for b in range(sampled.num_batches):
                     if not await self._publish(split, self._last_epoch, 0, first + b, total, sampled, b, source):

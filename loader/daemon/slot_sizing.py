@@ -77,6 +77,9 @@ class PilotSizes:
 
     train: BatchBound | None
     eval: BatchBound | None
+    full_nodes_per_hop: tuple[float, ...] | None = None
+    """Mean nodes per hop of a few training batches sampled with every hop of ``fanouts`` (seeds first); None
+    where not asked for (``pilot_batch_sizes(full_hops=False)``) or without training nodes."""
 
     @property
     def train_or_zero(self) -> BatchBound:
@@ -103,41 +106,54 @@ def _allowance(sizes: np.ndarray, full: np.ndarray) -> int:
     return min(int(largest * HEADROOM), int(largest + SIGMAS * spread)) + 64
 
 
-def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig) -> PilotSizes:
-    """Sample a few training and validation batches over the full graph (a superset of any
-    mega-batch's neighbourhoods, so training batches there only get smaller). Done once at startup:
-    slot sizing and the memory plans read the result."""
+def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig, *,
+                      full_hops: bool = False) -> PilotSizes:
+    """Sample a few training and validation batches (the hops they sample: ``sampled_fanouts``) over the full
+    graph (a superset of any mega-batch's neighbourhoods, so training batches there only get smaller). Done
+    once at startup: slot sizing and the memory plans read the result. With ``full_hops``, a few training
+    batches with every hop of ``fanouts`` too, for the aggregation cache's cost model."""
     m = dataset.manifest
     data = map_graph(dataset, resident.partitions)
     try:
         train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
-                       sampler.batch_size, sampler.fanouts, m.num_nodes, m.num_edges)
+                       sampler.batch_size, sampler.sampled_fanouts, m.num_nodes, m.num_edges)
         evaluation = _pilot(data, eval_split_batches(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
                                                     STREAM_VAL),
-                            sampler.eval_batch_size, sampler.eval_fanouts, m.num_nodes, m.num_edges)
+                            sampler.eval_batch_size, sampler.sampled_eval_fanouts, m.num_nodes, m.num_edges)
+        hops = _mean_nodes_per_hop(data, resident, sampler) if full_hops else None
     except ValueError as err:
         # the sampler validates every neighbour id it reads: one out of range is a damaged indices.npy
         raise UserError(f"{dataset.file('indices')}: {err}; the file is damaged: run 'megabatch verify'") from None
     finally:
         data.close()
-    return PilotSizes(train, evaluation)
+    return PilotSizes(train, evaluation, hops)
+
+
+def _mean_nodes_per_hop(data: MappedGraph, resident: ResidentData, sampler: SamplerConfig) -> tuple[float, ...] | None:
+    plan = epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0)
+    count = min(PILOT_BATCHES, len(plan.keys))
+    if count == 0:
+        return None
+    sampled = sample_pass(data.graph, plan.seeds[:count * sampler.batch_size], sampler.batch_size, sampler.fanouts,
+                          plan.keys[:count])
+    return tuple(float(v) for v in sampled.num_sampled_nodes.mean(axis=0))
 
 
 def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig) -> int:
     """Bytes per slot that fit every training and evaluation batch with high margin (a training batch with
-    the arrays of a trainer feature cache's plan: any client may ask for one)."""
+    the arrays of a trainer feature cache's plan: any client may ask for one; ``x_agg`` where batches carry it)."""
     m = dataset.manifest
     worst = 0
-    cases = [(pilot.train, sampler.batch_size, sampler.fanouts), (pilot.eval, sampler.eval_batch_size,
-                                                                   sampler.eval_fanouts)]
-    for training, (bound, batch_size, fanouts) in zip((True, False), cases):
+    cases = [(pilot.train, sampler.batch_size, sampler.sampled_fanouts, sampler.aggregation_cache),
+             (pilot.eval, sampler.eval_batch_size, sampler.sampled_eval_fanouts, sampler.eval_aggregated)]
+    for training, (bound, batch_size, fanouts, aggregated) in zip((True, False), cases):
         if bound is None:
             continue  # no batch of this kind to size for
         # a training batch for a client with a feature cache may ship every row (at their first access) and
         # carry its plan too: hit_slot for every node, an update per node at most (12 bytes a node in all)
         cached = {"shipped_rows": bound.nodes, "num_updates": bound.nodes} if training else {}
         shape = BatchShape(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
-                           np.dtype(m.feat_dtype.value), **cached)
+                           np.dtype(m.feat_dtype.value), aggregated=aggregated, **cached)
         worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 

@@ -119,7 +119,30 @@ def format_status(samples: Samples) -> str:
                      if (served := _sum(samples, "megabatch_feature_bytes_served_total", purpose=purpose)) > 0]
     if amplification:  # the whole story, rates and latencies included, is in --json and top
         lines.append(f"read amplification since start: {', '.join(amplification)}")
+    aggregation = _aggregation(samples)
+    if aggregation is not None:
+        rows, nbytes, served = aggregation["estimate_rows"], aggregation["estimate_bytes"], aggregation[
+            "served_bytes_per_batch"]
+        lines.append(f"aggregation cache {'on' if aggregation['enabled'] else 'off'}: a training batch fetches about "
+                     f"{rows['without']:,} rows ({format_size(nbytes['without'])}) without it, {rows['with']:,} "
+                     f"({format_size(nbytes['with'])}) with it"
+                     + (f"; served {format_size(int(served))} per training batch" if served else ""))
     return "\n".join(lines)
+
+
+def _aggregation(samples: Samples) -> dict[str, Any] | None:
+    """The aggregation cache's state, cost model and served bytes per training batch; None without a cache."""
+    if _get(samples, "megabatch_aggregation_estimate_rows", cache="with") is None:
+        return None  # the estimate's series exist only where the dataset has a cache
+    enabled = _get(samples, "megabatch_aggregation_cache_enabled")
+    batches = _get(samples, "megabatch_batches_published_total", kind="train") or 0
+    served = _sum(samples, "megabatch_feature_bytes_served_total", purpose="train")
+    return {"enabled": bool(enabled),
+            "estimate_rows": {c: int(_get(samples, "megabatch_aggregation_estimate_rows", cache=c) or 0)
+                              for c in ("without", "with")},
+            "estimate_bytes": {c: int(_get(samples, "megabatch_aggregation_estimate_bytes", cache=c) or 0)
+                               for c in ("without", "with")},
+            "served_bytes_per_batch": served / batches if batches else None}
 
 
 # --- the fields of ``megabatch status --json`` (docs/DEPLOY.md, "megabatch status and top") ---------------------
@@ -280,4 +303,5 @@ def status_fields(samples: Samples, *, now: float, previous: tuple[Samples, floa
                    "feature_bytes_served": {p: int(_sum(samples, "megabatch_feature_bytes_served_total", purpose=p))
                                             for p in SERVED}},
         "quality": quality,
+        "aggregation": _aggregation(samples),
     }

@@ -29,6 +29,7 @@ import numpy as np
 from loader.caches.changeset import CachePlan, CachePlanner, CacheState
 from loader.caches.changeset_kernels import copy_rows
 from loader.caches.feature_cache import row_words
+from loader.daemon.aggregate_rows import AggregateFill
 from loader.daemon.publisher import open_slot
 from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledBatches
@@ -93,7 +94,7 @@ class TrainerCache:
         return plan
 
     def fill_slot(self, ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatches, b: int,
-                  source: SlotSource, plan: CachePlan) -> CachedSlot:
+                  source: SlotSource, plan: CachePlan, aggregates: AggregateFill | None = None) -> CachedSlot:
         """Write batch ``b`` of ``sampled`` into ``slot`` with only its missed rows in ``x``, and commit (the rest of
         the batch as every slot carries it: ``publisher.open_slot``).
 
@@ -106,7 +107,7 @@ class TrainerCache:
         change = plan.changeset(b)
         # n_id: the dataset ids the plan was made for
         out = open_slot(ring, slot, batch, sampled.num_hops, source, ids=plan.ids(b), shipped_rows=len(miss),
-                        num_updates=len(change.slots))
+                        num_updates=len(change.slots), aggregates=aggregates)
         arrays = out.arrays
         x = arrays.x
         if source.rows.fills_any_subset:

@@ -7,6 +7,7 @@ import xxhash
 
 from loader.daemon.config import LoaderConfig
 from loader.daemon.resident import ResidentData
+from loader.format.aggregates import dataset_cache
 from loader.format.dataset import Dataset, manifest_checksum
 from proto.messages import DatasetInfo
 
@@ -25,8 +26,10 @@ def dealing_fingerprint(dataset: Dataset, config: LoaderConfig, mode_summary: st
 def dataset_info(dataset: Dataset, resident: ResidentData, config: LoaderConfig) -> DatasetInfo:
     """``Welcome.dataset``: the shapes a trainer builds its model and its loop from."""
     m, s = dataset.manifest, config.sampler
+    cache = dataset_cache(dataset) if s.aggregation_cache else None
     return DatasetInfo(name=dataset.path.name, num_nodes=m.num_nodes, num_features=m.feat_dim,
                        feature_dtype=m.feat_dtype.value, num_classes=m.num_classes, num_hops=len(s.fanouts),
                        fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
                        train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
-                       test_nodes=len(resident.split_ids["test"]), mode=config.loader.mode)
+                       test_nodes=len(resident.split_ids["test"]), mode=config.loader.mode,
+                       aggregation="" if cache is None else cache.kind, eval_aggregation=s.eval_aggregated)

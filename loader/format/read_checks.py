@@ -37,7 +37,7 @@ from proto.errors import UserError
 from proto.progress import Progress
 
 __all__ = ["CorruptData", "ReadChecks", "load_read_checks", "write_read_checks", "partition_checksum_table",
-           "file_block_checksums", "verify_partition_range", "verify_blocks", "block_table_bytes",
+           "file_block_checksums", "verify_partition_range", "verify_blocks", "block_table", "block_table_bytes",
            "PARTITION_CHECK_COLUMNS", "PAGE_BYTES"]
 
 log = logging.getLogger("megabatch.read_checks")
@@ -94,12 +94,14 @@ def load_read_checks(dataset: Dataset, *, blocks: bool) -> ReadChecks | None:
     empty = np.empty(0, dtype=np.uint64)
     feature_blocks = index_pages = empty
     if blocks:
-        feature_blocks = _block_table(dataset, m.feature_check_file, "features.bin", m.feature_check_bytes)
-        index_pages = _block_table(dataset, CHECK_FILES["index_pages"], "indices.npy", PAGE_BYTES)
+        feature_blocks = block_table(dataset, m.feature_check_file, "features.bin", m.feature_check_bytes)
+        index_pages = block_table(dataset, CHECK_FILES["index_pages"], "indices.npy", PAGE_BYTES)
     return ReadChecks(sums, feature_blocks, m.feature_check_bytes, index_pages)
 
 
-def _block_table(dataset: Dataset, name: str, data_file: str, block: int) -> np.ndarray:
+def block_table(dataset: Dataset, name: str, data_file: str, block: int) -> np.ndarray:
+    """The block checksums ``name`` holds for ``data_file`` (one XXH3-64 per ``block`` bytes), their count checked
+    against the file's size in the manifest."""
     path = dataset.path / name
     table = read_npy(path, expect_dtype=np.uint64, expect_ndim=1)
     expected = -(-dataset.manifest.files[data_file].bytes // block)

@@ -63,3 +63,21 @@ def test_a_daemon_still_running_after_the_stop_or_failed_by_the_bench_is_told_ap
     assert death(0, False, 0, None, log, None) is None
     # an OOM kill is one whenever it came (the cgroup counted it)
     assert death(-9, False, 1, 768 << 20, log, None) == "died: OOM-killed (cgroup limit 768 MiB)"
+
+
+def test_run_names_carry_the_aggregation_cache_and_the_report_pairs_them(tmp_path):
+    from bench.compare import is_aggregated, run_parts, write_config
+
+    assert run_parts("exact-unchecked-agg-r2") == ("exact", False, 2) and is_aggregated("exact-unchecked-agg-r2")
+    assert run_parts("staged-agg") == ("staged", True, 1) and not is_aggregated("staged")
+    args = argparse.Namespace(**vars(ARGS))
+    write_config(tmp_path / "x.toml", "exact-agg", tmp_path, tmp_path / "s.sock", 1 << 30, args, {})
+    assert "aggregation_cache = true" in (tmp_path / "x.toml").read_text()
+    plain = {"mode": "exact", "batches_per_s": 2.0, "seeds_per_s": 2048.0, "rows_per_batch": 38000.0,
+             "disk_bytes_per_batch": 150e6}
+    agg = {"mode": "exact-agg", "batches_per_s": 3.0, "seeds_per_s": 3072.0, "rows_per_batch": 22000.0,
+           "disk_bytes_per_batch": 60e6, "aggregate_disk_bytes_per_batch": 40e6,
+           "estimated_rows": {"without": 37000, "with": 21000}}
+    text = report([plain, agg], args, 1 << 30, 2 << 30, [690.0])
+    row = next(line for line in text.splitlines() if line.startswith("| exact | 37000 / 21000"))
+    assert "1.50x" in row and "38,000 / 22,000" in row

@@ -538,6 +538,7 @@ class Scraped:
 def scraped(dataset_3k: Path, tmp_path_factory: pytest.TempPathFactory) -> Scraped:
     """The daemon's exposition after a training epoch and its evaluation (scraped with the trainer still connected,
     so the per-client series are there) and a client that broke the protocol; the trainer's, served over HTTP."""
+    from loader.offline.aggregation import build_aggregation_cache
     from proto.codec import encode
     from proto.messages import Credit, Error
     from tests.daemon_harness import daemon_config, read_message, running_daemon
@@ -545,8 +546,13 @@ def scraped(dataset_3k: Path, tmp_path_factory: pytest.TempPathFactory) -> Scrap
     from trainer.loop import TrainConfig, train
     from trainer.metrics import TrainerMetrics
 
+    # a copy with an aggregation cache (left off): its cost model's series exist only where a dataset has one
+    work = tmp_path_factory.mktemp("dashboard")
+    dataset = work / "dataset"
+    shutil.copytree(dataset_3k, dataset)
+    build_aggregation_cache(dataset, "mean", 1 << 20)
     port = free_port()
-    config = daemon_config(dataset_3k, tmp_path_factory.mktemp("dashboard") / "s.sock", metrics={"port": port})
+    config = daemon_config(dataset, work / "s.sock", metrics={"port": port})
     trainer_metrics = TrainerMetrics()
     trainer_port = trainer_metrics.serve(0)
     try:

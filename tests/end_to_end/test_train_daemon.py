@@ -179,3 +179,32 @@ def test_float16_features_train_through_the_daemon(tmp_path, cache):
             source.close()
     assert len(result.epochs) == 2 and result.test_acc_at_best is not None
     assert result.epochs[-1].loss < result.epochs[0].loss * 1.5  # finite and training, not NaN
+
+
+@pytest.mark.parametrize("model, kind", [("sage", "mean"), ("gcn", "gcn")])
+def test_the_aggregation_cache_through_the_daemon_trains_as_in_memory(tmp_path, model, kind):
+    """The exact family's batches with ``x_agg`` are the in-memory source's with ``--aggregation-cache``: the same
+    seeds train the same weights (CPU, deterministic), evaluation with the cache included."""
+    from loader.offline.aggregation import build_aggregation_cache
+
+    dataset = small_dataset(tmp_path, nodes=1500, partitions=8, feat_dim=16)
+    build_aggregation_cache(dataset, kind, 1 << 20)
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": "exact"}, memory={"budget": "512M"},
+                           sampler={"batch_size": 128, "fanouts": [10, 5], "aggregation_cache": True})
+    cfg = TrainConfig(model=model, hidden=32, epochs=2, seed=0, device="cpu")
+    with running_daemon(config):
+        source = DaemonSource(str(config.server.socket))
+        try:
+            assert (source.info.aggregation, source.info.num_hops) == (kind, 2)
+            via_daemon = train(source, cfg, log=lambda line: None)
+        finally:
+            source.close()
+    s = config.sampler
+    reference = InMemorySource(open_dataset(dataset), batch_size=s.batch_size, fanouts=s.fanouts,
+                               eval_fanouts=s.eval_fanouts, eval_batch_size=s.eval_batch_size, seed=s.seed,
+                               aggregation=True)
+    in_memory = train(reference, cfg, log=lambda line: None)
+    assert via_daemon.model is not None and in_memory.model is not None
+    for (name, a), (_, b) in zip(via_daemon.model.state_dict().items(), in_memory.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert via_daemon.test_acc_at_best == in_memory.test_acc_at_best

@@ -33,6 +33,8 @@ def batches(draw: st.DrawFn) -> dict[str, np.ndarray]:
         arrays["x"] = rng.random((int((hit < 0).sum()), DIM)).astype(np.float32)
     else:
         arrays["x"] = rng.random((n, DIM)).astype(np.float32)
+    if draw(st.booleans()):
+        arrays["x_agg"] = rng.random((n, DIM)).astype(np.float32)
     return arrays
 
 
@@ -41,7 +43,7 @@ def shape_of(arrays: dict[str, np.ndarray]) -> BatchShape:
     return BatchShape(len(arrays["n_id"]), len(arrays["y"]), arrays["edge_index"].shape[1],
                       len(arrays["edges_per_hop"]), DIM, np.dtype(np.float32),
                       shipped_rows=len(arrays["x"]) if cached else None,
-                      num_updates=len(arrays["upd_slot"]) if cached else 0)
+                      num_updates=len(arrays["upd_slot"]) if cached else 0, aggregated="x_agg" in arrays)
 
 
 def written(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,11 +96,18 @@ def corrupt(arrays: dict[str, np.ndarray], how: str) -> str:
     if how == "rows":
         arrays["x"] = np.zeros((len(arrays["x"]) + 1, DIM), np.float32)
         return "x has"
+    if how == "aggregates":
+        arrays["x_agg"] = np.zeros((n + 1, DIM), np.float32)
+        return "x_agg has shape"
+    if how == "aggregate dtype":
+        arrays["x_agg"] = np.zeros((n, DIM), np.float64)
+        return "x_agg has shape .* and dtype float64"
     raise AssertionError(how)
 
 
 @settings(max_examples=60, deadline=None)
-@given(batches(), st.sampled_from(["missing", "dtype", "hops", "n_id", "y", "edges", "position", "rows"]))
+@given(batches(), st.sampled_from(["missing", "dtype", "hops", "n_id", "y", "edges", "position", "rows", "aggregates",
+                                   "aggregate dtype"]))
 def test_a_batch_that_contradicts_itself_is_refused(arrays, how):
     message = corrupt(arrays, how)
     with pytest.raises(SlotError, match=message):

@@ -134,7 +134,7 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
             keys = piece_keys(cfg.seed, epoch, local, first, last - first)
             await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
             sampled = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", mode.sample_superbatch, order, part,
-                                      cfg.batch_size, keys, cfg.fanouts)
+                                      cfg.batch_size, keys, cfg.sampled_fanouts)
             await out.put(SampledSuperbatch(epoch, first, total, sampled,
                                             part.member if local.several else None,
                                             part.global_size if local.several else None))

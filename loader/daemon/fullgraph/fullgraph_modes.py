@@ -128,7 +128,7 @@ class MmapMode(FullGraphMode):
                             "PyG-over-np.memmap baseline): set [io] check_reads = false to run it, knowing that a "
                             "changed byte is then served and a file that shrinks under the daemon kills it")
         eval_bytes = eval_graph_bytes(dataset, config.io, 0 if eval_batch is None else eval_batch.nodes,
-                                      config.sampler.eval_fanouts)
+                                      config.sampler.sampled_eval_fanouts)
         if fixed.total + eval_bytes > config.memory.budget:
             raise budget_too_small(config.memory.budget, cls.name,
                                    [*fixed.parts(), ("evaluation reads (indptr, read checks, buffers)", eval_bytes)],

@@ -190,7 +190,7 @@ def plan_outofcore(mode: "type[OutOfCoreMode]", config: LoaderConfig, dataset: D
                    + (block_table_bytes(dataset) if config.io.check_reads else 0) + 8 * m.splits.train)
     sampled_batch = batch_nodes * BYTES_PER_SAMPLED_NODE + batch_edges * BYTES_PER_SAMPLED_EDGE
     mean_degree = m.num_edges / max(1, n)
-    list_staging = int(fg.sample_group * batch_nodes * expanded_share(config.sampler.fanouts) * mean_degree
+    list_staging = int(fg.sample_group * batch_nodes * expanded_share(config.sampler.sampled_fanouts) * mean_degree
                        * index_itemsize)
     # lists read from disk pass through the reader's staging buffer (whole pages, shared memory), bounded by its
     # rounds; a superbatch's seeds are gathered from the epoch's order before it is sampled

@@ -124,7 +124,7 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
     batch = setup.pilot.train_or_zero
     evaluation = setup.pilot.eval
     eval_bytes = eval_graph_bytes(setup.dataset, cfg.io, 0 if evaluation is None else evaluation.nodes,
-                                  cfg.sampler.eval_fanouts)
+                                  cfg.sampler.sampled_eval_fanouts)
     parts = resident.partitions
     train_counts = parts.count_in(resident.split_ids["train"])
 

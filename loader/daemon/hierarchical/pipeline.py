@@ -216,7 +216,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
             seeds = shuffle(mb.train_seeds, key)
             # later passes over the same mega-batch lose what the first did: measure once per mega-batch
             dealt, slots = await _timed(ctx, "sampler", _sample_measured, mb.graph, seeds, local, batch_size,
-                                        cfg.sampler.fanouts, cfg.sampler.seed, epoch, batch_in_epoch,
+                                        cfg.sampler.sampled_fanouts, cfg.sampler.seed, epoch, batch_in_epoch,
                                         mb.full_degree if pass_index == 0 else None)
             sampled, n_batches = dealt.sampled, dealt.steps
             if slots is not None:

@@ -195,4 +195,4 @@ def test_training_with_the_cache_and_its_refusals(own_dataset):
             train(source, TrainConfig(model=model, hidden=32, epochs=1, device="cpu"))
     done = subprocess.run([sys.executable, "-m", "trainer", "--socket", "/nonexistent.sock", "--aggregation-cache"],
                           capture_output=True, text=True)
-    assert done.returncode == 2 and "inmemory mode only" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert done.returncode == 2 and "inmemory-mode option" in done.stderr and len(done.stderr.splitlines()) == 1
