@@ -205,6 +205,8 @@ def compare_run(mode: str, default_mode: str) -> str | None:
         return EXACT_MODES[mode]
     if mode == "HB2":
         return f"{default_mode}-r2"
+    if mode == "HBAGG":  # compare --aggregation-cache's row; absent from a compare run without the cache
+        return f"{default_mode}-agg"
     if mode.startswith("HB"):
         return default_mode
     return None

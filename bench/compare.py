@@ -163,10 +163,10 @@ def delta(after: dict[str, float], before: dict[str, float], name: str) -> float
 
 
 class RankConsumer:
-    """One client's share of the first epoch: touches every feature byte of each batch."""
+    """One client's share of the first epoch: touches every feature byte of each batch (x_agg's too)."""
 
     def __init__(self, sock: Path, job: JobMember | None) -> None:
-        self.client = ControlClient.connect(str(sock), client="compare", timeout=None, job=job)
+        self.client = ControlClient.connect(str(sock), client="compare", timeout=None, job=job, aggregation=True)
         self.client.send(Credit(count=self.client.welcome.slots.count))
         self.epoch_batches = -1
         self.ended = False
@@ -183,12 +183,13 @@ class RankConsumer:
             assert isinstance(msg, BatchReady)
             self.epoch_batches = msg.num_batches
             arrays = self.client.read_batch(msg).arrays
-            x = arrays["x"]
-            float(x.sum(dtype=np.float64))
+            rows = [arrays[name] for name in ("x", "x_agg") if name in arrays]
+            for x in rows:
+                float(x.sum(dtype=np.float64))
+                nbytes += x.nbytes
             count += 1
             seeds += len(arrays["y"])  # a mode's batches need not all be full: its rate in seeds is what trains
-            nbytes += x.nbytes
-            del x, arrays
+            del rows, arrays
             self.client.send(Release(slot=msg.slot, seq=msg.seq))
         return count, seeds, nbytes
 

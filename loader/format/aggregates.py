@@ -2,13 +2,14 @@
 manifest section, the reader, and the cost model that says whether the cache pays. ``megabatch aggregate``
 (``loader.offline.aggregation``) writes them."""
 
-import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from loader.format.dataset import Dataset
-from loader.format.fileio import file_xxh3, pread_into
+from loader.format.feature_layout import read_feature_layout
 from proto.errors import UserError
 
 __all__ = ["SECTION", "AggregationCache", "aggregation_files", "aggregation_bytes", "node_row_starts",
@@ -68,25 +69,41 @@ def dataset_cache(dataset: Dataset) -> AggregationCache | None:
         raise UserError(f"{dataset.path / 'manifest.json'}: malformed {SECTION} section") from None
 
 
+class _WholeFileHash:
+    """Checks a file read partition by partition, in file order, against its manifest ``xxh3_64``: the ranges must
+    tile the file from byte 0, so their bytes in order are the file's (prepare's layout; checked as they come)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.digest = xxhash.xxh3_64()
+        self.next_offset = 0
+
+    def __call__(self, partition: int, rows: memoryview, padding: bytes, offset: int) -> None:
+        if offset != self.next_offset:
+            raise UserError(f"{self.path}: partition {partition} starts at byte {offset}, not where the one before "
+                            f"ends ({self.next_offset}); run 'megabatch aggregate' again")
+        self.digest.update(rows)
+        self.digest.update(padding)
+        self.next_offset = offset + len(rows) + len(padding)
+
+    def verify(self, expected: str, size: int) -> None:
+        if self.next_offset != size or self.digest.hexdigest() != expected:
+            raise UserError(f"{self.path}: not the file the manifest records; run 'megabatch aggregate' again")
+
+
 def read_aggregates(dataset: Dataset) -> tuple[AggregationCache, np.ndarray]:
     """The cache and its rows in node order, (N, F) in the feature dtype, checked whole against the manifest's
-    checksum first. A dataset without a cache is a one-line error naming the command that builds one."""
+    checksum as they are read (one pass). A dataset without a cache is a one-line error naming the command that
+    builds one."""
     cache = dataset_cache(dataset)
     if cache is None:
         raise UserError(f"{dataset.path} has no aggregation cache: build one with 'megabatch aggregate "
                         f"{dataset.path} --kind mean' (gcn for --model gcn)")
     path = dataset.path / cache.file
     entry = dataset.manifest.files.get(cache.file)
-    if entry is None or not path.is_file() or file_xxh3(path) != entry.xxh3_64:
+    if entry is None or not path.is_file():
         raise UserError(f"{path}: missing or not the file the manifest records; run 'megabatch aggregate' again")
-    m = dataset.manifest
-    rows = np.empty((m.num_nodes, m.feat_dim), dtype=m.feat_dtype.value)
-    parts = dataset.partitions()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for begin, end, offset in zip(parts.node_begin.tolist(), parts.node_end.tolist(), parts.feat_offset.tolist(),
-                                      strict=True):
-            pread_into(fd, rows[begin:end], offset, path)
-    finally:
-        os.close(fd)
+    check = _WholeFileHash(path)
+    rows = read_feature_layout(dataset, path, dataset.partitions(), check)
+    check.verify(entry.xxh3_64, path.stat().st_size)
     return cache, rows

@@ -6,7 +6,6 @@ seeds form which batch and which random key each batch is sampled with; the load
 the same ones for evaluation, so validation and test accuracy mean the same thing in both modes.
 """
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -15,7 +14,7 @@ import numpy as np
 import xxhash
 
 from loader.format.dataset import Dataset
-from loader.format.fileio import pread_into
+from loader.format.feature_layout import RangeCheck, read_feature_layout
 from loader.format.partition_table import PartitionTable
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, CorruptData, ReadChecks, load_read_checks
 from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
@@ -77,50 +76,26 @@ class EpochBatches(NamedTuple):
     keys: np.ndarray
 
 
-def _verify_rows(checks: ReadChecks, partition: int, rows: np.ndarray, fd: int, offset: int, padded: int,
-                 path: Path) -> None:
-    """Raise ``CorruptData`` unless partition ``partition``'s rows, with the padding after them in the file,
-    hash to the partition's features sum (``prepare`` hashed the padded range)."""
-    digest = xxhash.xxh3_64(rows.data.cast("B"))
-    pad = padded - rows.nbytes
-    if pad:
-        tail = os.pread(fd, pad, offset + rows.nbytes)
-        if len(tail) != pad:
-            raise UserError(f"{path}: truncated (partition {partition}'s padding needs bytes up to {offset + padded})")
-        digest.update(tail)
-    if digest.intdigest() != int(checks.partition_sums[partition, PARTITION_CHECK_COLUMNS.index("features")]):
-        raise CorruptData(path, offset, f"partition {partition}'s features range ({padded} bytes from byte {offset})")
+def _partition_check(checks: ReadChecks, path: Path) -> RangeCheck:
+    """Each partition's features range, rows and padding, against its sum (``prepare`` hashed the padded range)."""
+    column = PARTITION_CHECK_COLUMNS.index("features")
+
+    def check(partition: int, rows: memoryview, padding: bytes, offset: int) -> None:
+        digest = xxhash.xxh3_64(rows)
+        digest.update(padding)
+        if digest.intdigest() != int(checks.partition_sums[partition, column]):
+            raise CorruptData(path, offset, f"partition {partition}'s features range ({len(rows) + len(padding)} "
+                                            f"bytes from byte {offset})")
+
+    return check
 
 
 def _read_features(dataset: Dataset, partitions: PartitionTable) -> np.ndarray:
-    manifest = dataset.manifest
-    n, dim = manifest.num_nodes, manifest.feat_dim
     path = dataset.file("features")
     # each partition's features range has a hash (format 1.1+): the matrix is served from RAM afterwards, so
     # this is its read check, one hash per sequential read
     checks = load_read_checks(dataset, blocks=False)
-    features = np.empty((n, dim), dtype=manifest.feat_dtype.value)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    try:
-        size = os.fstat(fd).st_size
-        for p, part in enumerate(partitions.rows()):
-            begin, end, offset, nbytes = part.node_begin, part.node_end, part.feat_offset, part.feat_nbytes
-            if not 0 <= begin <= end <= n or nbytes != (end - begin) * manifest.row_bytes:
-                raise UserError(f"{dataset.path / 'partitions.npy'}: partition {p} (nodes {begin}..{end}, "
-                                f"{nbytes} feature bytes) does not match the manifest")
-            if offset + nbytes > size:
-                raise UserError(f"{path}: truncated (partition {p} needs bytes up to {offset + nbytes}, "
-                                f"file has {size})")
-            # one sequential read per partition, straight into its rows: no second copy of the matrix
-            pread_into(fd, features[begin:end], offset, path)
-            if checks is not None:
-                _verify_rows(checks, p, features[begin:end], fd, offset, part.feat_padded, path)
-    finally:
-        os.close(fd)
-    return features
+    return read_feature_layout(dataset, path, partitions, None if checks is None else _partition_check(checks, path))
 
 
 def load_in_memory(dataset: Dataset) -> InMemoryGraph:

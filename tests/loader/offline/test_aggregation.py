@@ -196,3 +196,19 @@ def test_training_with_the_cache_and_its_refusals(own_dataset):
     done = subprocess.run([sys.executable, "-m", "trainer", "--socket", "/nonexistent.sock", "--aggregation-cache"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "inmemory-mode option" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["a row", "the end"])
+def test_a_changed_or_cut_cache_file_is_refused_when_read_whole(own_dataset, where):
+    from loader.format.aggregates import read_aggregates
+
+    cache = build_aggregation_cache(own_dataset, "mean", 1 << 20)
+    path = own_dataset / cache.file
+    data = bytearray(path.read_bytes())
+    if where == "a row":
+        data[len(data) // 3] ^= 0x01
+    else:
+        data = data[:-4096]
+    path.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="aggregates-mean.bin: (not the file the manifest records|truncated)"):
+        read_aggregates(open_dataset(own_dataset))

@@ -89,3 +89,18 @@ def test_num_batches_rounds_up():
     assert [num_batches(n, 4) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
     with pytest.raises(ValueError):
         num_batches(3, 0)
+
+
+@pytest.mark.parametrize("where", ["a row", "a partition's padding"])
+def test_a_changed_feature_byte_fails_its_partitions_check(tmp_path, where):
+    from loader.format.read_checks import CorruptData
+
+    dataset = _prepared(tmp_path)[0]
+    parts = dataset.partitions()
+    offset = int(parts.feat_offset[1]) + (0 if where == "a row" else int(parts.feat_nbytes[1]))
+    path = dataset.file("features")
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptData, match="partition 1's features range"):
+        load_in_memory(dataset)
