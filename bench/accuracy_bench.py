@@ -31,6 +31,8 @@ holds; ``--feature-ratio auto`` leaves the daemon's "auto" (on every shared grap
     NSAGG (not run by default; issue 32) NS with BatchGNN's aggregation cache (``megabatch aggregate --kind mean``
           once per prepared graph, then ``--aggregation-cache``): one hop fewer sampled, the first layer over
           every neighbour's mean
+    HBW   (not run by default; issue 28's label-prior remedy) HB with ``[hierarchy] label_prior_loss``: each seed's
+          loss weighed by its class's epoch share over its mega-batch's
     HBAGG (not run by default; issue 32) HB with the daemon serving that cache (``[sampler] aggregation_cache``),
           at the fraction of ``--feature-ratio``
     HB2   (not run by default) HB trained by 2 DDP ranks (--nproc-per-node 2, gloo) through the one
@@ -127,7 +129,7 @@ DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs
 TomlValue = str | int | float | bool | list[int]
 """What the bench's daemon configs hold."""
 MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2", "NS16", "HB16", "NSAGG",
-         "HBAGG")
+         "HBAGG", "HBW")
 # HB25 is HB at the default ratio 4; the exact-semantics modes cost no run unless --train-exact
 DEFAULT_MODES = ("NS", "HB", *EXACT_MODES, "FULL")
 DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
@@ -137,7 +139,7 @@ DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
     "HB25r": {"hierarchy": {"megabatch_fraction": 0.25, "schedule": "random"}},
     "HB25s": {"hierarchy": {"megabatch_fraction": 0.25, "static_cache": False}},
     "HB50": {"hierarchy": {"megabatch_fraction": 0.5}}, "HB2": {"memory": {"budget": "3G"}}, "HB16": {},
-    "HBAGG": {"sampler": {"aggregation_cache": True}}}
+    "HBAGG": {"sampler": {"aggregation_cache": True}}, "HBW": {"hierarchy": {"label_prior_loss": True}}}
 """What each daemon mode adds to the default config (the fraction of ``--feature-ratio`` comes on top where
 the mode sets none: ``daemon_tables``)."""
 DEFAULT_DAEMON_MODE = ModeConfig().mode

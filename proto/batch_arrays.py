@@ -20,6 +20,7 @@ __all__ = ["BatchShape", "BatchArrays", "OpenBatch", "open_batch"]
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
+_FLOAT32 = np.dtype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class BatchShape:
     num_updates: int = 0
     aggregated: bool = False
     """The batch carries ``x_agg``: a row of the dataset's aggregation cache per node, in the feature dtype."""
+    num_classes: int = 0
+    """The batch carries ``class_weight`` (float32, one per class) where > 0."""
 
     def specs(self) -> list[ArraySpec]:
         rows = self.num_nodes if self.shipped_rows is None else self.shipped_rows
@@ -49,6 +52,8 @@ class BatchShape:
                  ArraySpec("edges_per_hop", _INT64, (self.num_hops,))]
         if self.aggregated:
             specs.append(ArraySpec("x_agg", self.feat_dtype, (self.num_nodes, self.feat_dim)))
+        if self.num_classes:
+            specs.append(ArraySpec("class_weight", _FLOAT32, (self.num_classes,)))
         if self.shipped_rows is not None:
             specs += [ArraySpec("hit_slot", _INT32, (self.num_nodes,)),
                       ArraySpec("upd_slot", _INT32, (self.num_updates,)),
@@ -85,6 +90,8 @@ class BatchArrays:
     x_agg: np.ndarray | None = None
     """(n, D) in the feature dtype: each node's row of the dataset's aggregation cache (its features aggregated
     over all its in-neighbours), for a model's first layer; None where the batch samples every hop."""
+    class_weight: np.ndarray | None = None
+    """float32 (C,): the weight of each class in the batch's loss (``[hierarchy] label_prior_loss``); None: 1."""
 
     @property
     def has_cache_plan(self) -> bool:
@@ -96,7 +103,7 @@ class BatchArrays:
         return cls(x=views["x"], n_id=views["n_id"], y=views["y"], edge_index=views["edge_index"],
                    nodes_per_hop=views["nodes_per_hop"], edges_per_hop=views["edges_per_hop"],
                    hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"),
-                   x_agg=views.get("x_agg"))
+                   x_agg=views.get("x_agg"), class_weight=views.get("class_weight"))
 
     @classmethod
     def read(cls, views: Mapping[str, np.ndarray], feature_cache_rows: int) -> "BatchArrays":
@@ -132,6 +139,14 @@ class BatchArrays:
         if agg is not None and (agg.shape != (n, arrays.x.shape[1]) or agg.dtype != arrays.x.dtype):
             raise SlotError(f"x_agg has shape {agg.shape} and dtype {agg.dtype}, expected ({n}, "
                             f"{arrays.x.shape[1]}) and x's {arrays.x.dtype}")
+        weight = arrays.class_weight
+        if weight is not None:
+            if weight.ndim != 1 or weight.dtype != _FLOAT32 or not np.isfinite(weight).all() or (weight < 0).any():
+                raise SlotError(f"class_weight: expected finite, non-negative float32 (classes,), got {weight.dtype} "
+                                f"{weight.shape}")
+            labelled = arrays.y[arrays.y >= 0]
+            if labelled.size and int(labelled.max()) >= len(weight):
+                raise SlotError(f"class_weight has {len(weight)} classes, a seed is labelled {int(labelled.max())}")
         if arrays.hit_slot is None:
             if arrays.x.shape[0] != n:
                 raise SlotError(f"x has {arrays.x.shape[0]} rows for {n} nodes")

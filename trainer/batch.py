@@ -76,6 +76,9 @@ class Batch:
     """With an aggregation cache (``--aggregation-cache``): per node of the batch, its input features aggregated
     over all its neighbours, rows as ``x``'s; the batch then holds one hop fewer than the model's layers (the
     first layer reads these rows instead of a sampled last hop). None: no cache."""
+    class_weight: torch.Tensor | None = None
+    """float32 (C,): each class's weight in the loss (the daemon's ``[hierarchy] label_prior_loss``: the epoch's
+    label mix over the mega-batch's); None: every seed weighs 1."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -97,6 +100,11 @@ class Batch:
         if self.y.shape[0] != self.num_sampled_nodes[0]:
             raise ValueError(f"y has {self.y.shape[0]} entries, expected {self.num_sampled_nodes[0]} seeds")
 
+    def moved_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors ``to`` moves to a device (the cache plan's apart)."""
+        optional = tuple(t for t in (self.x_agg, self.class_weight) if t is not None)
+        return (self.x, self.y, self.edge_index, *optional)
+
     @property
     def batch_size(self) -> int:
         """Number of seed nodes (the nodes the loss is computed on)."""
@@ -112,6 +120,7 @@ class Batch:
                      self.num_sampled_nodes, self.num_sampled_edges, self.seq, plan, self.global_seeds,
                      self.stream_batches,
                      None if self.x_agg is None else self.x_agg.to(device, non_blocking=non_blocking),
+                     None if self.class_weight is None else self.class_weight.to(device, non_blocking=non_blocking),
                      _release=self.release)
 
     def release(self) -> None:

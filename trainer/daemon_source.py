@@ -220,6 +220,7 @@ class DaemonSource(BatchSource):
                      num_sampled_edges=[int(v) for v in arrays.edges_per_hop],
                      seq=ready.seq, cache_plan=plan,
                      x_agg=None if arrays.x_agg is None else torch.from_numpy(arrays.x_agg),
+                     class_weight=None if arrays.class_weight is None else torch.from_numpy(arrays.class_weight),
                      global_seeds=ready.global_seeds if self._ranks.distributed else None,
                      stream_batches=ready.num_batches if ready.num_batches >= 0 else None, _release=release)
 

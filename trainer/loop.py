@@ -331,7 +331,7 @@ class _Run:
             with sync:
                 b = part.batch.to(self.device)
                 out = self.train_model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges, b.x_agg)
-                summed = F.cross_entropy(out, b.y, ignore_index=-1, reduction="sum")
+                summed = F.cross_entropy(out, b.y, weight=b.class_weight, ignore_index=-1, reduction="sum")
                 (summed * scale).backward()
             logits[part.seeds.to(logits.device)] = out.detach()
             total += summed.item()
@@ -353,10 +353,18 @@ class _Run:
         (``megabatch import`` refuses others), so the global batch's seeds are its labelled seeds. An
         empty piece still has a loss attached to every parameter (a sum over no seeds, 0): its backward
         joins DDP's all-reduce like every other rank's.
+
+        With ``batch.class_weight`` each seed's loss is weighed by its class's weight, and the sum still divided by
+        the seeds (not by the weights' sum, as PyTorch's weighted mean does): the weights are importance weights,
+        so the loss is, in expectation, the epoch's label mix's.
         """
+        weight = batch.class_weight
         if not self.ranks.distributed:
-            return F.cross_entropy(logits, batch.y, ignore_index=-1), None
-        summed = F.cross_entropy(logits, batch.y, ignore_index=-1, reduction="sum")
+            if weight is None:
+                return F.cross_entropy(logits, batch.y, ignore_index=-1), None
+            summed = F.cross_entropy(logits, batch.y, weight=weight, ignore_index=-1, reduction="sum")
+            return summed / max(1, int((batch.y >= 0).sum())), None
+        summed = F.cross_entropy(logits, batch.y, weight=weight, ignore_index=-1, reduction="sum")
         return summed * self.rank_scale(batch), summed.detach()
 
     def rank_scale(self, batch: Batch) -> float:

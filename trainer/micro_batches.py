@@ -101,7 +101,7 @@ def split_batch(batch: Batch, groups: Tensor) -> list[MicroBatch]:
         micro = Batch(batch.x[picked], batch.y[members], local[batch.edge_index[:, edges]],
                       batch.n_id[picked.to(batch.n_id.device)], [int(n.shape[0]) for n in per_level],
                       [int(e.shape[0]) for e in per_hop_edges], batch.seq, None, batch.global_seeds,
-                      batch.stream_batches, None if batch.x_agg is None else batch.x_agg[picked])
+                      batch.stream_batches, None if batch.x_agg is None else batch.x_agg[picked], batch.class_weight)
         out.append(MicroBatch(micro, members))
     return out
 
@@ -302,7 +302,8 @@ def measure_step_bytes(model: torch.nn.Module, batch: Batch, optimizer: torch.op
     def step() -> None:
         model.zero_grad(set_to_none=True)
         out = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges, batch.x_agg)
-        torch.nn.functional.cross_entropy(out, batch.y, ignore_index=-1, reduction="sum").backward()
+        torch.nn.functional.cross_entropy(out, batch.y, weight=batch.class_weight, ignore_index=-1,
+                                          reduction="sum").backward()
         if optimizer is not None:
             optimizer.step()
 

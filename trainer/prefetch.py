@@ -49,8 +49,7 @@ class _Staged:
 
 def _host_bytes(batch: Batch) -> int:
     plan = batch.cache_plan
-    tensors = (batch.x, batch.y, batch.edge_index, *(plan.tensors() if plan is not None else ()),
-               *(() if batch.x_agg is None else (batch.x_agg,)))
+    tensors = (*batch.moved_tensors(), *(plan.tensors() if plan is not None else ()))
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -126,7 +125,7 @@ class Stager:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(staged.assembled)
             device = staged.device
-            for tensor in (device.x, device.y, device.edge_index, *(() if device.x_agg is None else (device.x_agg,))):
+            for tensor in device.moved_tensors():
                 tensor.record_stream(compute)  # memory allocated on the copy stream is used on this one
         self.rows_shipped += staged.rows_shipped
         self.rows_cached += staged.rows_cached

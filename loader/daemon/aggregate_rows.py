@@ -143,4 +143,5 @@ class AggregationEstimate:
         state = "on" if enabled else "off ([sampler] aggregation_cache = true turns it on)"
         return (f"aggregation cache ({self.kind}) {state}: a training batch fetches about "
                 f"{self.rows_without:,} rows ({format_size(self.bytes_without)}) without it, "
-                f"{self.rows_with:,} ({format_size(self.bytes_with)}) with it: the cache {verdict}")
+                f"{self.rows_with:,} ({format_size(self.bytes_with)}) with it: the cache {verdict}; half of those are "
+                f"x_agg rows, read from disk per batch in every mode (a mega-batch or a cache holds x rows only)")

@@ -98,6 +98,10 @@ class HierarchyConfig:
     """Passes over each mega-batch (p >= 1), or None for "auto" (from load vs train time; default 1)."""
     max_passes: int = 4
     """Cap for ``passes = "auto"`` (default 4)."""
+    label_prior_loss: bool = False
+    """Training batches carry ``class_weight``: per class, the epoch's share of training labels over the
+    mega-batch's (capped at ``CLASS_WEIGHT_CAP``), which the trainer's loss weighs each seed by, so a skewed
+    mega-batch's gradient follows the epoch's label mix in expectation (default false; docs/CONFIG.md)."""
 
 
 @dataclass(frozen=True)
@@ -317,7 +321,9 @@ def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
         raise _fail("hierarchy", "schedule", f"expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
     return HierarchyConfig(megabatch_fraction=None if fraction is None else float(fraction), schedule=schedule,
                            static_cache=_static_cache(t.get("static_cache", "auto")),
-                           passes=passes, max_passes=max_passes)
+                           passes=passes, max_passes=max_passes,
+                           label_prior_loss=_bool("hierarchy", "label_prior_loss",
+                                                  t.get("label_prior_loss", d.label_prior_loss)))
 
 
 def _static_cache(value: Any) -> bool | None:

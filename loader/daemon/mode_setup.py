@@ -38,7 +38,8 @@ def prepare_setup(config: LoaderConfig, metrics: DaemonMetrics, cpu_pool: Thread
     if config.publisher.slot_bytes is not None:
         slot_bytes = config.publisher.slot_bytes
     else:
-        slot_bytes = estimate_slot_bytes(dataset, pilot, config.sampler)
+        slot_bytes = estimate_slot_bytes(dataset, pilot, config.sampler,
+                                         class_weights=config.hierarchy.label_prior_loss)
     sessions = size_sessions(config.memory.budget, slot_bytes, config.publisher.slots, config.server.max_clients)
     estimate = None
     if cache is not None and pilot.full_nodes_per_hop is not None:

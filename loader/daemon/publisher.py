@@ -79,8 +79,9 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
               ids: np.ndarray | None = None, shipped_rows: int | None = None, num_updates: int = 0,
               aggregates: AggregateFill | None = None) -> OpenBatch:
     """Lay ``batch`` out in ``slot`` and write all of it but its rows (``x``) and a client cache's arrays: ``n_id``
-    (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop counts and, with
-    ``aggregates``, each node's aggregation cache row (``x_agg``, read by dataset id). The caller fills the rest
+    (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop counts, the source's class
+    weights where it has them and, with ``aggregates``, each node's aggregation cache row (``x_agg``, read by
+    dataset id). The caller fills the rest
     and commits. ``shipped_rows``, ``num_updates``: a batch for a client with a feature cache
     (``BatchShape``). Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
 
@@ -90,7 +91,8 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     seeds = int(batch.num_sampled_nodes[0])
     out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], num_hops,
                                             source.feat_dim, source.feat_dtype, shipped_rows=shipped_rows,
-                                            num_updates=num_updates, aggregated=aggregates is not None))
+                                            num_updates=num_updates, aggregated=aggregates is not None,
+                                            num_classes=0 if source.class_weight is None else len(source.class_weight)))
     arrays = out.arrays
     arrays.n_id[:] = source.global_ids(nodes) if ids is None else ids
     arrays.y[:] = source.labels(nodes[:seeds])
@@ -100,6 +102,9 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     if aggregates is not None:
         assert arrays.x_agg is not None
         aggregates.fill(arrays.n_id, arrays.x_agg)
+    if source.class_weight is not None:
+        assert arrays.class_weight is not None
+        arrays.class_weight[:] = source.class_weight
     return out
 
 

@@ -139,9 +139,11 @@ def _mean_nodes_per_hop(data: MappedGraph, resident: ResidentData, sampler: Samp
     return tuple(float(v) for v in sampled.num_sampled_nodes.mean(axis=0))
 
 
-def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig) -> int:
+def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig, *, class_weights: bool = False
+                        ) -> int:
     """Bytes per slot that fit every training and evaluation batch with high margin (a training batch with
-    the arrays of a trainer feature cache's plan: any client may ask for one; ``x_agg`` where batches carry it)."""
+    the arrays of a trainer feature cache's plan: any client may ask for one; ``x_agg`` where batches carry it;
+    with ``class_weights``, a training batch's ``class_weight``)."""
     m = dataset.manifest
     worst = 0
     cases = [(pilot.train, sampler.batch_size, sampler.sampled_fanouts, sampler.aggregation_cache),
@@ -153,7 +155,8 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
         # carry its plan too: hit_slot for every node, an update per node at most (12 bytes a node in all)
         cached = {"shipped_rows": bound.nodes, "num_updates": bound.nodes} if training else {}
         shape = BatchShape(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
-                           np.dtype(m.feat_dtype.value), aggregated=aggregated, **cached)
+                           np.dtype(m.feat_dtype.value), aggregated=aggregated,
+                           num_classes=m.num_classes if training and class_weights else 0, **cached)
         worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 

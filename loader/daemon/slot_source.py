@@ -89,6 +89,9 @@ class SlotSource:
     """int64 dataset id per local id; None where local ids are dataset ids (the full-graph modes)."""
     feat_dim: int
     feat_dtype: np.dtype
+    class_weight: np.ndarray | None = None
+    """float32 (C,) per class, written into every batch as ``class_weight`` (``[hierarchy] label_prior_loss``);
+    None: batches carry none."""
 
     def global_ids(self, nodes: np.ndarray) -> np.ndarray:
         return np.asarray(nodes, dtype=np.int64) if self.id_of is None else self.id_of[nodes]

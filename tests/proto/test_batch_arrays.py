@@ -35,6 +35,8 @@ def batches(draw: st.DrawFn) -> dict[str, np.ndarray]:
         arrays["x"] = rng.random((n, DIM)).astype(np.float32)
     if draw(st.booleans()):
         arrays["x_agg"] = rng.random((n, DIM)).astype(np.float32)
+    if draw(st.booleans()):
+        arrays["class_weight"] = rng.random(5).astype(np.float32)  # y's labels are below 5
     return arrays
 
 
@@ -43,7 +45,8 @@ def shape_of(arrays: dict[str, np.ndarray]) -> BatchShape:
     return BatchShape(len(arrays["n_id"]), len(arrays["y"]), arrays["edge_index"].shape[1],
                       len(arrays["edges_per_hop"]), DIM, np.dtype(np.float32),
                       shipped_rows=len(arrays["x"]) if cached else None,
-                      num_updates=len(arrays["upd_slot"]) if cached else 0, aggregated="x_agg" in arrays)
+                      num_updates=len(arrays["upd_slot"]) if cached else 0, aggregated="x_agg" in arrays,
+                      num_classes=len(arrays.get("class_weight", ())))
 
 
 def written(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -102,12 +105,19 @@ def corrupt(arrays: dict[str, np.ndarray], how: str) -> str:
     if how == "aggregate dtype":
         arrays["x_agg"] = np.zeros((n, DIM), np.float64)
         return "x_agg has shape .* and dtype float64"
+    if how == "negative weight":
+        arrays["class_weight"] = np.full(5, -1.0, np.float32)
+        return "class_weight: expected finite, non-negative"
+    if how == "weights short of a label":
+        arrays["y"] = np.full(len(arrays["y"]), 4, np.int64)
+        arrays["class_weight"] = np.ones(4, np.float32)
+        return "class_weight has 4 classes, a seed is labelled 4"
     raise AssertionError(how)
 
 
 @settings(max_examples=60, deadline=None)
 @given(batches(), st.sampled_from(["missing", "dtype", "hops", "n_id", "y", "edges", "position", "rows", "aggregates",
-                                   "aggregate dtype"]))
+                                   "aggregate dtype", "negative weight", "weights short of a label"]))
 def test_a_batch_that_contradicts_itself_is_refused(arrays, how):
     message = corrupt(arrays, how)
     with pytest.raises(SlotError, match=message):

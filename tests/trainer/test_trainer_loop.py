@@ -411,3 +411,30 @@ def test_a_checkpoint_from_before_metrics_means_accuracy(tmp_path):
 def test_metric_is_validated_and_named():
     with pytest.raises(UserError, match="metric must be one of auto, accuracy, roc_auc, macro_f1, got 'f1'"):
         TrainConfig(metric="f1")
+
+
+def test_class_weights_weigh_each_seeds_loss_and_divide_by_the_seeds():
+    """``Batch.class_weight`` (the daemon's label_prior_loss): the step follows sum_i w[y_i] l_i / n, not
+    PyTorch's weighted mean (which divides by the weights' sum); weights of 1 train exactly as none."""
+    import torch.nn.functional as F
+
+    from trainer.loop import _Run
+    from trainer.ranks import SINGLE
+
+    logits = torch.randn(8, 3)
+    y = torch.tensor([0, 1, 2, 2, 1, 0, 0, -1])
+    weight = torch.tensor([0.5, 2.0, 1.0])
+    batch = Batch(x=torch.zeros(8, 4), y=y, edge_index=torch.zeros((2, 0), dtype=torch.long), n_id=torch.arange(8),
+                  num_sampled_nodes=[8], num_sampled_edges=[], class_weight=weight)
+    run = _Run.__new__(_Run)
+    run.ranks = SINGLE
+    loss, _ = run.loss(logits, batch)
+    per_seed = F.cross_entropy(logits, y, ignore_index=-1, reduction="none")
+    labelled = y >= 0
+    want = (per_seed[labelled] * weight[y[labelled]]).sum() / int(labelled.sum())
+    assert torch.allclose(loss, want)
+    ones = Batch(x=batch.x, y=y, edge_index=batch.edge_index, n_id=batch.n_id, num_sampled_nodes=[8],
+                 num_sampled_edges=[], class_weight=torch.ones(3))
+    plain = Batch(x=batch.x, y=y, edge_index=batch.edge_index, n_id=batch.n_id, num_sampled_nodes=[8],
+                  num_sampled_edges=[])
+    assert torch.allclose(run.loss(logits, ones)[0], run.loss(logits, plain)[0])

@@ -138,11 +138,13 @@ async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatc
 
 
 def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
-    """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region)."""
+    """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region); with
+    ``[hierarchy] label_prior_loss``, the class weights of its partitions' label mix."""
     arena = ctx.arena
     static = ctx.resident.static.features
+    weight = ctx.label_mix.class_weight(mb.scheduled.partitions) if ctx.config.hierarchy.label_prior_loss else None
     return SlotSource(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), mb.labels, mb.graph.global_ids,
-                      int(static.shape[1]), static.dtype)
+                      int(static.shape[1]), static.dtype, class_weight=weight)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
 from loader.format.partition_table import PartitionTable
 
 __all__ = ["ScheduledMegaBatch", "schedule_epoch", "label_skew", "binomial_mean_abs_deviation", "chance_label_skew",
-           "LabelMix", "GroupSkew", "train_label_counts"]
+           "LabelMix", "GroupSkew", "train_label_counts", "CLASS_WEIGHT_CAP"]
 
 _SCHEDULE_STREAM = 0x5C4ED
 _TIE_STREAM = 0xBA1A
@@ -144,6 +144,11 @@ class GroupSkew:
         return max(0.0, self.skew - self.chance)
 
 
+CLASS_WEIGHT_CAP = 10.0
+"""Largest class weight (``[hierarchy] label_prior_loss``): a class a mega-batch holds a handful of seeds of would
+otherwise dominate its batches' gradients (importance weights are unbiased but their variance grows with them)."""
+
+
 class LabelMix:
     """The epoch's training labels per partition, with the totals every group is compared with computed once."""
 
@@ -152,6 +157,18 @@ class LabelMix:
         self.total = self.counts.sum(axis=0)
         self.population = int(round(float(self.total.sum())))
         self.prior = self.total / self.total.sum() if self.population > 0 else self.total
+
+    def class_weight(self, partitions: np.ndarray) -> np.ndarray:
+        """float32 (C,): per class, the epoch's share of training labels over the group's, capped at
+        ``CLASS_WEIGHT_CAP`` (0 for a class the group lacks: no seed of it to weigh). A loss weighing each seed
+        by its class's weight has, over the group's seeds, the expectation of the epoch's label mix."""
+        group = self.counts[partitions].sum(axis=0)
+        seeds = float(group.sum())
+        weight = np.zeros(len(group), dtype=np.float64)
+        present = group > 0
+        if seeds > 0 and self.population > 0:
+            weight[present] = np.minimum(self.prior[present] / (group[present] / seeds), CLASS_WEIGHT_CAP)
+        return weight.astype(np.float32)
 
     def of(self, partitions: np.ndarray) -> GroupSkew:
         """``partitions``' skew against the whole (0 for a group without labelled training nodes)."""

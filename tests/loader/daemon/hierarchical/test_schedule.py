@@ -144,3 +144,27 @@ def test_label_mix_splits_skew_into_chance_and_excess():
     assert math.isclose(one.excess, 0.5 - one.chance)
     assert mix.of(np.array([2])).excess == 0.0  # mixed exactly as the whole: skew 0, never below 0
     assert LabelMix(np.zeros((2, 3))).of(np.array([0])).seeds == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.integers(2, 5), st.integers(0, 2**32 - 1))
+def test_class_weights_make_a_groups_seeds_weigh_like_the_epochs_label_mix(parts, classes, seed):
+    from loader.daemon.hierarchical.schedule import CLASS_WEIGHT_CAP
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 40, (parts, classes)).astype(np.float64)
+    mix = LabelMix(counts)
+    group = rng.choice(parts, rng.integers(1, parts + 1), replace=False)
+    weight = mix.class_weight(group)
+    have = counts[group].sum(axis=0)
+    assert weight.dtype == np.float32 and weight.shape == (classes,)
+    assert (weight[have == 0] == 0).all() and (weight <= CLASS_WEIGHT_CAP).all()
+    if have.sum() == 0:
+        return
+    # a plain reference: per present class, the epoch's share over the group's, capped
+    prior = counts.sum(axis=0) / counts.sum()
+    for c in np.flatnonzero(have):
+        assert math.isclose(weight[c], min(prior[c] / (have[c] / have.sum()), CLASS_WEIGHT_CAP), rel_tol=1e-6)
+    # uncapped, the group's seeds weighted by class hold the epoch's label mix
+    if (weight[have > 0] < CLASS_WEIGHT_CAP).all() and (have > 0).all():
+        np.testing.assert_allclose(have * weight / have.sum(), prior, rtol=1e-5)
