@@ -95,6 +95,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+AGGREGATION_KINDS = ("mean", "sum", "gcn")
+"""``loader.offline.aggregation.KINDS``, spelled here so that parsing a command line imports no kernel."""
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from loader.offline.inspect_dataset import dataset_summary, format_summary
     from loader.offline.prepare import PrepareOptions, prepare_dataset
@@ -104,6 +108,14 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
                              static_ratio=args.static_ratio, feat_dtype=args.feat_dtype, seed=args.seed,
                              progress=args.progress)
     dataset = prepare_dataset(Path(args.raw), Path(args.out), options)
+    if args.aggregation_cache is not None:
+        from loader.offline.aggregation import build_aggregation_cache
+
+        try:
+            build_aggregation_cache(dataset.path, args.aggregation_cache, options.memory_budget, progress=args.progress)
+        except UserError as err:  # the dataset itself is complete: only the cache is missing
+            raise UserError(f"{err} (the dataset at {dataset.path} is prepared; 'megabatch aggregate' adds the cache)"
+                            ) from None
     print(format_summary(dataset_summary(dataset.path)))
     return 0
 
@@ -287,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--feat-dtype", choices=("float32", "float16"), default=None,
                       help="store features as (default: the raw dtype)")
     prep.add_argument("--seed", type=int, default=0, help="partitioner seed (default 0)")
+    prep.add_argument("--aggregation-cache", choices=AGGREGATION_KINDS, default=None, metavar="KIND",
+                      help="also build BatchGNN's aggregation cache of this kind (mean, sum or gcn; what 'megabatch "
+                           "aggregate' builds, within --memory-budget)")
     prep.set_defaults(handler=_cmd_prepare)
 
     agg = sub.add_parser("aggregate", help="build BatchGNN's aggregation cache: every node's features aggregated "

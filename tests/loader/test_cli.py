@@ -214,3 +214,21 @@ def test_serve_on_a_metrics_port_in_use_is_a_configuration_error(tmp_path, capsy
     assert code == 78
     assert len(err) == 1 and f"127.0.0.1:{port}" in err[0] and "[metrics] port" in err[0], err
     assert not (tmp_path / "s.sock").exists()
+
+
+def test_prepare_builds_the_aggregation_cache_it_is_asked_for(tmp_path, capsys):
+    from loader.cli import AGGREGATION_KINDS
+    from loader.format.aggregates import dataset_cache
+    from loader.format.dataset import open_dataset
+    from loader.offline.aggregation import KINDS
+    from loader.offline.verify import verify_dataset
+
+    assert set(AGGREGATION_KINDS) == set(KINDS)
+    make_raw(tmp_path)
+    code, err = run_cli(["prepare", str(tmp_path / "raw"), str(tmp_path / "ds"), "--partitions", "4",
+                         "--aggregation-cache", "gcn"], capsys)
+    assert code == 0, err
+    cache = dataset_cache(open_dataset(tmp_path / "ds"))
+    assert cache is not None and cache.kind == "gcn" and verify_dataset(tmp_path / "ds").ok
+    with pytest.raises(SystemExit):  # argparse: a kind nobody builds
+        main(["prepare", str(tmp_path / "raw"), str(tmp_path / "ds2"), "--aggregation-cache", "max"])
