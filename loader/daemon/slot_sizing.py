@@ -24,7 +24,7 @@ from loader.daemon.config import SamplerConfig
 from loader.daemon.mapped_graph import MappedGraph, map_graph
 from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
-from loader.sampling.inmemory import STREAM_VAL, EpochBatches, epoch_batches_inmemory, eval_split_batches
+from loader.sampling.inmemory import STREAM_TEST, STREAM_VAL, EpochBatches, epoch_batches_inmemory, eval_split_batches
 from loader.sampling.sampling import sample_pass
 from proto.batch_arrays import BatchShape
 from proto.errors import UserError
@@ -99,6 +99,13 @@ def _pilot(data: MappedGraph, plan: EpochBatches, batch_size: int, fanouts: tupl
                       min(bound_edges, _allowance(np.diff(sampled.edge_ptr), full)))
 
 
+def _larger(a: BatchBound | None, b: BatchBound | None) -> BatchBound | None:
+    """The bound that holds batches of both (None where neither split has a batch)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return BatchBound(max(a.nodes, b.nodes), max(a.edges, b.edges))
+
+
 def _allowance(sizes: np.ndarray, full: np.ndarray) -> int:
     """The pilot's largest size plus SIGMAS deviations of its full batches, capped at HEADROOM x largest."""
     largest = int(sizes.max())
@@ -108,7 +115,7 @@ def _allowance(sizes: np.ndarray, full: np.ndarray) -> int:
 
 def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig, *,
                       full_hops: bool = False) -> PilotSizes:
-    """Sample a few training and validation batches (the hops they sample: ``sampled_fanouts``) over the full
+    """Sample a few training, validation and test batches (the hops they sample: ``sampled_fanouts``) over the full
     graph (a superset of any mega-batch's neighbourhoods, so training batches there only get smaller). Done
     once at startup: slot sizing and the memory plans read the result. With ``full_hops``, a few training
     batches with every hop of ``fanouts`` too, for the aggregation cache's cost model."""
@@ -117,9 +124,12 @@ def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: Sampler
     try:
         train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
                        sampler.batch_size, sampler.sampled_fanouts, m.num_nodes, m.num_edges)
-        evaluation = _pilot(data, eval_split_batches(resident.split_ids["val"], sampler.eval_batch_size, sampler.seed,
-                                                    STREAM_VAL),
-                            sampler.eval_batch_size, sampler.sampled_eval_fanouts, m.num_nodes, m.num_edges)
+        # both evaluation splits: their batches differ in size where a split is smaller than a batch (Planetoid's
+        # 500 validation nodes against 1000 test nodes), which a 2-hop batch hides and a 1-hop one does not
+        evaluation = _larger(*(_pilot(data, eval_split_batches(resident.split_ids[split], sampler.eval_batch_size,
+                                                               sampler.seed, stream),
+                                      sampler.eval_batch_size, sampler.sampled_eval_fanouts, m.num_nodes, m.num_edges)
+                               for split, stream in (("val", STREAM_VAL), ("test", STREAM_TEST))))
         hops = _mean_nodes_per_hop(data, resident, sampler) if full_hops else None
     except ValueError as err:
         # the sampler validates every neighbour id it reads: one out of range is a damaged indices.npy

@@ -70,3 +70,28 @@ def test_a_training_slot_holds_a_batch_at_the_bound_with_a_feature_cache_plan_sh
     assert estimate >= slot_bytes_for(cached.specs(), HEADER_BYTES) > slot_bytes_for(plain.specs(), HEADER_BYTES)
     # evaluation batches never carry a plan: sized plain
     assert estimate_slot_bytes(dataset, PilotSizes(None, bound), sampler) == slot_bytes_for(plain.specs(), HEADER_BYTES)
+
+
+def test_the_evaluation_bound_holds_the_larger_split_too(tmp_path):
+    """Planetoid-like: 20 validation nodes, 600 test nodes, one batch each. One hop reaches few nodes, so a bound
+    from the validation batch alone held no test batch (citeseer with the aggregation cache was refused mid-run)."""
+    from loader.daemon.resident import load_resident
+    from loader.daemon.slot_sizing import pilot_batch_sizes
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
+    from loader.sampling.inmemory import STREAM_TEST, eval_split_batches, load_in_memory
+    from loader.sampling.sampling import sample_pass
+    from tests.graphs import random_graph, write_raw
+
+    n = 1000
+    src, dst, features, labels = random_graph(np.random.default_rng(3), n, 3000, 4, classes=3)
+    ids = np.random.default_rng(4).permutation(n)
+    write_raw(tmp_path / "raw", src, dst, features, labels, 3,
+              (np.sort(ids[:100]), np.sort(ids[100:120]), np.sort(ids[120:720])))
+    path = prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(num_partitions=4, progress=False)).path
+    dataset = open_dataset(path)
+    sampler = SamplerConfig(batch_size=128, fanouts=(3,), eval_fanouts=(3,), eval_batch_size=1024)
+    pilot = pilot_batch_sizes(dataset, load_resident(dataset, with_static=False), sampler)
+    data = load_in_memory(dataset)
+    plan = eval_split_batches(data.splits["test"], 1024, 0, STREAM_TEST)
+    test_batch = sample_pass(data.graph, plan.seeds, 1024, (3,), plan.keys).batch(0)
+    assert pilot.eval is not None and pilot.eval.nodes >= len(test_batch.nodes)
