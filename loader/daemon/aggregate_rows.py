@@ -19,6 +19,7 @@ import numpy as np
 
 from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.daemon.config import IOConfig
+from loader.daemon.gather_kernels import gather_rows
 from loader.daemon.metrics import DaemonMetrics
 from loader.format.aggregates import AggregationCache, aggregation_bytes, dataset_cache
 from loader.format.dataset import Dataset
@@ -27,13 +28,16 @@ from loader.format.read_checks import block_table
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["AggregateRows", "AggregateFill", "AggregationEstimate", "READ_THREADS", "METRIC_FILE", "require_cache"]
+__all__ = ["AggregateRows", "AggregateFill", "HeldAggregates", "AggregationEstimate", "READ_THREADS", "METRIC_FILE",
+           "require_cache"]
 
 log = logging.getLogger("megabatch.aggregates")
 
-READ_THREADS = 8
-"""Preads in flight for a batch's aggregate rows (a batch's rows lie scattered over the file, as its misses do in
-the exact mode)."""
+READ_THREADS = 32
+"""Preads in flight for a batch's aggregate rows: they lie scattered over the file as the exact mode's misses do,
+and the disk serves random reads fastest with many in flight (the exact mode's ``disk_graph.ROW_READ_THREADS``,
+32: 8 MiB of bounce buffers; that module imports this one's users, so the number is repeated, not imported).
+bench/compare's first run with --aggregation-cache read with 8."""
 METRIC_FILE = "aggregates"
 """The ``file`` label of these reads in the read metrics."""
 
@@ -66,18 +70,24 @@ class AggregateRows:
         sums = None
         if io.check_reads:
             sums = block_table(dataset, cache.checks, cache.file, cache.check_block)
+        self.path = dataset.path / cache.file
+        self.block_sums = sums
+        """The file's block checksums (``cache.check_block`` bytes each), None where reads go unchecked: a mode
+        that reads whole ranges of the file (the hierarchical mode's partitions) checks them against these."""
+        self.check_block = cache.check_block
         self._rows = RowReader(dataset.path / cache.file, row_bytes=m.row_bytes, direct=io.direct_io,
                                threads=READ_THREADS, block_sums=sums, check_block=cache.check_block)
         self.nbytes = READ_THREADS * DEFAULT_MAX_SPAN + (0 if sums is None else sums.nbytes)
         """RAM the reader holds (its bounce buffers and block checksums): what the memory plans charge."""
 
-    def fill(self, ids: np.ndarray, out: np.ndarray, purpose: str) -> None:
-        """The rows of dataset ids ``ids`` into ``out`` ((len(ids), D) in the feature dtype), counted under
-        ``purpose`` (``read_metrics.PURPOSES``). A failed read is a ``UserError`` naming the file."""
+    def fill(self, ids: np.ndarray, out: np.ndarray, purpose: str, positions: np.ndarray | None = None) -> None:
+        """The rows of dataset ids ``ids`` into ``out`` ((n, D) in the feature dtype; row ``positions[i]`` for id
+        i, default rows 0..len(ids)-1), counted under ``purpose`` (``read_metrics.PURPOSES``). A failed read is a
+        ``UserError`` naming the file."""
         offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self.row_bytes)
         started = time.perf_counter()
         try:
-            stats = self._rows.read_rows(offsets, out.reshape(len(ids), -1).view(np.uint8))
+            stats = self._rows.read_rows(offsets, out.reshape(len(out), -1).view(np.uint8), positions)
         except OSError as err:
             raise UserError(f"{self._rows.path}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
                             ) from err
@@ -102,8 +112,37 @@ class AggregateFill:
     rows: AggregateRows
     purpose: str
 
-    def fill(self, ids: np.ndarray, out: np.ndarray) -> None:
-        self.rows.fill(ids, out, self.purpose)
+    def fill(self, ids: np.ndarray, out: np.ndarray, positions: np.ndarray | None = None) -> None:
+        self.rows.fill(ids, out, self.purpose, positions)
+
+
+class HeldAggregates:
+    """x_agg rows a mode holds in RAM for a pass's nodes: the hierarchical mode's arena holds its mega-batch
+    partitions' rows (read with their features, one sequential range each); a node it lacks (a static node from
+    outside the mega-batch) is read by dataset id."""
+
+    def __init__(self, data: np.ndarray, row_bytes: int, offsets: np.ndarray) -> None:
+        self.data = data
+        """uint8 1-D: the arena."""
+        self.row_bytes = row_bytes
+        self.offsets = offsets
+        """int64 per local id: the byte offset of its row in ``data``, -1 where it is not held."""
+
+    def fill(self, nodes: np.ndarray, ids: np.ndarray, out: np.ndarray, by_id: AggregateFill) -> None:
+        """The rows of local ids ``nodes`` (dataset ids ``ids``) into ``out``, (len(nodes), D)."""
+        offsets = self.offsets[nodes]
+        missing = np.flatnonzero(offsets < 0)
+        # a missing row gathers the arena's first bytes as a stand-in, which its read by id then overwrites
+        offsets[missing] = 0
+        gather_rows(self.data, offsets, self.row_bytes, np.arange(len(nodes), dtype=np.int64),
+                    out.reshape(-1).view(np.uint8))
+        if len(missing):
+            by_id.fill(ids[missing], out, missing.astype(np.int64))
+
+
+HELD_WHERE = ("held with their mega-batch's features (read with each partition; a mega-batch takes twice the bytes, "
+              "so fewer partitions fit)")
+"""Where the hierarchical mode takes x_agg's rows from, as the startup line says it."""
 
 
 @dataclass(frozen=True)
@@ -136,12 +175,14 @@ class AggregationEstimate:
     def pays(self) -> bool:
         return self.bytes_with < self.bytes_without
 
-    def describe(self, enabled: bool) -> str:
-        """The startup line: rows and bytes per training batch with and without the cache, and the verdict."""
+    def describe(self, enabled: bool, mode: str) -> str:
+        """The startup line: rows and bytes per training batch with and without the cache, the verdict, and where
+        mode ``mode`` takes x_agg's rows from."""
         verdict = ("fetches fewer rows" if self.pays else
                    "fetches MORE rows: turn [sampler] aggregation_cache off" if enabled else "would fetch more rows")
         state = "on" if enabled else "off ([sampler] aggregation_cache = true turns it on)"
         return (f"aggregation cache ({self.kind}) {state}: a training batch fetches about "
                 f"{self.rows_without:,} rows ({format_size(self.bytes_without)}) without it, "
                 f"{self.rows_with:,} ({format_size(self.bytes_with)}) with it: the cache {verdict}; half of those are "
-                f"x_agg rows, read from disk per batch in every mode (a mega-batch or a cache holds x rows only)")
+                f"x_agg rows, " + (HELD_WHERE if mode == "hierarchical" else "read from disk per batch (a cache holds "
+                                   "x rows only)"))

@@ -81,7 +81,7 @@ def check_serve(config: LoaderConfig, source: Path | str) -> str:
         f"{m.num_partitions} partitions",
         f"# clients and slots: {setup.sessions.describe()}",
         f"# {plan.describe()}",
-        *([] if estimate is None else [f"# {estimate.describe(config.sampler.aggregation_cache)}"]),
+        *([] if estimate is None else [f"# {estimate.describe(config.sampler.aggregation_cache, config.loader.mode)}"]),
         f"# ok: {source} is valid and its dataset opens; serve would start (nothing was started: no socket, no "
         f"metrics port, no shared memory)",
     ])

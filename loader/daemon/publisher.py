@@ -101,7 +101,10 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     arrays.edges_per_hop[:] = batch.num_sampled_edges
     if aggregates is not None:
         assert arrays.x_agg is not None
-        aggregates.fill(arrays.n_id, arrays.x_agg)
+        if source.aggregates is not None:
+            source.aggregates.fill(nodes, arrays.n_id, arrays.x_agg, aggregates)
+        else:
+            aggregates.fill(arrays.n_id, arrays.x_agg)
     if source.class_weight is not None:
         assert arrays.class_weight is not None
         arrays.class_weight[:] = source.class_weight

@@ -177,7 +177,7 @@ class Daemon:
         log.info("%s", self.mode.budget_plan.describe())
         estimate = setup.serving.aggregation_estimate
         if estimate is not None:
-            log.info("%s", estimate.describe(cfg.sampler.aggregation_cache))
+            log.info("%s", estimate.describe(cfg.sampler.aggregation_cache, cfg.loader.mode))
             self.metrics.set_aggregation(cfg.sampler.aggregation_cache, (estimate.rows_without, estimate.rows_with),
                                          (estimate.bytes_without, estimate.bytes_with))
         self._welcome_info = dataset_info(dataset, resident, cfg)

@@ -1,8 +1,9 @@
 """The feature arena and the two mega-batch buffers (double buffering).
 
 One anonymous, page-aligned mapping holds the static features once, then the feature regions
-of buffer 0 and buffer 1, so O_DIRECT reads land in place and the gather kernel addresses any
-row (static or dynamic) with one byte offset into one array. Index arrays of a buffer are
+of buffer 0 and buffer 1 (each followed, with ``[sampler] aggregation_cache``, by its partitions'
+aggregate rows), so O_DIRECT reads land in place and the gather kernel addresses any row (static or
+dynamic, x or x_agg) with one byte offset into one array. Index arrays of a buffer are
 allocated once too; nothing per mega-batch grows beyond what ``memplan`` charged.
 """
 
@@ -31,6 +32,10 @@ class MegaBatchBuffer:
     """Edge lists as read (dataset ids, the file's index dtype)."""
     raw_indptr_scratch: np.ndarray
     """int64: the partitions' ``indptr`` slices as read (n_p + 1 entries each)."""
+    aggregate_offset: int = 0
+    """Byte offset of this buffer's aggregation cache region (its partitions' x_agg rows), after its features."""
+    aggregate_capacity: int = 0
+    """0 where batches carry no x_agg (or read it from disk)."""
 
 
 class FeatureArena:
@@ -39,7 +44,8 @@ class FeatureArena:
     def __init__(self, static: StaticCache, row_bytes: int, sizes: BufferSizes, index_dtype: np.dtype) -> None:
         self.row_bytes = row_bytes
         self.static_bytes = round_up(static.num_nodes * row_bytes)
-        self.nbytes = self.static_bytes + 2 * round_up(sizes.feature_bytes)
+        features, aggregates = round_up(sizes.feature_bytes), round_up(sizes.aggregate_bytes)
+        self.nbytes = self.static_bytes + 2 * (features + aggregates)
         self._map = mmap.mmap(-1, max(self.nbytes, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.data = np.frombuffer(self._map, dtype=np.uint8)
         """The whole arena as bytes: the gather kernel's source array."""
@@ -47,11 +53,12 @@ class FeatureArena:
             flat = np.ascontiguousarray(static.features).reshape(-1).view(np.uint8)
             self.data[:len(flat)] = flat
         self.static_row_offsets = np.arange(static.num_nodes, dtype=np.int64) * row_bytes
-        cap = round_up(sizes.feature_bytes)
+        stride = features + aggregates
         self.buffers = [
-            MegaBatchBuffer(i, self.static_bytes + i * cap, cap,
+            MegaBatchBuffer(i, self.static_bytes + i * stride, features,
                             np.empty(sizes.max_raw_edges, dtype=index_dtype),
-                            np.empty(sizes.max_nodes + sizes.partitions, dtype=np.int64))
+                            np.empty(sizes.max_nodes + sizes.partitions, dtype=np.int64),
+                            self.static_bytes + i * stride + features, aggregates)
             for i in range(2)]
 
     def view(self, offset: int, nbytes: int) -> memoryview:

@@ -41,6 +41,9 @@ class MegaBatch:
     """Static nodes that joined from outside the mega-batch."""
     bytes_read: int
     load_seconds: float
+    aggregate_offsets: np.ndarray | None = None
+    """int64 (M,): arena byte offset of each local node's aggregate row (x_agg), -1 for a static node that joined
+    from outside the mega-batch (its row is read from disk); None without the aggregation cache in the arena."""
 
     @property
     def num_nodes(self) -> int:
@@ -101,9 +104,13 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     row_offsets[:n_mb] = np.repeat(loaded.feature_base, counts) + within_part * arena.row_bytes
     row_offsets[n_mb:] = arena.static_row_offsets[extra]
 
+    aggregate_offsets = None
+    if loaded.aggregate_base is not None:
+        aggregate_offsets = np.full(len(global_ids), -1, dtype=np.int64)
+        aggregate_offsets[:n_mb] = np.repeat(loaded.aggregate_base, counts) + within_part * arena.row_bytes
+
     labels = resident.labels[global_ids]
     train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)
     graph = CSCGraph(indptr=indptr, indices=indices, global_ids=global_ids)
     return MegaBatch(scheduled, buf, graph, row_offsets, labels, full_degree, train_seeds, len(extra),
-                     loaded.bytes_read,
-                     loaded.seconds + time.perf_counter() - t0)
+                     loaded.bytes_read, loaded.seconds + time.perf_counter() - t0, aggregate_offsets)

@@ -75,10 +75,13 @@ class BufferSizes:
     """Raw edge lists + induced edge lists + per-node arrays."""
     pass_bytes: int = 0
     """One sampled pass over such a mega-batch (all its batches' nodes and edges, from a pilot sample)."""
+    aggregate_bytes: int = 0
+    """With ``[sampler] aggregation_cache``: the same partitions' rows of the aggregation cache (its file has
+    features.bin's layout), held beside their features; 0 without."""
 
     @property
     def total(self) -> int:
-        return self.feature_bytes + self.index_bytes
+        return self.feature_bytes + self.aggregate_bytes + self.index_bytes
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,14 @@ class HierarchicalBudget(BudgetPlan):
 
     def parts(self) -> list[Part]:
         """Every part of the plan, named as the plan line and a refusal name it."""
-        node_arrays, slots = self.fixed.parts()
+        node_arrays, slots, *others = self.fixed.parts()
+        with_aggregates = " with their aggregates" if self.buffer.aggregate_bytes else ""
         return [node_arrays, (f"static cache {self.static_nodes:,} nodes", self.static_bytes),
-                (f"2 x mega-batch buffer ({self.buffer.partitions} partitions, {format_size(self.buffer.total)} "
-                 f"each)", 2 * self.buffer.total),
+                (f"2 x mega-batch buffer ({self.buffer.partitions} partitions{with_aggregates}, "
+                 f"{format_size(self.buffer.total)} each)", 2 * self.buffer.total),
                 (f"{PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}",
                  PASSES_IN_FLIGHT * self.buffer.pass_bytes),
-                ("evaluation reads (indptr, read checks, buffers)", self.eval_bytes), slots]
+                ("evaluation reads (indptr, read checks, buffers)", self.eval_bytes), slots, *others]
 
     @property
     def total(self) -> int:
@@ -115,11 +119,12 @@ class HierarchicalBudget(BudgetPlan):
 
 def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static_edges: int,
                  index_itemsize: int, train_counts: np.ndarray | None = None, batch_size: int = 1,
-                 batch_bytes: int = 0) -> BufferSizes:
+                 batch_bytes: int = 0, aggregated: bool = False) -> BufferSizes:
     """Upper bound of one buffer for ``n_d`` partitions.
 
     train_counts (training nodes per partition), batch_size and batch_bytes (a sampled batch's
     nodes and edges) bound a sampled pass: the batches of the N_d partitions richest in seeds.
+    aggregated: the buffer holds the partitions' aggregation cache rows too.
     """
     nodes, edges, feat = partitions.num_nodes, partitions.num_edges, partitions.feat_padded
     top_nodes = int(np.sort(nodes)[::-1][:n_d].sum())
@@ -133,23 +138,26 @@ def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static
     if train_counts is not None and batch_bytes:
         seeds = int(np.sort(train_counts)[::-1][:n_d].sum())
         pass_bytes = -(-seeds // max(1, batch_size)) * batch_bytes + 8 * seeds
-    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes)
+    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes,
+                       top_feat + PAGE if aggregated else 0)
 
 
 def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
                 sessions: SessionSizing, train_counts: np.ndarray | None = None,
-                batch_size: int = 1, batch_bytes: int = 0, eval_bytes: int = 0) -> HierarchicalBudget:
+                batch_size: int = 1, batch_bytes: int = 0, eval_bytes: int = 0, aggregated: bool = False,
+                fixed: FixedPart | None = None) -> HierarchicalBudget:
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``
-    (``eval_bytes``: the evaluation reader, held whatever N_d is)."""
+    (``eval_bytes``: the evaluation reader, held whatever N_d is; ``aggregated``: buffers hold the partitions'
+    aggregation cache rows too; ``fixed``: the mode's fixed part, default node arrays and ``sessions``)."""
     num_partitions = len(partitions)
-    fixed = fixed_part(num_nodes, sessions)
+    fixed = fixed if fixed is not None else fixed_part(num_nodes, sessions)
     static_bytes = round_up(static_nodes * static_row_bytes)
 
     def make(n_d: int) -> HierarchicalBudget:
         return HierarchicalBudget(budget, fixed, static_nodes, static_bytes,
                                   buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize,
-                                               train_counts, batch_size, batch_bytes),
+                                               train_counts, batch_size, batch_bytes, aggregated),
                                   eval_bytes)
 
     others = "[publisher] slots or [server] max_clients, or set [hierarchy] static_cache = false"

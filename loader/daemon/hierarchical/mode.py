@@ -20,7 +20,7 @@ from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.coverage import QualityKnobs, expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
-from loader.daemon.hierarchical.reader import PartitionReader
+from loader.daemon.hierarchical.reader import AggregateFile, PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.resident import ResidentData
@@ -75,8 +75,11 @@ class HierarchicalMode(TrainingMode):
         try:
             # the block tables are the evaluation reader's: training reads whole partitions, checked per partition
             checks = load_read_checks(dataset, blocks=True) if cfg.io.check_reads else None
+            held = serving.aggregates
+            aggregates = None if held is None else AggregateFile(held.path, held.block_sums, held.check_block)
             reader = PartitionReader(dataset, arena, parts, serving.metrics, direct_io=cfg.io.direct_io,
-                                     threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks)
+                                     threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks,
+                                     aggregates=aggregates)
         except BaseException:
             arena.close()
             raise
@@ -134,7 +137,7 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
                            static_row_bytes=m.row_bytes, static_edges=static_edges,
                            index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges,
-                           eval_bytes=eval_bytes)
+                           eval_bytes=eval_bytes, aggregated=cfg.sampler.aggregation_cache, fixed=setup.fixed)
 
     cut, cut_edges = m.edge_cut.fraction, m.edge_cut.edges
     static = resident.static

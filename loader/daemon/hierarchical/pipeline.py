@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from loader.daemon.aggregate_rows import HeldAggregates
 from loader.daemon.config import LoaderConfig
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
 from loader.daemon.hierarchical.assemble import MegaBatch, assemble
@@ -138,13 +139,15 @@ async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatc
 
 
 def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
-    """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region); with
-    ``[hierarchy] label_prior_loss``, the class weights of its partitions' label mix."""
+    """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region, and its
+    partitions' x_agg rows where it holds them); with ``[hierarchy] label_prior_loss``, the class weights of its
+    partitions' label mix."""
     arena = ctx.arena
     static = ctx.resident.static.features
     weight = ctx.label_mix.class_weight(mb.scheduled.partitions) if ctx.config.hierarchy.label_prior_loss else None
+    held = None if mb.aggregate_offsets is None else HeldAggregates(arena.data, arena.row_bytes, mb.aggregate_offsets)
     return SlotSource(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), mb.labels, mb.graph.global_ids,
-                      int(static.shape[1]), static.dtype, class_weight=weight)
+                      int(static.shape[1]), static.dtype, class_weight=weight, aggregates=held)
 
 
 @dataclass(frozen=True)

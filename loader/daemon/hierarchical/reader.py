@@ -18,7 +18,8 @@ import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,14 @@ from loader.format.dataset import Dataset
 from loader.format.fileio import read_failed
 from loader.format.npyio import NpyReader
 from loader.format.partition_table import PartitionTable
-from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_partition_range
+from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_blocks, verify_partition_range
 from proto.errors import UserError
 
-__all__ = ["LoadedMegaBatch", "MegaBatchReads", "PartitionReader", "ReadRequest"]
+__all__ = ["AggregateFile", "LoadedMegaBatch", "MegaBatchReads", "PartitionReader", "ReadRequest",
+           "AGGREGATES"]
+
+AGGREGATES = "aggregates"
+"""The aggregation cache's file as the reads name it (their metrics' ``file`` label, as the row reads' elsewhere)."""
 
 log = logging.getLogger("megabatch.reader")
 
@@ -61,6 +66,25 @@ class RangeCheck:
 
 
 @dataclass(frozen=True)
+class AggregateFile:
+    """The aggregation cache's file, read partition by partition beside features.bin (same layout), and its block
+    checksums (None: unchecked)."""
+
+    path: Path
+    block_sums: np.ndarray | None
+    check_block: int
+
+
+@dataclass(frozen=True)
+class BlockCheck:
+    """One partition's range of the aggregate file, landed in ``data``, to be checked block by block."""
+
+    data: np.ndarray
+    """uint8 view of the range (whole blocks: the padded range)."""
+    file_offset: int
+
+
+@dataclass(frozen=True)
 class MegaBatchReads:
     """Everything one mega-batch's load issues and records: the preads, the range checks, and where
     each partition's rows and edges land in the buffer."""
@@ -71,6 +95,9 @@ class MegaBatchReads:
     edges: int
     """In-edges read, over all the mega-batch's partitions."""
     checks: list[RangeCheck]
+    aggregate_base: np.ndarray | None = None
+    """int64 (N_d,): arena offset of each partition's first aggregate row; None without the aggregation cache."""
+    block_checks: list[BlockCheck] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -81,6 +108,8 @@ class LoadedMegaBatch:
     buffer: MegaBatchBuffer
     feature_base: np.ndarray
     """int64 per partition of the mega-batch: arena byte offset of its first feature row."""
+    aggregate_base: np.ndarray | None
+    """The same for its aggregate rows (``MegaBatchReads.aggregate_base``)."""
     raw_edges: int
     """Edge-list entries read into ``buffer.raw_indices`` (partitions in schedule order)."""
     bytes_read: int
@@ -91,10 +120,14 @@ class PartitionReader:
     """Owns the dataset's file descriptors and the read pool."""
 
     def __init__(self, dataset: Dataset, arena: FeatureArena, partitions: PartitionTable, metrics: DaemonMetrics, *,
-                 direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None) -> None:
+                 direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None,
+                 aggregates: AggregateFile | None = None) -> None:
         self._arena = arena
         self._checks = checks
+        self._aggregates = aggregates
         self._paths = {name: dataset.file(name) for name in PARTITION_CHECK_COLUMNS}
+        if aggregates is not None:
+            self._paths[AGGREGATES] = aggregates.path
         self._parts = partitions
         self._metrics = metrics
         self._block = read_block
@@ -107,6 +140,7 @@ class PartitionReader:
             self._indptr_offset = ptr.data_offset
         self._indices_fd = self._open(dataset.file("indices"), direct=False)
         self._indptr_fd = self._open(dataset.file("indptr"), direct=False)
+        self._aggregate_fd = -1 if aggregates is None else self._open(aggregates.path, direct=direct_io)
 
     def _open(self, path: os.PathLike[str], *, direct: bool) -> int:
         flags = os.O_RDONLY | os.O_CLOEXEC
@@ -155,6 +189,10 @@ class PartitionReader:
         requests: list[ReadRequest] = []
         checks: list[RangeCheck] = []
         feature_base = np.empty(len(parts), dtype=np.int64)
+        aggregated = self._aggregates is not None
+        aggregate_base = np.empty(len(parts), dtype=np.int64) if aggregated else None
+        block_checks: list[BlockCheck] = []
+        agg_pos = buffer.aggregate_offset
         feat_pos = buffer.feature_offset
         edge_pos = 0
         ptr_pos = 0
@@ -179,15 +217,33 @@ class PartitionReader:
                 requests.extend(self._requests(fd, offset, dest, need, name))
                 if self._checks is not None:
                     checks.append(RangeCheck(int(scheduled.partitions[i]), column, dest, offset))
+            if aggregate_base is not None:  # the same range of the aggregate file (features.bin's layout)
+                if agg_pos + padded > buffer.aggregate_offset + buffer.aggregate_capacity:
+                    raise RuntimeError("mega-batch aggregates exceed the planned buffer (memory plan bug)")
+                aggregate_base[i] = agg_pos
+                requests.extend(self._requests(self._aggregate_fd, feat_offset, self._arena.view(agg_pos, padded),
+                                               feat_nbytes, AGGREGATES))
+                assert self._aggregates is not None
+                if self._aggregates.block_sums is not None:
+                    block_checks.append(BlockCheck(self._arena.data[agg_pos:agg_pos + padded], feat_offset))
+                agg_pos += padded
             feat_pos += padded
             edge_pos += n_edges
             ptr_pos += n_ptr
-        return MegaBatchReads(requests, feature_base, edge_pos, checks)
+        return MegaBatchReads(requests, feature_base, edge_pos, checks, aggregate_base, block_checks)
 
     def _verify(self, check: RangeCheck) -> None:
         assert self._checks is not None
         verify_partition_range(self._checks, check.partition, check.column, check.data,
                                self._paths[PARTITION_CHECK_COLUMNS[check.column]], check.file_offset)
+
+    def _verify_blocks(self, check: BlockCheck) -> None:
+        assert self._aggregates is not None and self._aggregates.block_sums is not None
+        # a range ends on a page, so in whole blocks, or where the file does (its last block, zero-padded)
+        length = np.array([len(check.data)], dtype=np.int64)
+        verify_blocks(self._aggregates.block_sums, self._aggregates.check_block, check.data,
+                      np.zeros(1, dtype=np.int64), length, np.array([check.file_offset], dtype=np.int64),
+                      self._aggregates.path)
 
     async def load(self, scheduled: ScheduledMegaBatch, buffer: MegaBatchBuffer) -> LoadedMegaBatch:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
@@ -200,6 +256,7 @@ class PartitionReader:
             sizes = await asyncio.gather(*map(asyncio.wrap_future, jobs))
             # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
             jobs = [self._pool.submit(self._verify, check) for check in reads.checks]
+            jobs += [self._pool.submit(self._verify_blocks, check) for check in reads.block_checks]
             await asyncio.gather(*map(asyncio.wrap_future, jobs))
         except BaseException:
             for job in jobs:
@@ -212,7 +269,8 @@ class PartitionReader:
                 if not fut.cancelled():
                     fut.exception()  # retrieved: the first failure is the one raised
             raise
-        return LoadedMegaBatch(scheduled, buffer, reads.feature_base, reads.edges, int(sum(sizes)),
+        return LoadedMegaBatch(scheduled, buffer, reads.feature_base, reads.aggregate_base, reads.edges,
+                               int(sum(sizes)),
                                time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -148,7 +148,8 @@ def test_the_cache_needs_two_hops(dataset_3k, tmp_path):
                              "sampler": {"fanouts": [5], "aggregation_cache": True}})
 
 
-def test_a_corrupt_aggregate_row_fails_the_stream_not_the_daemon(aggregated_3k, tmp_path):
+@pytest.mark.parametrize("mode", ["exact", "hierarchical"])
+def test_a_corrupt_aggregate_row_fails_the_stream_not_the_daemon(aggregated_3k, tmp_path, mode):
     path, _ = aggregated_3k
     damaged = tmp_path / "damaged"
     shutil.copytree(path, damaged)
@@ -156,7 +157,7 @@ def test_a_corrupt_aggregate_row_fails_the_stream_not_the_daemon(aggregated_3k, 
     data = bytearray(cache_file.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the read checks can tell
     cache_file.write_bytes(bytes(data))
-    config = aggregated_config(damaged, tmp_path / "s.sock", "exact")
+    config = aggregated_config(damaged, tmp_path / "s.sock", mode, hierarchy={"megabatch_fraction": 1.0})
     with running_daemon(config):
         with aggregating_client(config) as client, pytest.raises(RemoteError, match="data_corrupt.*aggregates-mean"):
             consume_epoch(client, 0)
@@ -210,3 +211,34 @@ def test_status_says_nothing_of_a_cache_the_dataset_lacks(dataset_3k, tmp_path):
         samples = registry_samples(daemon.metrics.registry)
     assert status_fields(samples, now=0.0)["aggregation"] is None
     assert "aggregation" not in format_status(samples)
+
+
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_the_hierarchical_arena_holds_its_partitions_aggregates(aggregated_3k, tmp_path, monkeypatch, static_cache):
+    """A mega-batch's x_agg rows are read with its partitions (one range each, beside the features) and gathered
+    from the arena; only static nodes from outside the mega-batch are read by id, and without a static cache no
+    training row is."""
+    from loader.daemon.aggregate_rows import AggregateRows
+
+    path, aggregates = aggregated_3k
+    by_id: list[tuple[int, str]] = []
+    fill = AggregateRows.fill
+
+    def counted(self, ids, out, purpose, positions=None):
+        by_id.append((len(ids), purpose))
+        return fill(self, ids, out, purpose, positions)
+
+    monkeypatch.setattr(AggregateRows, "fill", counted)
+    config = aggregated_config(path, tmp_path / "s.sock", "hierarchical",
+                               hierarchy={"static_cache": static_cache, "megabatch_fraction": 0.25})
+    with running_daemon(config) as daemon, aggregating_client(config) as client:
+        plan = daemon.mode.budget_plan
+        batches = consume_epoch(client, 0)
+        ranges = daemon.metrics.disk_reads.labels("aggregates", "train")._value.get()
+    assert plan.buffer.aggregate_bytes > 0 and "with their aggregates" in plan.describe()
+    for arrays in batches:
+        np.testing.assert_array_equal(arrays["x_agg"], aggregates[arrays["n_id"]])
+    train_fills = [n for n, purpose in by_id if purpose == "train"]
+    assert ranges >= 16  # every partition's range, once an epoch
+    if not static_cache:
+        assert train_fills == []

@@ -142,3 +142,15 @@ def test_auto_static_picks_the_best_fitting_candidate(budget, row_bytes, degrees
     assert coverage_of(plan, degrees, cut) == pytest.approx(best, abs=1e-9)
     tied = [c.static_nodes for c in candidates if coverage_of(c, degrees, cut) >= best - 1e-9]
     assert plan.static_nodes == min(tied) and plan.total <= budget
+
+
+def test_an_aggregated_buffer_holds_its_partitions_aggregates_and_auto_takes_fewer_partitions():
+    parts = table([10, 500, 30, 200, 7], [100, 10, 3000, 40, 70])
+    plain = buffer_sizes(parts, 2, static_nodes=5, static_edges=50, index_itemsize=4)
+    both = buffer_sizes(parts, 2, static_nodes=5, static_edges=50, index_itemsize=4, aggregated=True)
+    assert plain.aggregate_bytes == 0 and both.aggregate_bytes == both.feature_bytes
+    assert both.total == plain.total + both.feature_bytes
+    budget = 4_560_000  # the plain plan takes every partition, the aggregated one fewer
+    fewer = plan_memory(**kwargs(fraction=None, budget=budget, aggregated=True))
+    assert fewer.buffer.partitions < plan_memory(**kwargs(fraction=None, budget=budget)).buffer.partitions
+    assert "with their aggregates" in fewer.describe() and fewer.total <= budget
