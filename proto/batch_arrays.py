@@ -41,6 +41,8 @@ class BatchShape:
     """The batch carries ``x_agg``: a row of the dataset's aggregation cache per node, in the feature dtype."""
     num_classes: int = 0
     """The batch carries ``class_weight`` (float32, one per class) where > 0."""
+    seed_groups: bool = False
+    """The batch carries ``seed_group`` (int32, one per seed): its seeds' micro-batch groups."""
 
     def specs(self) -> list[ArraySpec]:
         rows = self.num_nodes if self.shipped_rows is None else self.shipped_rows
@@ -54,6 +56,8 @@ class BatchShape:
             specs.append(ArraySpec("x_agg", self.feat_dtype, (self.num_nodes, self.feat_dim)))
         if self.num_classes:
             specs.append(ArraySpec("class_weight", _FLOAT32, (self.num_classes,)))
+        if self.seed_groups:
+            specs.append(ArraySpec("seed_group", _INT32, (self.num_seeds,)))
         if self.shipped_rows is not None:
             specs += [ArraySpec("hit_slot", _INT32, (self.num_nodes,)),
                       ArraySpec("upd_slot", _INT32, (self.num_updates,)),
@@ -92,6 +96,8 @@ class BatchArrays:
     over all its in-neighbours), for a model's first layer; None where the batch samples every hop."""
     class_weight: np.ndarray | None = None
     """float32 (C,): the weight of each class in the batch's loss (``[hierarchy] label_prior_loss``); None: 1."""
+    seed_group: np.ndarray | None = None
+    """int32 (seeds,): each seed's micro-batch group, 0..K-1 (``Hello.micro_batches`` = K); None: not grouped."""
 
     @property
     def has_cache_plan(self) -> bool:
@@ -103,7 +109,7 @@ class BatchArrays:
         return cls(x=views["x"], n_id=views["n_id"], y=views["y"], edge_index=views["edge_index"],
                    nodes_per_hop=views["nodes_per_hop"], edges_per_hop=views["edges_per_hop"],
                    hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"),
-                   x_agg=views.get("x_agg"), class_weight=views.get("class_weight"))
+                   x_agg=views.get("x_agg"), class_weight=views.get("class_weight"), seed_group=views.get("seed_group"))
 
     @classmethod
     def read(cls, views: Mapping[str, np.ndarray], feature_cache_rows: int) -> "BatchArrays":
@@ -147,6 +153,9 @@ class BatchArrays:
             labelled = arrays.y[arrays.y >= 0]
             if labelled.size and int(labelled.max()) >= len(weight):
                 raise SlotError(f"class_weight has {len(weight)} classes, a seed is labelled {int(labelled.max())}")
+        group = arrays.seed_group
+        if group is not None and (group.shape != (seeds,) or group.dtype != _INT32 or (group.size and group.min() < 0)):
+            raise SlotError(f"seed_group: expected non-negative int32 ({seeds},), got {group.dtype} {group.shape}")
         if arrays.hit_slot is None:
             if arrays.x.shape[0] != n:
                 raise SlotError(f"x has {arrays.x.shape[0]} rows for {n} nodes")

@@ -267,6 +267,10 @@ class Hello(Message):
     """The client waits in the daemon's training queue (``Queued`` tells it its place) when another trainer
     holds the training pipeline; False (default, and every older client): such a StartEpoch is refused
     with ``Error("bad_request")`` at once."""
+    micro_batches: int = field(default=0, metadata=_COUNT)
+    """The client cuts each training batch into this many micro-batches (Betty): the daemon then groups each
+    training batch's seeds by REG + METIS and sends the groups (``seed_group``), so the client runs no METIS;
+    0 or 1 (default, and every older client): no groups."""
     aggregation: bool = False
     """The client reads ``x_agg`` (``DatasetInfo.aggregation``); False (default, and every older client): a daemon
     whose batches carry it refuses the session with ``Error("bad_request")``, since such a client would build a

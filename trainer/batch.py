@@ -79,6 +79,9 @@ class Batch:
     class_weight: torch.Tensor | None = None
     """float32 (C,): each class's weight in the loss (the daemon's ``[hierarchy] label_prior_loss``: the epoch's
     label mix over the mega-batch's); None: every seed weighs 1."""
+    seed_group: torch.Tensor | None = None
+    """int32 (seeds,): each seed's micro-batch group, made by the daemon (REG + METIS) for a trainer that asked for
+    micro-batches (``Hello.micro_batches``); None: the trainer groups them itself. Stays on the host."""
     _release: Callable[[], None] = field(default=_no_release, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -121,7 +124,7 @@ class Batch:
                      self.stream_batches,
                      None if self.x_agg is None else self.x_agg.to(device, non_blocking=non_blocking),
                      None if self.class_weight is None else self.class_weight.to(device, non_blocking=non_blocking),
-                     _release=self.release)
+                     self.seed_group, _release=self.release)
 
     def release(self) -> None:
         """Hand the underlying shared-memory slot back to its producer (idempotent)."""

@@ -362,7 +362,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
             raise UserError(f"daemon mode is not available in this installation ({err})") from None
         source = DaemonSource(args.socket, connect_timeout=args.connect_timeout,
                               feature_cache_bytes=args.feature_cache, ranks=ranks, on_queued=stop.queued,
-                              pin_slots=args.pin_slots)
+                              pin_slots=args.pin_slots, micro_batches=args.micro_batches or 0)
         if args.feature_cache and not source.info.feature_cache_rows:
             log.warning("--feature-cache %s: the daemon plans no feature cache (an older daemon, or less than "
                         "one feature row); every row is shipped", args.feature_cache)

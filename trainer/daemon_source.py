@@ -69,6 +69,10 @@ class DaemonSource(BatchSource):
     pin_slots (default True): on a CUDA device, register the slot segment as pinned host memory for the
     session (``pin_for``), so that device copies are asynchronous DMA; False keeps pageable copies.
 
+    micro_batches (default 0): the trainer cuts each training batch into this many micro-batches
+    (``--micro-batches``); the daemon then sends each training batch's seed groups (``Batch.seed_group``), made
+    by REG + METIS on its side.
+
     on_queued (default None): called with True when the daemon queues an epoch's ``StartEpoch`` (another
     trainer holds its training pipeline) and with False when the wait ends; ``megabatch train`` stops at
     once on SIGTERM meanwhile, since no step is under way to finish. It may raise, and the stream then ends.
@@ -76,7 +80,8 @@ class DaemonSource(BatchSource):
 
     def __init__(self, socket_path: str, credits: int | None = None, timeout: float | None = 60.0,
                  connect_timeout: float = 0.0, feature_cache_bytes: int = 0, ranks: Ranks = SINGLE,
-                 on_queued: Callable[[bool], None] | None = None, pin_slots: bool = True) -> None:
+                 on_queued: Callable[[bool], None] | None = None, pin_slots: bool = True,
+                 micro_batches: int = 0) -> None:
         if feature_cache_bytes < 0:
             raise ValueError(f"feature_cache_bytes must be >= 0, got {feature_cache_bytes}")
         self._ranks = ranks
@@ -90,7 +95,8 @@ class DaemonSource(BatchSource):
             try:
                 self._client = ControlClient.connect(socket_path, client=f"megabatch-trainer pid {os.getpid()}",
                                                      timeout=timeout, feature_cache_bytes=feature_cache_bytes,
-                                                     job=job, queue=True, aggregation=True)
+                                                     job=job, queue=True, aggregation=True,
+                                                     micro_batches=micro_batches)
                 break
             except ConnectFailed as err:
                 if time.monotonic() >= deadline:
@@ -221,6 +227,7 @@ class DaemonSource(BatchSource):
                      seq=ready.seq, cache_plan=plan,
                      x_agg=None if arrays.x_agg is None else torch.from_numpy(arrays.x_agg),
                      class_weight=None if arrays.class_weight is None else torch.from_numpy(arrays.class_weight),
+                     seed_group=None if arrays.seed_group is None else torch.from_numpy(arrays.seed_group),
                      global_seeds=ready.global_seeds if self._ranks.distributed else None,
                      stream_batches=ready.num_batches if ready.num_batches >= 0 else None, _release=release)
 

@@ -78,4 +78,4 @@ class DeviceFeatureCache:
         self.next_step += 1
         return Batch(x, batch.y, batch.edge_index, batch.n_id, batch.num_sampled_nodes, batch.num_sampled_edges,
                      batch.seq, None, batch.global_seeds, batch.stream_batches, batch.x_agg, batch.class_weight,
-                     _release=batch.release)
+                     batch.seed_group, _release=batch.release)

@@ -267,7 +267,9 @@ class MicroBatching:
         """``batch``'s micro-batches, or None to train it whole. Raises ``UserError`` when ``--device-memory``
         cannot be met."""
         if self.k is not None and self.k > 1:
-            parts = split_batch(batch, reg_groups(batch, self.k, self.seed))
+            # the daemon's groups where it made them (the same REG + METIS, off the training path)
+            groups = reg_groups(batch, self.k, self.seed) if batch.seed_group is None else batch.seed_group.long()
+            parts = split_batch(batch, groups)
         elif self.budget is not None:
             try:
                 choice = choose_groups(batch, self.budget, self.model, self.seed)

@@ -14,6 +14,7 @@ import numpy as np
 from loader.daemon.aggregate_rows import AggregateFill
 from loader.daemon.slot_source import SlotSource
 from loader.sampling.sampling import SampledBatch, SampledBatches
+from loader.sampling.seed_groups import reg_groups
 from proto.batch_arrays import BatchShape, OpenBatch, open_batch
 from proto.errors import SlotOverflow
 from proto.messages import BatchId
@@ -77,11 +78,11 @@ class SlotFlow:
 
 def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, source: SlotSource, *,
               ids: np.ndarray | None = None, shipped_rows: int | None = None, num_updates: int = 0,
-              aggregates: AggregateFill | None = None) -> OpenBatch:
+              aggregates: AggregateFill | None = None, micro_batches: int = 0) -> OpenBatch:
     """Lay ``batch`` out in ``slot`` and write all of it but its rows (``x``) and a client cache's arrays: ``n_id``
     (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop counts, the source's class
-    weights where it has them and, with ``aggregates``, each node's aggregation cache row (``x_agg``, read by
-    dataset id). The caller fills the rest
+    weights where it has them, with ``aggregates`` each node's aggregation cache row (``x_agg``, read by dataset
+    id) and with ``micro_batches`` above 1 its seeds' REG + METIS groups (``seed_group``). The caller fills the rest
     and commits. ``shipped_rows``, ``num_updates``: a batch for a client with a feature cache
     (``BatchShape``). Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
 
@@ -92,7 +93,8 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], num_hops,
                                             source.feat_dim, source.feat_dtype, shipped_rows=shipped_rows,
                                             num_updates=num_updates, aggregated=aggregates is not None,
-                                            num_classes=0 if source.class_weight is None else len(source.class_weight)))
+                                            num_classes=0 if source.class_weight is None else len(source.class_weight),
+                                            seed_groups=micro_batches > 1))
     arrays = out.arrays
     arrays.n_id[:] = source.global_ids(nodes) if ids is None else ids
     arrays.y[:] = source.labels(nodes[:seeds])
@@ -108,17 +110,20 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     if source.class_weight is not None:
         assert arrays.class_weight is not None
         arrays.class_weight[:] = source.class_weight
+    if micro_batches > 1:
+        assert arrays.seed_group is not None
+        arrays.seed_group[:] = reg_groups(batch.edge_index[:, :int(batch.num_sampled_edges[0])], seeds, micro_batches)
     return out
 
 
 def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatches, b: int,
-              source: SlotSource, aggregates: AggregateFill | None = None) -> int:
+              source: SlotSource, aggregates: AggregateFill | None = None, micro_batches: int = 0) -> int:
     """Write batch ``b`` of ``sampled``, every row, into ``slot`` and commit it; returns payload bytes.
 
     Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
     """
     batch = sampled.batch(b)
-    out = open_slot(ring, slot, batch, sampled.num_hops, source, aggregates=aggregates)
+    out = open_slot(ring, slot, batch, sampled.num_hops, source, aggregates=aggregates, micro_batches=micro_batches)
     source.rows.fill(b, batch.nodes, out.arrays.x)
     return out.commit(batch_id)
 

@@ -554,6 +554,7 @@ class Daemon:
         session = Session(self.state.next_session, peer, self._serving, segment, ring, self._open_eval,
                           trainer_cache)
         session.queues = hello.queue
+        session.micro_batches = hello.micro_batches
         self.state.sessions[session.id] = session
         self.state.next_session += 1
         self.metrics.clients.set(len(self.state.sessions))

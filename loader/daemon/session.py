@@ -108,6 +108,9 @@ class Session:
         """Set by the daemon at the handshake: the job the session is a rank of (a lone trainer's is its own)."""
         self.queues = False
         """The client waits in the training queue when the pipeline is busy (``Hello.queue``)."""
+        self.micro_batches = 0
+        """The client's micro-batches per training batch (``Hello.micro_batches``): above 1, its training batches
+        carry their seeds' groups."""
         self.client_info: ClientInfo | None = None
         """Set by the daemon once the session has joined its job: who the client is (``megabatch_client_info``)."""
         self.id = session_id
@@ -246,14 +249,15 @@ class Session:
                            num_batches=num_batches)
         t0 = time.perf_counter()
         aggregates = self._ctx.aggregates_for(kind)
+        groups = self.micro_batches if kind == "train" else 0
         try:
             if cache_plan is None:
                 nbytes = await run_in_pool(self._ctx.cpu_pool, fill_slot, self.ring, slot, batch_id, sampled, b,
-                                           source, aggregates)
+                                           source, aggregates, groups)
             else:
                 assert self.trainer_cache is not None
                 cached = await run_in_pool(self._ctx.cpu_pool, self.trainer_cache.fill_slot, self.ring, slot,
-                                           batch_id, sampled, b, source, cache_plan, aggregates)
+                                           batch_id, sampled, b, source, cache_plan, aggregates, groups)
                 nbytes = cached.nbytes
                 rows = self._ctx.metrics.trainer_cache_rows
                 rows.labels("hit").inc(cached.hits)

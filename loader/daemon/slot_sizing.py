@@ -162,11 +162,12 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
         if bound is None:
             continue  # no batch of this kind to size for
         # a training batch for a client with a feature cache may ship every row (at their first access) and
-        # carry its plan too: hit_slot for every node, an update per node at most (12 bytes a node in all)
-        cached = {"shipped_rows": bound.nodes, "num_updates": bound.nodes} if training else {}
+        # carry its plan too: hit_slot for every node, an update per node at most (12 bytes a node in all); and
+        # its seeds' micro-batch groups, for a client that cuts batches (4 bytes a seed)
         shape = BatchShape(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
-                           np.dtype(m.feat_dtype.value), aggregated=aggregated,
-                           num_classes=m.num_classes if training and class_weights else 0, **cached)
+                           np.dtype(m.feat_dtype.value), shipped_rows=bound.nodes if training else None,
+                           num_updates=bound.nodes if training else 0, aggregated=aggregated,
+                           num_classes=m.num_classes if training and class_weights else 0, seed_groups=training)
         worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 

@@ -94,7 +94,8 @@ class TrainerCache:
         return plan
 
     def fill_slot(self, ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatches, b: int,
-                  source: SlotSource, plan: CachePlan, aggregates: AggregateFill | None = None) -> CachedSlot:
+                  source: SlotSource, plan: CachePlan, aggregates: AggregateFill | None = None,
+                  micro_batches: int = 0) -> CachedSlot:
         """Write batch ``b`` of ``sampled`` into ``slot`` with only its missed rows in ``x``, and commit (the rest of
         the batch as every slot carries it: ``publisher.open_slot``).
 
@@ -107,7 +108,7 @@ class TrainerCache:
         change = plan.changeset(b)
         # n_id: the dataset ids the plan was made for
         out = open_slot(ring, slot, batch, sampled.num_hops, source, ids=plan.ids(b), shipped_rows=len(miss),
-                        num_updates=len(change.slots), aggregates=aggregates)
+                        num_updates=len(change.slots), aggregates=aggregates, micro_batches=micro_batches)
         arrays = out.arrays
         x = arrays.x
         if source.rows.fills_any_subset:

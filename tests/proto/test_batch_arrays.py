@@ -37,6 +37,8 @@ def batches(draw: st.DrawFn) -> dict[str, np.ndarray]:
         arrays["x_agg"] = rng.random((n, DIM)).astype(np.float32)
     if draw(st.booleans()):
         arrays["class_weight"] = rng.random(5).astype(np.float32)  # y's labels are below 5
+    if draw(st.booleans()):
+        arrays["seed_group"] = rng.integers(0, 4, nodes[0]).astype(np.int32)
     return arrays
 
 
@@ -46,7 +48,7 @@ def shape_of(arrays: dict[str, np.ndarray]) -> BatchShape:
                       len(arrays["edges_per_hop"]), DIM, np.dtype(np.float32),
                       shipped_rows=len(arrays["x"]) if cached else None,
                       num_updates=len(arrays["upd_slot"]) if cached else 0, aggregated="x_agg" in arrays,
-                      num_classes=len(arrays.get("class_weight", ())))
+                      num_classes=len(arrays.get("class_weight", ())), seed_groups="seed_group" in arrays)
 
 
 def written(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -112,12 +114,15 @@ def corrupt(arrays: dict[str, np.ndarray], how: str) -> str:
         arrays["y"] = np.full(len(arrays["y"]), 4, np.int64)
         arrays["class_weight"] = np.ones(4, np.float32)
         return "class_weight has 4 classes, a seed is labelled 4"
+    if how == "groups":
+        arrays["seed_group"] = np.full(len(arrays["y"]) + 1, 0, np.int32)
+        return "seed_group: expected non-negative int32"
     raise AssertionError(how)
 
 
 @settings(max_examples=60, deadline=None)
 @given(batches(), st.sampled_from(["missing", "dtype", "hops", "n_id", "y", "edges", "position", "rows", "aggregates",
-                                   "aggregate dtype", "negative weight", "weights short of a label"]))
+                                   "aggregate dtype", "negative weight", "weights short of a label", "groups"]))
 def test_a_batch_that_contradicts_itself_is_refused(arrays, how):
     message = corrupt(arrays, how)
     with pytest.raises(SlotError, match=message):

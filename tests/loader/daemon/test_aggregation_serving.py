@@ -242,3 +242,4 @@ def test_the_hierarchical_arena_holds_its_partitions_aggregates(aggregated_3k, t
     assert ranges >= 16  # every partition's range, once an epoch
     if not static_cache:
         assert train_fills == []
+
