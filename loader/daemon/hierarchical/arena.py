@@ -9,6 +9,7 @@ allocated once too; nothing per mega-batch grows beyond what ``memplan`` charged
 
 import contextlib
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +42,13 @@ class MegaBatchBuffer:
 class FeatureArena:
     """Owns the mapping; ``buffers`` are handed out and returned through the pipeline's free queue."""
 
-    def __init__(self, static: StaticCache, row_bytes: int, sizes: BufferSizes, index_dtype: np.dtype) -> None:
+    def __init__(self, static: StaticCache, row_bytes: int, sizes: BufferSizes, index_dtype: np.dtype,
+                 fill_static_aggregates: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
+        """``fill_static_aggregates(ids, out)``: with the aggregation cache, writes the static nodes' aggregate
+        rows into ``out`` ((S, D), in the arena after the static features)."""
         self.row_bytes = row_bytes
-        self.static_bytes = round_up(static.num_nodes * row_bytes)
+        static_rows = round_up(static.num_nodes * row_bytes)
+        self.static_bytes = static_rows * (2 if fill_static_aggregates is not None else 1)
         features, aggregates = round_up(sizes.feature_bytes), round_up(sizes.aggregate_bytes)
         self.nbytes = self.static_bytes + 2 * (features + aggregates)
         self._map = mmap.mmap(-1, max(self.nbytes, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -53,6 +58,13 @@ class FeatureArena:
             flat = np.ascontiguousarray(static.features).reshape(-1).view(np.uint8)
             self.data[:len(flat)] = flat
         self.static_row_offsets = np.arange(static.num_nodes, dtype=np.int64) * row_bytes
+        self.static_aggregate_offsets: np.ndarray | None = None
+        """Byte offset of each static node's aggregate row (after the static features); None without the cache."""
+        if fill_static_aggregates is not None:
+            self.static_aggregate_offsets = static_rows + self.static_row_offsets
+            if static.num_nodes:
+                rows = self.data[static_rows:static_rows + static.num_nodes * row_bytes]
+                fill_static_aggregates(static.nodes, rows.view(static.features.dtype).reshape(static.num_nodes, -1))
         stride = features + aggregates
         self.buffers = [
             MegaBatchBuffer(i, self.static_bytes + i * stride, features,

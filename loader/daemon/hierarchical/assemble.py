@@ -108,6 +108,8 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     if loaded.aggregate_base is not None:
         aggregate_offsets = np.full(len(global_ids), -1, dtype=np.int64)
         aggregate_offsets[:n_mb] = np.repeat(loaded.aggregate_base, counts) + within_part * arena.row_bytes
+        if arena.static_aggregate_offsets is not None:
+            aggregate_offsets[n_mb:] = arena.static_aggregate_offsets[extra]
 
     labels = resident.labels[global_ids]
     train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)

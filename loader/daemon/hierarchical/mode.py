@@ -8,11 +8,13 @@ over the whole graph (they must see every neighbour) through checked preads of `
 a memory map would serve a flipped byte unchecked and kill the daemon when the file shrinks.
 """
 
+import functools
 import logging
 from dataclasses import replace
 
 import numpy as np
 
+from loader.daemon.aggregate_rows import AggregateRows
 from loader.daemon.config import LoaderConfig
 from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess
@@ -23,6 +25,7 @@ from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pip
 from loader.daemon.hierarchical.reader import AggregateFile, PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.mode import ModeSetup, TrainingMode
+from loader.daemon.read_metrics import STARTUP
 from loader.daemon.resident import ResidentData
 from loader.daemon.stages import TrainPipeline
 from loader.format.partition_count import auto_partitions
@@ -68,14 +71,16 @@ class HierarchicalMode(TrainingMode):
         self.budget_plan: HierarchicalBudget = plan
         self._serving = serving
         parts, train = resident.partitions, resident.split_ids["train"]
-        arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value))
+        held = serving.aggregates
+        # the static nodes' aggregate rows are read once, by id, beside their features
+        fill = None if held is None else functools.partial(_read_static_aggregates, held)
+        arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value), fill)
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         static_rows = resident.static.num_nodes
         resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
         try:
             # the block tables are the evaluation reader's: training reads whole partitions, checked per partition
             checks = load_read_checks(dataset, blocks=True) if cfg.io.check_reads else None
-            held = serving.aggregates
             aggregates = None if held is None else AggregateFile(held.path, held.block_sums, held.check_block)
             reader = PartitionReader(dataset, arena, parts, serving.metrics, direct_io=cfg.io.direct_io,
                                      threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks,
@@ -118,6 +123,10 @@ class HierarchicalMode(TrainingMode):
         self.context.arena.close()
 
 
+def _read_static_aggregates(rows: AggregateRows, ids: np.ndarray, out: np.ndarray) -> None:
+    rows.fill(ids, out, STARTUP)
+
+
 def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
     """The memory plan, and the resident data with the static cache it keeps (``static_cache = "auto"``
     keeps a prefix of the prepared static nodes by in-degree)."""
@@ -134,7 +143,9 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
     def plan_for(static_nodes: int, static_edges: int) -> HierarchicalBudget:
         return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=parts,
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
-                           static_row_bytes=m.row_bytes, static_edges=static_edges,
+                           # with the aggregation cache a static node holds its aggregate row beside its features
+                           static_row_bytes=m.row_bytes * (2 if cfg.sampler.aggregation_cache else 1),
+                           static_edges=static_edges,
                            index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges,
                            eval_bytes=eval_bytes, aggregated=cfg.sampler.aggregation_cache, fixed=setup.fixed)

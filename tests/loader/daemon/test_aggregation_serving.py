@@ -215,9 +215,9 @@ def test_status_says_nothing_of_a_cache_the_dataset_lacks(dataset_3k, tmp_path):
 
 @pytest.mark.parametrize("static_cache", [False, True])
 def test_the_hierarchical_arena_holds_its_partitions_aggregates(aggregated_3k, tmp_path, monkeypatch, static_cache):
-    """A mega-batch's x_agg rows are read with its partitions (one range each, beside the features) and gathered
-    from the arena; only static nodes from outside the mega-batch are read by id, and without a static cache no
-    training row is."""
+    """A mega-batch's x_agg rows are read with its partitions (one range each, beside the features) and the static
+    nodes' once at startup, by id; batches gather them all from the arena, and no training batch reads a row by
+    id."""
     from loader.daemon.aggregate_rows import AggregateRows
 
     path, aggregates = aggregated_3k
@@ -233,13 +233,14 @@ def test_the_hierarchical_arena_holds_its_partitions_aggregates(aggregated_3k, t
                                hierarchy={"static_cache": static_cache, "megabatch_fraction": 0.25})
     with running_daemon(config) as daemon, aggregating_client(config) as client:
         plan = daemon.mode.budget_plan
+        static_nodes = daemon.mode.context.resident.static.num_nodes
         batches = consume_epoch(client, 0)
         ranges = daemon.metrics.disk_reads.labels("aggregates", "train")._value.get()
     assert plan.buffer.aggregate_bytes > 0 and "with their aggregates" in plan.describe()
     for arrays in batches:
         np.testing.assert_array_equal(arrays["x_agg"], aggregates[arrays["n_id"]])
-    train_fills = [n for n, purpose in by_id if purpose == "train"]
     assert ranges >= 16  # every partition's range, once an epoch
-    if not static_cache:
-        assert train_fills == []
+    assert [n for n, purpose in by_id if purpose == "train"] == []
+    assert (static_nodes > 0) == static_cache
+    assert [n for n, purpose in by_id if purpose == "startup"] == ([static_nodes] if static_cache else [])
 
