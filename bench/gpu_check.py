@@ -13,8 +13,10 @@ Run it on a machine with an NVIDIA GPU (on one without, it says so in one line a
    ``--steps`` steps each: pageable slots (``--no-pin-slots``), pinned slots, and pinned slots with a
    device feature cache of ``--feature-cache``, after an untimed warm-up session, then one with
    ``--device-memory`` at half the pinned session's CUDA peak (micro-batches cut on the host, one at a
-   time on the device). Per session: samples/s, data-wait, step time, the time waited per batch, the H2D
-   GB/s the trainer measured on its copy stream and CUDA's peak.
+   time on the device), and one more against a second daemon serving the aggregation cache (``megabatch
+   aggregate --kind mean`` first; batches one hop smaller carrying x_agg). Per session: samples/s,
+   data-wait, step time, the time waited per batch, the H2D GB/s the trainer measured on its copy stream
+   and CUDA's peak.
 
 Writes ``<out>/gpu-check.{json,md}`` (default ``bench/results``).
 
@@ -121,6 +123,20 @@ def train_session(sock: Path, work: Path, name: str, steps: int, extra: list[str
             "micro_per_batch": epoch["micro_batches"] / epoch["split_batches"] if epoch.get("split_batches") else None}
 
 
+def start_daemon(work: Path, name: str, dataset: Path, sock: Path, args: argparse.Namespace, *,
+                 aggregation: bool) -> subprocess.Popen[bytes]:
+    """``megabatch serve`` of the check's config (``aggregation``: with ``[sampler] aggregation_cache``), its
+    output in ``work/<name>.log``."""
+    config = work / f"{name}.toml"
+    config.write_text(f"""[dataset]\npath = "{dataset}"\n[memory]\nbudget = "{args.budget}"\n[loader]
+mode = "{args.mode}"\n[hierarchy]\npasses = 1\n[sampler]\nbatch_size = {args.batch_size}\nfanouts = [10, 5]
+aggregation_cache = {"true" if aggregation else "false"}
+[server]\nsocket = "{sock}"\nmax_clients = 2\n[metrics]\nport = 0\n""")
+    with (work / f"{name}.log").open("w") as log:
+        return subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)], stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=500_000)
@@ -158,13 +174,7 @@ def main() -> int:
     print(f"dataset ready in {time.perf_counter() - t0:.0f} s", flush=True)
     sock = work / "gpu-check.sock"
     sock.unlink(missing_ok=True)
-    config = work / "gpu-check.toml"
-    config.write_text(f"""[dataset]\npath = "{dataset}"\n[memory]\nbudget = "{args.budget}"\n[loader]
-mode = "{args.mode}"\n[hierarchy]\npasses = 1\n[sampler]\nbatch_size = {args.batch_size}\nfanouts = [10, 5]
-[server]\nsocket = "{sock}"\nmax_clients = 2\n[metrics]\nport = 0\n""")
-    daemon_log = (work / "daemon.log").open("w")
-    daemon = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)], stdout=daemon_log,
-                              stderr=subprocess.STDOUT)
+    daemon = start_daemon(work, "gpu-check", dataset, sock, args, aggregation=False)
     sessions: list[dict[str, object]] = []
     try:
         wait_for_socket(sock, daemon)
@@ -185,7 +195,20 @@ mode = "{args.mode}"\n[hierarchy]\npasses = 1\n[sampler]\nbatch_size = {args.bat
             sessions.append(row)
     finally:
         stop_process(daemon, 60)
-        daemon_log.close()
+    # the aggregation cache (BatchGNN): a daemon serving x_agg, batches one hop smaller
+    if not (dataset / "aggregates-mean.bin").exists():
+        subprocess.run([PY, "-m", "loader.cli", "-q", "aggregate", str(dataset), "--kind", "mean"], check=True)
+    sock.unlink(missing_ok=True)
+    daemon = start_daemon(work, "gpu-check-agg", dataset, sock, args, aggregation=True)
+    try:
+        wait_for_socket(sock, daemon)
+        print(f"warm-up session (aggregation): {train_session(sock, work, 'warm-up-agg', args.warmup_steps, [])}",
+              flush=True)
+        row = train_session(sock, work, "pinned+aggregation", args.steps, [])
+        print(f"session pinned+aggregation: {row}", flush=True)
+        sessions.append(row)
+    finally:
+        stop_process(daemon, 60)
 
     lines = [f"# gpu_check: {gpu}", "", f"host: {machine_description()}", "",
              f"## Host-to-device copies of {format_size(parse_size(args.copy_size))} (side stream, {args.copy_reps} "
