@@ -29,7 +29,8 @@ def format_size(nbytes: float) -> str:
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+            # 1000 to 1023 of a unit: ".3g" would write "1e+03"
+            return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 1000 else f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 
