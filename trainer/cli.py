@@ -25,6 +25,7 @@ terminal and periodic log lines elsewhere (``trainer.progress``).
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from proto.atomic import atomic_file, io_error
 from proto.cli_types import non_negative_int, non_negative_seconds, parse_fanouts, positive_int, positive_seconds
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
-from proto.sizes import parse_size
+from proto.sizes import format_size, parse_size
 from trainer.link.options import ALL_METRIC_CHOICES
 from trainer.link.options import add_arguments as add_link_arguments
 from trainer.link.options import check_arguments as check_link_arguments
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from trainer.metrics import TrainerMetrics
 
 PROG = "megabatch train"
+AUTO = "auto"
+"""``--micro-batches auto``: the fewest micro-batches that fit the CUDA device's free memory."""
 log = logging.getLogger("megabatch")
 
 _SAMPLER_DEFAULTS: dict[str, Any] = {"batch_size": 1024, "fanouts": (10, 5), "eval_fanouts": None,
@@ -86,6 +89,11 @@ def _device_memory(text: str) -> int:
         return parse_size(text, name="--device-memory")
     except UserError as err:
         raise argparse.ArgumentTypeError(str(err).removeprefix("--device-memory: ")) from None
+
+
+def _micro_batches(text: str) -> int | str:
+    """``--micro-batches``: a positive count, or "auto"."""
+    return AUTO if text == AUTO else positive_int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,9 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--seed", type=non_negative_int, default=0, help="model and dropout seed (default 0)")
     mod.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default auto)")
     micro = mod.add_mutually_exclusive_group()
-    micro.add_argument("--micro-batches", type=positive_int, default=None, metavar="K",
+    micro.add_argument("--micro-batches", type=_micro_batches, default=None, metavar="K|auto",
                        help="train every batch as K micro-batches whose gradients accumulate to the batch's (one "
-                            "optimizer step per batch; seeds grouped by METIS on shared neighbours, Betty's REG)")
+                            "optimizer step per batch; seeds grouped by METIS on shared neighbours, Betty's REG); "
+                            "auto: the fewest that fit the CUDA device's free memory (--device-memory of it)")
     micro.add_argument("--device-memory", type=_device_memory, default=None, metavar="SIZE",
                        help="split each batch into the fewest micro-batches whose estimated peak (batch, "
                             "activations, model and Adam state) fits SIZE of device memory, e.g. 8G (default: "
@@ -338,22 +347,31 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
 
     from trainer.loop import StopControl, TrainConfig, resolve_device, train
     from trainer.metrics import TrainerMetrics
+    from trainer.micro_batches import free_device_memory
     from trainer.progress import finished_line
     from trainer.scrape import served
     from trainer.source import BatchSource
 
+    micro_auto = args.micro_batches == AUTO
+    if micro_auto and args.device == "cpu":
+        raise UserError("--micro-batches auto sizes micro-batches to a CUDA device's free memory; on the CPU give "
+                        "--device-memory SIZE or --micro-batches K")
     cfg = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
                       weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                       patience=args.patience, seed=args.seed, device=args.device,
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
                       heads=args.heads, max_steps=args.max_steps, metric=args.metric,
-                      micro_batches=args.micro_batches, device_memory=args.device_memory)
+                      micro_batches=None if micro_auto else args.micro_batches, device_memory=args.device_memory)
     if args.nproc_per_node > 1:
         # the arguments, the dataset and the configuration were checked once, here, before any rank starts
         from trainer.launch import launch
 
         return launch(argv, args.nproc_per_node)
     device = resolve_device(cfg.device, ranks)
+    if micro_auto:  # each rank sizes its own device
+        cfg = dataclasses.replace(cfg, device_memory=free_device_memory(device))
+        log.info("--micro-batches auto: %s of %s's free memory per step", format_size(cfg.device_memory or 0),
+                 device)
     source: BatchSource
     if opened is None:
         try:
@@ -362,7 +380,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
             raise UserError(f"daemon mode is not available in this installation ({err})") from None
         source = DaemonSource(args.socket, connect_timeout=args.connect_timeout,
                               feature_cache_bytes=args.feature_cache, ranks=ranks, on_queued=stop.queued,
-                              pin_slots=args.pin_slots, micro_batches=args.micro_batches or 0)
+                              pin_slots=args.pin_slots, micro_batches=cfg.micro_batches or 0)
         if args.feature_cache and not source.info.feature_cache_rows:
             log.warning("--feature-cache %s: the daemon plans no feature cache (an older daemon, or less than "
                         "one feature row); every row is shipped", args.feature_cache)

@@ -249,6 +249,21 @@ def choose_groups(batch: Batch, budget: int, model: ModelShape, seed: int = 0, m
         k *= 2
 
 
+AUTO_MEMORY_SHARE = 0.9
+"""Share of a CUDA device's free memory ``--micro-batches auto`` gives a step (the rest: the caching allocator's
+fragmentation and what other processes take meanwhile)."""
+
+
+def free_device_memory(device: torch.device) -> int:
+    """``--micro-batches auto``'s budget: ``AUTO_MEMORY_SHARE`` of ``device``'s free memory now; a one-line
+    ``UserError`` on a device without one to measure (the CPU)."""
+    if device.type != "cuda":
+        raise UserError("--micro-batches auto sizes micro-batches to a CUDA device's free memory; on the CPU give "
+                        "--device-memory SIZE or --micro-batches K")
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * AUTO_MEMORY_SHARE)
+
+
 class MicroBatching:
     """The training loop's split policy: a fixed ``k`` (``--micro-batches``), the fewest micro-batches under
     ``budget`` bytes (``--device-memory``), or none (both None). Counts what it split since ``take_stats``."""

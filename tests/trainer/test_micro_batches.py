@@ -191,3 +191,21 @@ def test_training_with_micro_batches_follows_the_whole_batch_run(dataset_1500):
     assert record.split_batches == record.batches and record.micro_batches == 3 * record.batches
     assert record.input_redundancy >= 1.0 and "micro-batches 3.0/batch (redundancy " in lines[-1]
     assert whole.epochs[-1].split_batches == 0
+
+
+def test_micro_batches_auto_needs_a_cuda_device_and_says_so_in_one_line(dataset_1500):
+    import subprocess
+    import sys
+
+    from trainer.micro_batches import free_device_memory
+
+    with pytest.raises(UserError, match="--micro-batches auto sizes micro-batches to a CUDA device's free memory"):
+        free_device_memory(torch.device("cpu"))
+    done = subprocess.run([sys.executable, "-m", "trainer", "--mode", "inmemory", "--dataset", str(dataset_1500),
+                           "--epochs", "1", "--device", "cpu", "--micro-batches", "auto"], capture_output=True,
+                          text=True)
+    assert done.returncode != 0 and "CUDA device's free memory" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    bad = subprocess.run([sys.executable, "-m", "trainer", "--socket", "/nonexistent.sock", "--micro-batches", "0"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--micro-batches" in bad.stderr
