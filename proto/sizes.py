@@ -28,9 +28,10 @@ def format_size(nbytes: float) -> str:
     """Format a byte count with binary units, three significant digits."""
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            # 1000 to 1023 of a unit: ".3g" would write "1e+03"
-            return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 1000 else f"{value:.3g} {unit}"
+        # from 999.5 of a unit ".3g" writes "1e+03": whole numbers there, and the next unit once they round to 1024
+        text = f"{value:.0f}" if unit == "B" or abs(value) >= 999.5 else f"{value:.3g}"
+        if abs(float(text)) < 1024 or unit == "TiB":
+            return f"{text} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 

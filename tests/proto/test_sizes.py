@@ -10,7 +10,7 @@ from proto.sizes import counted, format_size, parse_size
 @pytest.mark.parametrize("nbytes, text", [
     (0, "0 B"), (999, "999 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
     (1000 * 1024, "1000 KiB"), (1023 * 1024, "1023 KiB"), (4 << 20, "4 MiB"), (1000 << 20, "1000 MiB"),
-    (3 << 40, "3 TiB"),
+    (3 << 40, "3 TiB"), (999.6 * 1024, "1000 KiB"), (1_098_974_756_864, "1 TiB"), (1023.6, "1 KiB"),
 ])
 def test_format_size_writes_three_significant_digits_and_never_an_exponent(nbytes, text):
     assert format_size(nbytes) == text
