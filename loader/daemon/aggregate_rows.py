@@ -12,7 +12,6 @@ saving comes from (BatchGNN, Appendix C). The reads are counted under their own 
 """
 
 import logging
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +20,7 @@ from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.daemon.config import IOConfig
 from loader.daemon.gather_kernels import gather_rows
 from loader.daemon.metrics import DaemonMetrics
+from loader.daemon.row_reads import read_rows_counted
 from loader.format.aggregates import AggregationCache, aggregation_bytes, dataset_cache
 from loader.format.dataset import Dataset
 from loader.format.partition_table import row_offsets_for
@@ -85,18 +85,8 @@ class AggregateRows:
         i, default rows 0..len(ids)-1), counted under ``purpose`` (``read_metrics.PURPOSES``). A failed read is a
         ``UserError`` naming the file."""
         offsets = row_offsets_for(ids, self._node_begin, self._feat_offset, self.row_bytes)
-        started = time.perf_counter()
-        try:
-            stats = self._rows.read_rows(offsets, out.reshape(len(out), -1).view(np.uint8), positions)
-        except OSError as err:
-            raise UserError(f"{self._rows.path}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
-                            ) from err
-        except ValueError as err:
-            raise UserError(f"{err} (the file shrank after the daemon started?); run 'megabatch verify'") from err
-        finally:
-            self._metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
-        if stats.rows:
-            self._metrics.read_meter(METRIC_FILE, purpose).record(stats.seconds, stats.bytes, stats.reads)
+        read_rows_counted(self._rows, offsets, out.reshape(len(out), -1).view(np.uint8), positions, self._metrics,
+                          METRIC_FILE, purpose)
 
     def for_purpose(self, purpose: str) -> "AggregateFill":
         return AggregateFill(self, purpose)

@@ -21,7 +21,6 @@ checked as a training batch is. ``eval_graph_bytes`` is what such an evaluation 
 
 import functools
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from loader.daemon.config import IOConfig
 from loader.daemon.eval_stream import EvalAccess, ModeEval
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.read_metrics import EVAL, STARTUP
+from loader.daemon.row_reads import read_rows_counted
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.format.checksum_kernels import PAGE_BYTES
@@ -41,7 +41,6 @@ from loader.sampling.exact_sampling import ExactSampler
 from loader.sampling.neighbor_cache import NeighborCache
 from loader.sampling.neighbor_reader import NeighborReader
 from loader.sampling.sampling import SampledPass
-from proto.errors import UserError
 
 __all__ = ["DiskGraph", "DiskRows", "disk_eval", "eval_graph_bytes", "expanded_share", "ROW_READ_THREADS",
            "SAMPLER_MAP_BYTES", "EVAL_SAMPLE_GROUP"]
@@ -140,21 +139,7 @@ class DiskGraph:
     def read_rows(self, ids: np.ndarray, positions: np.ndarray, out: np.ndarray, *, purpose: str) -> None:
         """Rows of dataset ids ``ids`` from disk into ``out[positions]``, one read request counted under
         ``purpose``."""
-        offsets = self.row_offsets(ids)
-        started = time.perf_counter()
-        try:
-            stats = self.rows.read_rows(offsets, out, positions)
-        except OSError as err:  # RowReader's message names the byte; the stream's error should too, on one line
-            raise UserError(f"{self.rows.path}: {err.strerror}; check the disk (dmesg) and run 'megabatch verify'"
-                            ) from err
-        except ValueError as err:
-            # the offsets come from the manifest's partitions: one past the end means the file shrank
-            raise UserError(f"{err} (the file shrank after the daemon started?); run 'megabatch verify'") from err
-        finally:
-            # part of the publisher's (or an evaluation's) time: what the batch waits on the disk for
-            self._metrics.stage_busy.labels("rows").inc(time.perf_counter() - started)
-        if stats.rows:  # an empty request reads nothing and is not a request
-            self._metrics.read_meter("features", purpose).record(stats.seconds, stats.bytes, stats.reads)
+        read_rows_counted(self.rows, self.row_offsets(ids), out, positions, self._metrics, "features", purpose)
 
     def close(self) -> None:
         self.sampler.close()
