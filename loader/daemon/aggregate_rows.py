@@ -4,11 +4,13 @@ With ``[sampler] aggregation_cache`` a batch samples one hop fewer and carries, 
 dataset's ``aggregates-KIND.bin`` (``megabatch aggregate``; docs/FORMAT.md, "Aggregation cache"). The file has
 features.bin's layout, so a row sits at the byte offset the node's feature row has there.
 
-Every mode reads these rows the same way, by checked preads of exactly the batch's rows (``RowReader``), after
-the batch's ids are written: what a mode keeps in RAM (a mega-batch, a Belady cache, a staged superbatch) holds
-feature rows, and a node's aggregate is needed only where it sits in hops 0 to L-1, which is where the cache's
-saving comes from (BatchGNN, Appendix C). The reads are counted under their own file in the read metrics
-(``file="aggregates"``), so the bytes a batch costs with the cache are measured, not inferred.
+The full-graph modes read these rows by checked preads of exactly the batch's rows (``AggregateRows``), after the
+batch's ids are written: what they keep in RAM (a Belady cache, a staged superbatch) holds feature rows, and a
+node's aggregate is needed only where it sits in hops 0 to L-1, which is where the cache's saving comes from
+(BatchGNN, Appendix C). The hierarchical mode holds its mega-batch's and its static nodes' rows in its arena
+(read with the partitions, and through ``AggregateRows`` once at startup), and its evaluation reads by id as the
+others do. The reads are counted under their own file in the read metrics (``file="aggregates"``), so the bytes a
+batch costs with the cache are measured, not inferred.
 """
 
 import logging
@@ -18,7 +20,6 @@ import numpy as np
 
 from loader.caches.row_reader import DEFAULT_MAX_SPAN, RowReader
 from loader.daemon.config import IOConfig
-from loader.daemon.gather_kernels import gather_rows
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.row_reads import read_rows_counted
 from loader.format.aggregates import AggregationCache, aggregation_bytes, dataset_cache
@@ -28,7 +29,7 @@ from loader.format.read_checks import block_table
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["AggregateRows", "AggregateFill", "HeldAggregates", "AggregationEstimate", "READ_THREADS", "METRIC_FILE",
+__all__ = ["AggregateRows", "AggregateFill", "AggregationEstimate", "READ_THREADS", "METRIC_FILE",
            "require_cache"]
 
 log = logging.getLogger("megabatch.aggregates")
@@ -104,30 +105,6 @@ class AggregateFill:
 
     def fill(self, ids: np.ndarray, out: np.ndarray, positions: np.ndarray | None = None) -> None:
         self.rows.fill(ids, out, self.purpose, positions)
-
-
-class HeldAggregates:
-    """x_agg rows a mode holds in RAM for a pass's nodes: the hierarchical mode's arena holds its mega-batch
-    partitions' rows (read with their features, one sequential range each); a node it lacks (a static node from
-    outside the mega-batch) is read by dataset id."""
-
-    def __init__(self, data: np.ndarray, row_bytes: int, offsets: np.ndarray) -> None:
-        self.data = data
-        """uint8 1-D: the arena."""
-        self.row_bytes = row_bytes
-        self.offsets = offsets
-        """int64 per local id: the byte offset of its row in ``data``, -1 where it is not held."""
-
-    def fill(self, nodes: np.ndarray, ids: np.ndarray, out: np.ndarray, by_id: AggregateFill) -> None:
-        """The rows of local ids ``nodes`` (dataset ids ``ids``) into ``out``, (len(nodes), D)."""
-        offsets = self.offsets[nodes]
-        missing = np.flatnonzero(offsets < 0)
-        # a missing row gathers the arena's first bytes as a stand-in, which its read by id then overwrites
-        offsets[missing] = 0
-        gather_rows(self.data, offsets, self.row_bytes, np.arange(len(nodes), dtype=np.int64),
-                    out.reshape(-1).view(np.uint8))
-        if len(missing):
-            by_id.fill(ids[missing], out, missing.astype(np.int64))
 
 
 HELD_WHERE = ("held with their mega-batch's features (read with each partition; a mega-batch takes twice the bytes, "

@@ -76,15 +76,16 @@ class SlotFlow:
         self._changed.set()
 
 
-def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, source: SlotSource, *,
+def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, b: int, num_hops: int, source: SlotSource, *,
               ids: np.ndarray | None = None, shipped_rows: int | None = None, num_updates: int = 0,
               aggregates: AggregateFill | None = None, micro_batches: int = 0) -> OpenBatch:
-    """Lay ``batch`` out in ``slot`` and write all of it but its rows (``x``) and a client cache's arrays: ``n_id``
-    (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop counts, the source's class
-    weights where it has them, with ``aggregates`` each node's aggregation cache row (``x_agg``, read by dataset
-    id) and with ``micro_batches`` above 1 its seeds' REG + METIS groups (``seed_group``). The caller fills the rest
-    and commits. ``shipped_rows``, ``num_updates``: a batch for a client with a feature cache
-    (``BatchShape``). Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
+    """Lay ``batch`` (batch ``b`` of its pass) out in ``slot`` and write all of it but its rows (``x``) and a client
+    cache's arrays: ``n_id`` (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop
+    counts, the source's class weights where it has them, with ``aggregates`` each node's aggregation cache row
+    (``x_agg``: from the source where it holds them, else read by dataset id) and with ``micro_batches`` above 1
+    its seeds' REG + METIS groups (``seed_group``). The caller fills the rest and commits. ``shipped_rows``,
+    ``num_updates``: a batch for a client with a feature cache (``BatchShape``). Raises ``SlotOverflow`` when the
+    batch does not fit (the caller reports it to the client).
 
     What every batch carries is written here once, for ``fill_slot`` and ``TrainerCache.fill_slot`` alike.
     """
@@ -104,7 +105,7 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, num_hops: int, sou
     if aggregates is not None:
         assert arrays.x_agg is not None
         if source.aggregates is not None:
-            source.aggregates.fill(nodes, arrays.n_id, arrays.x_agg, aggregates)
+            source.aggregates.fill(b, nodes, arrays.x_agg)
         else:
             aggregates.fill(arrays.n_id, arrays.x_agg)
     if source.class_weight is not None:
@@ -123,7 +124,8 @@ def fill_slot(ring: SlotRing, slot: int, batch_id: BatchId, sampled: SampledBatc
     Raises ``SlotOverflow`` when the batch does not fit (the caller reports it to the client).
     """
     batch = sampled.batch(b)
-    out = open_slot(ring, slot, batch, sampled.num_hops, source, aggregates=aggregates, micro_batches=micro_batches)
+    out = open_slot(ring, slot, batch, b, sampled.num_hops, source, aggregates=aggregates,
+                    micro_batches=micro_batches)
     source.rows.fill(b, batch.nodes, out.arrays.x)
     return out.commit(batch_id)
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.daemon.aggregate_rows import HeldAggregates
 from loader.daemon.gather_kernels import gather_rows
 from loader.format.partition_table import row_offsets_for
 
@@ -93,8 +92,9 @@ class SlotSource:
     class_weight: np.ndarray | None = None
     """float32 (C,) per class, written into every batch as ``class_weight`` (``[hierarchy] label_prior_loss``);
     None: batches carry none."""
-    aggregates: HeldAggregates | None = None
-    """The pass's x_agg rows the mode holds (by local id), where batches carry x_agg; None: read by dataset id."""
+    aggregates: RowSource | None = None
+    """The pass's x_agg rows where the mode holds them (the hierarchical arena), for batches that carry x_agg;
+    None: read by dataset id (``aggregate_rows.AggregateRows``)."""
 
     def global_ids(self, nodes: np.ndarray) -> np.ndarray:
         return np.asarray(nodes, dtype=np.int64) if self.id_of is None else self.id_of[nodes]

@@ -107,7 +107,7 @@ class TrainerCache:
         miss = np.flatnonzero(hits < 0)
         change = plan.changeset(b)
         # n_id: the dataset ids the plan was made for
-        out = open_slot(ring, slot, batch, sampled.num_hops, source, ids=plan.ids(b), shipped_rows=len(miss),
+        out = open_slot(ring, slot, batch, b, sampled.num_hops, source, ids=plan.ids(b), shipped_rows=len(miss),
                         num_updates=len(change.slots), aggregates=aggregates, micro_batches=micro_batches)
         arrays = out.arrays
         x = arrays.x

@@ -42,8 +42,8 @@ class MegaBatch:
     bytes_read: int
     load_seconds: float
     aggregate_offsets: np.ndarray | None = None
-    """int64 (M,): arena byte offset of each local node's aggregate row (x_agg), -1 for a static node that joined
-    from outside the mega-batch (its row is read from disk); None without the aggregation cache in the arena."""
+    """int64 (M,): arena byte offset of each local node's aggregate row (x_agg; a static node from outside the
+    mega-batch has its row in the static region); None without the aggregation cache in the arena."""
 
     @property
     def num_nodes(self) -> int:
@@ -106,10 +106,11 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
 
     aggregate_offsets = None
     if loaded.aggregate_base is not None:
-        aggregate_offsets = np.full(len(global_ids), -1, dtype=np.int64)
+        if arena.static_aggregate_offsets is None:
+            raise RuntimeError("the partitions' aggregates were read but the arena holds no static ones")
+        aggregate_offsets = np.empty(len(global_ids), dtype=np.int64)
         aggregate_offsets[:n_mb] = np.repeat(loaded.aggregate_base, counts) + within_part * arena.row_bytes
-        if arena.static_aggregate_offsets is not None:
-            aggregate_offsets[n_mb:] = arena.static_aggregate_offsets[extra]
+        aggregate_offsets[n_mb:] = arena.static_aggregate_offsets[extra]
 
     labels = resident.labels[global_ids]
     train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)

@@ -8,13 +8,11 @@ over the whole graph (they must see every neighbour) through checked preads of `
 a memory map would serve a flipped byte unchecked and kill the daemon when the file shrinks.
 """
 
-import functools
 import logging
 from dataclasses import replace
 
 import numpy as np
 
-from loader.daemon.aggregate_rows import AggregateRows
 from loader.daemon.config import LoaderConfig
 from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess
@@ -22,7 +20,7 @@ from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.coverage import QualityKnobs, expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
-from loader.daemon.hierarchical.reader import AggregateFile, PartitionReader
+from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.read_metrics import STARTUP
@@ -73,7 +71,7 @@ class HierarchicalMode(TrainingMode):
         parts, train = resident.partitions, resident.split_ids["train"]
         held = serving.aggregates
         # the static nodes' aggregate rows are read once, by id, beside their features
-        fill = None if held is None else functools.partial(_read_static_aggregates, held)
+        fill = None if held is None else held.for_purpose(STARTUP).fill
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value), fill)
         # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
         static_rows = resident.static.num_nodes
@@ -81,10 +79,9 @@ class HierarchicalMode(TrainingMode):
         try:
             # the block tables are the evaluation reader's: training reads whole partitions, checked per partition
             checks = load_read_checks(dataset, blocks=True) if cfg.io.check_reads else None
-            aggregates = None if held is None else AggregateFile(held.path, held.block_sums, held.check_block)
             reader = PartitionReader(dataset, arena, parts, serving.metrics, direct_io=cfg.io.direct_io,
                                      threads=cfg.io.read_threads, read_block=cfg.io.read_block, checks=checks,
-                                     aggregates=aggregates)
+                                     aggregates=held)
         except BaseException:
             arena.close()
             raise
@@ -121,10 +118,6 @@ class HierarchicalMode(TrainingMode):
         self.eval_graph.close()
         self.context.reader.close()
         self.context.arena.close()
-
-
-def _read_static_aggregates(rows: AggregateRows, ids: np.ndarray, out: np.ndarray) -> None:
-    rows.fill(ids, out, STARTUP)
 
 
 def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:

@@ -20,7 +20,6 @@ from typing import TypeVar
 
 import numpy as np
 
-from loader.daemon.aggregate_rows import HeldAggregates
 from loader.daemon.config import LoaderConfig
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
 from loader.daemon.hierarchical.assemble import MegaBatch, assemble
@@ -145,7 +144,7 @@ def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
     arena = ctx.arena
     static = ctx.resident.static.features
     weight = ctx.label_mix.class_weight(mb.scheduled.partitions) if ctx.config.hierarchy.label_prior_loss else None
-    held = None if mb.aggregate_offsets is None else HeldAggregates(arena.data, arena.row_bytes, mb.aggregate_offsets)
+    held = None if mb.aggregate_offsets is None else OffsetRows(arena.data, arena.row_bytes, mb.aggregate_offsets)
     return SlotSource(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), mb.labels, mb.graph.global_ids,
                       int(static.shape[1]), static.dtype, class_weight=weight, aggregates=held)
 

@@ -19,11 +19,11 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from loader.daemon.aggregate_rows import AggregateRows
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
 from loader.daemon.hierarchical.schedule import ScheduledMegaBatch
 from loader.daemon.metrics import DaemonMetrics
@@ -35,7 +35,7 @@ from loader.format.partition_table import PartitionTable
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, ReadChecks, verify_blocks, verify_partition_range
 from proto.errors import UserError
 
-__all__ = ["AggregateFile", "LoadedMegaBatch", "MegaBatchReads", "PartitionReader", "ReadRequest",
+__all__ = ["LoadedMegaBatch", "MegaBatchReads", "PartitionReader", "ReadRequest",
            "AGGREGATES"]
 
 AGGREGATES = "aggregates"
@@ -63,16 +63,6 @@ class RangeCheck:
     column: int
     data: memoryview
     file_offset: int
-
-
-@dataclass(frozen=True)
-class AggregateFile:
-    """The aggregation cache's file, read partition by partition beside features.bin (same layout), and its block
-    checksums (None: unchecked)."""
-
-    path: Path
-    block_sums: np.ndarray | None
-    check_block: int
 
 
 @dataclass(frozen=True)
@@ -121,7 +111,7 @@ class PartitionReader:
 
     def __init__(self, dataset: Dataset, arena: FeatureArena, partitions: PartitionTable, metrics: DaemonMetrics, *,
                  direct_io: bool, threads: int, read_block: int, checks: ReadChecks | None = None,
-                 aggregates: AggregateFile | None = None) -> None:
+                 aggregates: AggregateRows | None = None) -> None:
         self._arena = arena
         self._checks = checks
         self._aggregates = aggregates
