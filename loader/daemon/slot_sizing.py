@@ -25,6 +25,7 @@ from loader.daemon.mapped_graph import MappedGraph, map_graph
 from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
 from loader.sampling.inmemory import STREAM_TEST, STREAM_VAL, EpochBatches, epoch_batches_inmemory, eval_split_batches
+from loader.sampling.pilot import mean_nodes_per_hop
 from loader.sampling.sampling import sample_pass
 from proto.batch_arrays import BatchShape
 from proto.errors import UserError
@@ -130,23 +131,17 @@ def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: Sampler
                                                                sampler.seed, stream),
                                       sampler.eval_batch_size, sampler.sampled_eval_fanouts, m.num_nodes, m.num_edges)
                                for split, stream in (("val", STREAM_VAL), ("test", STREAM_TEST))))
-        hops = _mean_nodes_per_hop(data, resident, sampler) if full_hops else None
+        hops = None
+        if full_hops:
+            mean = mean_nodes_per_hop(data.graph, resident.split_ids["train"], PILOT_BATCHES, sampler.batch_size,
+                                      sampler.fanouts, sampler.seed)
+            hops = None if mean is None else tuple(mean)
     except ValueError as err:
         # the sampler validates every neighbour id it reads: one out of range is a damaged indices.npy
         raise UserError(f"{dataset.file('indices')}: {err}; the file is damaged: run 'megabatch verify'") from None
     finally:
         data.close()
     return PilotSizes(train, evaluation, hops)
-
-
-def _mean_nodes_per_hop(data: MappedGraph, resident: ResidentData, sampler: SamplerConfig) -> tuple[float, ...] | None:
-    plan = epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0)
-    count = min(PILOT_BATCHES, len(plan.keys))
-    if count == 0:
-        return None
-    sampled = sample_pass(data.graph, plan.seeds[:count * sampler.batch_size], sampler.batch_size, sampler.fanouts,
-                          plan.keys[:count])
-    return tuple(float(v) for v in sampled.num_sampled_nodes.mean(axis=0))
 
 
 def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerConfig, *, class_weights: bool = False
