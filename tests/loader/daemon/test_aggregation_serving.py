@@ -2,7 +2,6 @@
 the dataset's aggregation cache; the exact family's batches are still the in-memory reference's."""
 
 import shutil
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -16,9 +15,9 @@ from loader.sampling.inmemory import epoch_batches_inmemory, eval_split_batches,
 from loader.sampling.sampling import sample_pass
 from proto.client import ControlClient
 from proto.errors import RemoteError, UserError
-from proto.messages import BatchReady, Credit, EvalEnd, EvalRequest, Release
-from tests.daemon_harness import daemon_config, running_daemon
-from tests.loader.daemon.fullgraph.test_fullgraph_modes import BATCH_SIZE, FANOUTS, consume_epoch
+from proto.messages import EvalEnd, EvalRequest
+from tests.daemon_harness import consume, daemon_config, running_daemon
+from tests.loader.daemon.fullgraph.test_fullgraph_modes import BATCH_SIZE, FANOUTS, consume_epoch, credited_client
 
 MODES = ["inmemory", "mmap", "exact", "static", "staged", "hybrid", "hierarchical"]
 
@@ -43,34 +42,17 @@ def aggregated_config(path, socket, mode, **tables):
                          fullgraph={"superbatch": 4, **staging}, **tables)
 
 
-@contextmanager
-def aggregating_client(config, *, aggregation=True):
-    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30, aggregation=aggregation)
-    try:
-        client.send(Credit(count=client.welcome.slots.count))
-        yield client
-    finally:
-        client.close()
-
-
 def consume_eval(client, split):
-    client.send(EvalRequest(split=split))
-    batches = []
-    while True:
-        msg = client.recv(timeout=60)
-        if isinstance(msg, EvalEnd):
-            assert msg.batches == len(batches)
-            return batches
-        assert isinstance(msg, BatchReady)
-        batches.append({k: np.array(v) for k, v in client.read_batch(msg).arrays.items()})
-        client.send(Release(slot=msg.slot, seq=msg.seq))
+    """An evaluation stream's batches, each as its arrays by name."""
+    batches, _ = consume(client, EvalRequest(split=split), EvalEnd)
+    return [arrays for _, arrays in batches]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_serves_one_hop_fewer_and_each_nodes_aggregate(aggregated_3k, reference_3k, tmp_path, mode):
     path, aggregates = aggregated_3k
     config = aggregated_config(path, tmp_path / "s.sock", mode)
-    with running_daemon(config) as daemon, aggregating_client(config) as client:
+    with running_daemon(config) as daemon, credited_client(config, aggregation=True) as client:
         info = client.welcome.dataset
         assert (info.aggregation, info.eval_aggregation, info.num_hops, info.fanouts) == ("mean", True, 2,
                                                                                           list(FANOUTS))
@@ -95,7 +77,7 @@ def test_every_mode_serves_one_hop_fewer_and_each_nodes_aggregate(aggregated_3k,
 def test_evaluation_samples_every_hop_where_eval_aggregation_is_off(aggregated_3k, reference_3k, tmp_path):
     path, _ = aggregated_3k
     config = aggregated_config(path, tmp_path / "s.sock", "exact", sampler={"eval_aggregation": False})
-    with running_daemon(config), aggregating_client(config) as client:
+    with running_daemon(config), credited_client(config, aggregation=True) as client:
         assert client.welcome.dataset.eval_aggregation is False
         evaluation = consume_eval(client, "val")
         train = consume_epoch(client, 0)
@@ -111,15 +93,9 @@ def test_evaluation_samples_every_hop_where_eval_aggregation_is_off(aggregated_3
 def test_the_trainer_cache_plan_and_x_agg_travel_together(aggregated_3k, reference_3k, tmp_path):
     path, aggregates = aggregated_3k
     config = aggregated_config(path, tmp_path / "s.sock", "exact")
-    with running_daemon(config):
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30, aggregation=True,
-                                       feature_cache_bytes=64 << 10)
-        try:
-            assert client.welcome.feature_cache_rows > 0
-            client.send(Credit(count=client.welcome.slots.count))
-            batches = consume_epoch(client, 0)
-        finally:
-            client.close()
+    with running_daemon(config), credited_client(config, aggregation=True, feature_cache_bytes=64 << 10) as client:
+        assert client.welcome.feature_cache_rows > 0
+        batches = consume_epoch(client, 0)
     assert any(len(arrays["x"]) < len(arrays["n_id"]) for arrays in batches)  # the cache holds some rows
     for arrays in batches:
         assert "hit_slot" in arrays
@@ -159,11 +135,12 @@ def test_a_corrupt_aggregate_row_fails_the_stream_not_the_daemon(aggregated_3k, 
     cache_file.write_bytes(bytes(data))
     config = aggregated_config(damaged, tmp_path / "s.sock", mode, hierarchy={"megabatch_fraction": 1.0})
     with running_daemon(config):
-        with aggregating_client(config) as client, pytest.raises(RemoteError, match="data_corrupt.*aggregates-mean"):
+        with credited_client(config, aggregation=True) as client, \
+                pytest.raises(RemoteError, match="data_corrupt.*aggregates-mean"):
             consume_epoch(client, 0)
             consume_eval(client, "val")
             consume_eval(client, "test")
-        with aggregating_client(config) as client:  # the daemon serves on
+        with credited_client(config, aggregation=True) as client:  # the daemon serves on
             assert client.welcome.dataset.aggregation == "mean"
 
 
@@ -190,7 +167,7 @@ def test_status_reports_the_cost_model_and_what_a_batch_served(aggregated_3k, tm
 
     path, _ = aggregated_3k
     config = aggregated_config(path, tmp_path / "s.sock", "exact", sampler={"aggregation_cache": enabled})
-    with running_daemon(config) as daemon, aggregating_client(config) as client:
+    with running_daemon(config) as daemon, credited_client(config, aggregation=True) as client:
         batches = consume_epoch(client, 0)
         samples = registry_samples(daemon.metrics.registry)
     fields = status_fields(samples, now=0.0)["aggregation"]
@@ -231,7 +208,7 @@ def test_the_hierarchical_arena_holds_its_partitions_aggregates(aggregated_3k, t
     monkeypatch.setattr(AggregateRows, "fill", counted)
     config = aggregated_config(path, tmp_path / "s.sock", "hierarchical",
                                hierarchy={"static_cache": static_cache, "megabatch_fraction": 0.25})
-    with running_daemon(config) as daemon, aggregating_client(config) as client:
+    with running_daemon(config) as daemon, credited_client(config, aggregation=True) as client:
         plan = daemon.mode.budget_plan
         static_nodes = daemon.mode.context.resident.static.num_nodes
         batches = consume_epoch(client, 0)

@@ -3,11 +3,9 @@ micro-batches (Betty's REG + METIS, off the trainer's training path)."""
 
 import numpy as np
 
-from proto.client import ControlClient
-from proto.messages import Credit
 from tests.daemon_harness import daemon_config, running_daemon
-from tests.loader.daemon.fullgraph.test_fullgraph_modes import BATCH_SIZE, FANOUTS, consume_epoch
-from tests.loader.daemon.test_aggregation_serving import aggregating_client, consume_eval
+from tests.loader.daemon.fullgraph.test_fullgraph_modes import BATCH_SIZE, FANOUTS, consume_epoch, credited_client
+from tests.loader.daemon.test_aggregation_serving import consume_eval
 
 
 def test_a_client_cutting_micro_batches_gets_its_training_seeds_grouped(dataset_3k, tmp_path):
@@ -18,14 +16,10 @@ def test_a_client_cutting_micro_batches_gets_its_training_seeds_grouped(dataset_
     config = daemon_config(dataset_3k, tmp_path / "s.sock", loader={"mode": "exact"}, memory={"budget": "512M"},
                            sampler={"batch_size": BATCH_SIZE, "fanouts": list(FANOUTS)})
     with running_daemon(config):
-        client = ControlClient.connect(str(config.server.socket), client="test", timeout=30, micro_batches=4)
-        try:
-            client.send(Credit(count=client.welcome.slots.count))
+        with credited_client(config, micro_batches=4) as client:
             batches = consume_epoch(client, 0)
             evaluation = consume_eval(client, "val")
-        finally:
-            client.close()
-        with aggregating_client(config) as plain:
+        with credited_client(config) as plain:
             assert all("seed_group" not in arrays for arrays in consume_epoch(plain, 0))
     assert all("seed_group" not in arrays for arrays in evaluation)
     for arrays in batches:

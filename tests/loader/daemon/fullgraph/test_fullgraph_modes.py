@@ -23,9 +23,10 @@ def reference_epoch(ref, epoch):
 
 
 @contextmanager
-def credited_client(config):
-    """A client of the running daemon of ``config`` that has credited all its slots."""
-    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+def credited_client(config, **hello):
+    """A client of the running daemon of ``config`` that has credited all its slots (``hello``: ``connect``'s
+    optional Hello fields, e.g. ``aggregation=True``)."""
+    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30, **hello)
     try:
         client.send(Credit(count=client.welcome.slots.count))
         yield client
