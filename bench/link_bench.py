@@ -1,10 +1,13 @@
-"""Link prediction in MariusGNN's partition buffer orders vs a shuffled epoch, in memory (issue 31).
+"""Link prediction in MariusGNN's partition buffer orders vs a shuffled epoch, in memory, and through the daemon
+(issue 31).
 
-Before any daemon mode serves link prediction out of core, this measures what the order alone costs:
-``--link-order comet`` and ``beta`` train each edge bucket while its two partitions are in a buffer of
-C of the P partitions, with negatives and neighbours from the buffer only (trainer/link/inmemory.py),
-against ``shuffled``, every training edge in one random order over the whole graph. Evaluation is the
-same for all three (the full graph, each held-out positive ranked among its fixed negative tails).
+This measures what a partition buffer order alone costs, in memory: ``--link-order comet`` and ``beta``
+train each edge bucket while its two partitions are in a buffer of C of the P partitions, with negatives and
+neighbours from the buffer only (trainer/link/inmemory.py), against ``shuffled``, every training edge in one
+random order over the whole graph. ``daemon`` trains the shuffled order's batches as a user does out of
+core: ``megabatch serve`` in mode exact serves them (bitwise shuffled's) and the trainer reads them through its
+socket. Evaluation is the same for all (the full graph, each held-out positive ranked among its fixed negative
+tails).
 
 Every shared graph (../shared/data, default cora-planetoid, citeseer-planetoid, amazon-photo) is
 imported once per ``--work`` directory with ``import --task link`` (0.85/0.05/0.10 split by pair,
@@ -35,6 +38,7 @@ importing and preparing, and --reuse to resume):
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -50,7 +54,7 @@ from pathlib import Path
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
-from bench.harness import RESULTS, ROOT, machine_description, sh
+from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
 
 __all__ = ["DATASETS", "ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem", "train_command", "read_run",
            "summarize", "dataset_markdown", "main"]
@@ -58,7 +62,10 @@ __all__ = ["DATASETS", "ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_s
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
-ORDERS = ("shuffled", "comet", "beta")
+ORDERS = ("shuffled", "comet", "beta", "daemon")
+"""``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the
+trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise)."""
+DAEMON_BUDGET = "256M"
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
@@ -138,19 +145,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     """A run's file names: they name what the run depends on, so --reuse never takes another setting's run."""
-    buffer = "" if order == "shuffled" else f"-c{args.buffer_partitions}"
+    buffer = "" if order in ("shuffled", "daemon") else f"-c{args.buffer_partitions}"
     if order == "comet" and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
     return f"{name}-p{args.partitions}-{order}{buffer}-b{args.batch_size}-seed{seed}"
 
 
-def train_command(dataset: Path, order: str, seed: int, out: Path, args: argparse.Namespace) -> list[str]:
-    command = [PY, "-m", "trainer", "--mode", "inmemory", "--dataset", str(dataset), "--task", "link", "--model",
-               "sage", "--hidden", "128", "--decoder", "mlp", "--batch-size", str(args.batch_size), "--fanouts",
-               args.fanouts, "--sampler-seed", str(seed), "--seed", str(seed), "--epochs", str(args.max_epochs),
-               "--patience", str(args.patience), "--device", args.device, "--json-out", str(out), "--no-progress",
-               "-q"]
-    if order != "shuffled":
+def daemon_config(dataset: Path, socket: Path, seed: int, args: argparse.Namespace) -> str:
+    """The ``daemon`` order's ``megabatch serve`` config: mode exact, the bench's sampler settings."""
+    fanouts = ", ".join(args.fanouts.split(","))
+    return (f'[dataset]\npath = "{dataset}"\n[loader]\nmode = "exact"\n[memory]\nbudget = "{DAEMON_BUDGET}"\n'
+            f"[sampler]\nbatch_size = {args.batch_size}\nfanouts = [{fanouts}]\neval_fanouts = [{fanouts}]\n"
+            f'seed = {seed}\n[server]\nsocket = "{socket}"\n[metrics]\nport = 0\n')
+
+
+def train_command(dataset: Path, order: str, seed: int, out: Path, args: argparse.Namespace,
+                  socket: Path | None = None) -> list[str]:
+    """The trainer's command line (``socket``: the ``daemon`` order's daemon, whose config sets the sampler)."""
+    source = ["--socket", str(socket), "--connect-timeout", "600"] if order == "daemon" else [
+        "--mode", "inmemory", "--dataset", str(dataset), "--batch-size", str(args.batch_size), "--fanouts",
+        args.fanouts, "--sampler-seed", str(seed)]
+    command = [PY, "-m", "trainer", *source, "--task", "link", "--model", "sage", "--hidden", "128", "--decoder",
+               "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
+               "--device", args.device, "--json-out", str(out), "--no-progress", "-q"]
+    if order in ("comet", "beta"):
         command += ["--link-order", order, "--buffer-partitions", str(args.buffer_partitions)]
         if order == "comet" and args.logical_partitions is not None:
             command += ["--logical-partitions", str(args.logical_partitions)]
@@ -263,8 +281,15 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
     out, log = dirs["runs"] / f"{stem}.json", dirs["logs"] / f"{stem}.log"
     if not (args.reuse and out.exists()):  # the json is written atomically when a run ends: a finished run
         out.unlink(missing_ok=True)
-        command = train_command(dataset, order, seed, out, args)
-        with log.open("w") as sink:
+        socket = dirs["work"] / f"{stem}.sock"
+        command = train_command(dataset, order, seed, out, args, socket)
+        with log.open("w") as sink, contextlib.ExitStack() as served:
+            if order == "daemon":
+                config = dirs["work"] / f"{stem}.toml"
+                config.write_text(daemon_config(dataset, socket, seed, args))
+                daemon = subprocess.Popen([PY, "-m", "loader.cli", "serve", "--config", str(config)], stdout=sink,
+                                          stderr=subprocess.STDOUT)
+                served.callback(stop_process, daemon, 30)
             sink.write("$ " + " ".join(command) + "\n")
             sink.flush()
             code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode

@@ -43,6 +43,13 @@ class BatchShape:
     """The batch carries ``class_weight`` (float32, one per class) where > 0."""
     seed_groups: bool = False
     """The batch carries ``seed_group`` (int32, one per seed): its seeds' micro-batch groups."""
+    pairs: str = ""
+    """A link-prediction batch's supervision pairs: "train" (``edge_label_index`` and ``edge_label``: pairs among
+    the seeds), "eval" (``pair_index`` and ``pair_tails``: held-out pairs of the split's nodes); "" none."""
+    num_pairs: int = 0
+    """Pairs the batch carries (with ``pairs``)."""
+    num_tails: int = 0
+    """Negative tails per evaluation pair (``pairs = "eval"``)."""
 
     def specs(self) -> list[ArraySpec]:
         rows = self.num_nodes if self.shipped_rows is None else self.shipped_rows
@@ -58,6 +65,14 @@ class BatchShape:
             specs.append(ArraySpec("class_weight", _FLOAT32, (self.num_classes,)))
         if self.seed_groups:
             specs.append(ArraySpec("seed_group", _INT32, (self.num_seeds,)))
+        if self.pairs == "train":
+            specs += [ArraySpec("edge_label_index", _INT64, (2, self.num_pairs)),
+                      ArraySpec("edge_label", _FLOAT32, (self.num_pairs,))]
+        elif self.pairs == "eval":
+            specs += [ArraySpec("pair_index", _INT64, (2, self.num_pairs)),
+                      ArraySpec("pair_tails", _INT64, (self.num_pairs, self.num_tails))]
+        elif self.pairs:
+            raise ValueError(f"pairs: {self.pairs!r}, expected 'train', 'eval' or ''")
         if self.shipped_rows is not None:
             specs += [ArraySpec("hit_slot", _INT32, (self.num_nodes,)),
                       ArraySpec("upd_slot", _INT32, (self.num_updates,)),
@@ -98,6 +113,16 @@ class BatchArrays:
     """float32 (C,): the weight of each class in the batch's loss (``[hierarchy] label_prior_loss``); None: 1."""
     seed_group: np.ndarray | None = None
     """int32 (seeds,): each seed's micro-batch group, 0..K-1 (``Hello.micro_batches`` = K); None: not grouped."""
+    edge_label_index: np.ndarray | None = None
+    """int64 (2, S): a link-prediction training batch's supervision pairs as positions among its seeds, positives
+    first (PyG's ``LinkNeighborLoader``); None: a node batch."""
+    edge_label: np.ndarray | None = None
+    """float32 (S,): 1 for each positive pair of ``edge_label_index``, 0 for each negative."""
+    pair_index: np.ndarray | None = None
+    """int64 (2, S): a link-prediction evaluation batch's share of its split's held-out positives, as positions
+    into the split's nodes (the seeds of its evaluation batches, concatenated in stream order)."""
+    pair_tails: np.ndarray | None = None
+    """int64 (S, K): each of those positives' fixed negative tails, positions as ``pair_index``'s."""
 
     @property
     def has_cache_plan(self) -> bool:
@@ -109,7 +134,9 @@ class BatchArrays:
         return cls(x=views["x"], n_id=views["n_id"], y=views["y"], edge_index=views["edge_index"],
                    nodes_per_hop=views["nodes_per_hop"], edges_per_hop=views["edges_per_hop"],
                    hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"),
-                   x_agg=views.get("x_agg"), class_weight=views.get("class_weight"), seed_group=views.get("seed_group"))
+                   x_agg=views.get("x_agg"), class_weight=views.get("class_weight"), seed_group=views.get("seed_group"),
+                   edge_label_index=views.get("edge_label_index"), edge_label=views.get("edge_label"),
+                   pair_index=views.get("pair_index"), pair_tails=views.get("pair_tails"))
 
     @classmethod
     def read(cls, views: Mapping[str, np.ndarray], feature_cache_rows: int) -> "BatchArrays":
@@ -156,12 +183,37 @@ class BatchArrays:
         group = arrays.seed_group
         if group is not None and (group.shape != (seeds,) or group.dtype != _INT32 or (group.size and group.min() < 0)):
             raise SlotError(f"seed_group: expected non-negative int32 ({seeds},), got {group.dtype} {group.shape}")
+        arrays._check_pairs(seeds)
         if arrays.hit_slot is None:
             if arrays.x.shape[0] != n:
                 raise SlotError(f"x has {arrays.x.shape[0]} rows for {n} nodes")
             return arrays
         arrays._check_cache_plan(feature_cache_rows)
         return arrays
+
+    def _check_pairs(self, seeds: int) -> None:
+        """Refuse link-prediction pairs that would index outside the seeds (training) or be negative (evaluation)."""
+        index, label = self.edge_label_index, self.edge_label
+        if (index is None) != (label is None):
+            raise SlotError("a link-prediction training batch needs both edge_label_index and edge_label")
+        if index is not None and label is not None:
+            if index.dtype != _INT64 or index.ndim != 2 or index.shape[0] != 2:
+                raise SlotError(f"edge_label_index: expected int64 (2, pairs), got {index.dtype} {index.shape}")
+            if label.dtype != _FLOAT32 or label.shape != (index.shape[1],):
+                raise SlotError(f"edge_label: expected float32 ({index.shape[1]},), got {label.dtype} {label.shape}")
+            if index.size and (index.min() < 0 or index.max() >= seeds):
+                raise SlotError(f"edge_label_index holds a position outside the {seeds} seeds")
+        pairs, tails = self.pair_index, self.pair_tails
+        if (pairs is None) != (tails is None):
+            raise SlotError("a link-prediction evaluation batch needs both pair_index and pair_tails")
+        if pairs is not None and tails is not None:
+            if pairs.dtype != _INT64 or pairs.ndim != 2 or pairs.shape[0] != 2:
+                raise SlotError(f"pair_index: expected int64 (2, pairs), got {pairs.dtype} {pairs.shape}")
+            if tails.dtype != _INT64 or tails.ndim != 2 or tails.shape[0] != pairs.shape[1]:
+                raise SlotError(f"pair_tails: expected int64 ({pairs.shape[1]}, tails), got {tails.dtype} "
+                                f"{tails.shape}")
+            if (pairs.size and pairs.min() < 0) or (tails.size and tails.min() < 0):
+                raise SlotError("pair_index or pair_tails holds a negative position")
 
     def _check_cache_plan(self, rows: int) -> None:
         """Refuse a cache plan that would index out of range or leave a row unwritten."""

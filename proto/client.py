@@ -88,7 +88,7 @@ class ControlClient:
     @classmethod
     def connect(cls, path: str, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
                 feature_cache_bytes: int = 0, job: JobMember | None = None, queue: bool = False,
-                aggregation: bool = False, micro_batches: int = 0) -> "ControlClient":
+                aggregation: bool = False, micro_batches: int = 0, task: str = "node") -> "ControlClient":
         """Connect to the daemon's Unix socket at ``path`` and handshake (see ``handshake``).
 
         ``timeout`` (default ``DEFAULT_TIMEOUT``; None waits forever) bounds the connection and the
@@ -102,12 +102,12 @@ class ControlClient:
             sock.close()
             raise _connect_error(path, err) from None
         return cls.handshake(sock, client=client, timeout=timeout, feature_cache_bytes=feature_cache_bytes, job=job,
-                             queue=queue, aggregation=aggregation, micro_batches=micro_batches)
+                             queue=queue, aggregation=aggregation, micro_batches=micro_batches, task=task)
 
     @classmethod
     def handshake(cls, sock: socket.socket, *, client: str, timeout: float | None = DEFAULT_TIMEOUT,
                   feature_cache_bytes: int = 0, job: JobMember | None = None, queue: bool = False,
-                  aggregation: bool = False, micro_batches: int = 0) -> "ControlClient":
+                  aggregation: bool = False, micro_batches: int = 0, task: str = "node") -> "ControlClient":
         """Run the handshake on the connected stream socket ``sock``, which the client then owns.
 
         Sends ``Hello(PROTOCOL_VERSION, client, pid, feature_cache_bytes)`` (default 0: no client
@@ -115,7 +115,8 @@ class ControlClient:
         job fields: ``welcome.job`` is then the job's name, or "" from a daemon that does not deal to
         ranks; ``queue``: wait for a busy training pipeline, hearing ``Queued``, instead of a refusal;
         ``aggregation``: the client reads batches carrying ``x_agg``; ``micro_batches``: the daemon groups each
-        training batch's seeds for that many micro-batches) and waits up to ``timeout`` seconds
+        training batch's seeds for that many micro-batches; ``task``: "link" for a link-prediction client) and
+        waits up to ``timeout`` seconds
         (default ``DEFAULT_TIMEOUT``) for the Welcome and its segment descriptor.
         Raises ``RemoteError`` if the daemon answers with an Error (e.g. ``busy``), ``ConnectionClosed`` if it hangs up,
         ``ProtocolError`` for anything else than a valid Welcome of this protocol version carrying one
@@ -129,7 +130,7 @@ class ControlClient:
             sock.sendall(encode(Hello(PROTOCOL_VERSION, client, os.getpid(), feature_cache_bytes, job=member.job,
                                       rank=member.rank, world_size=member.world_size,
                                       local_world_size=member.local_world_size, queue=queue,
-                                      aggregation=aggregation, micro_batches=micro_batches)))
+                                      aggregation=aggregation, micro_batches=micro_batches, task=task)))
             decoder = FrameDecoder()
             messages: list[Message] = []
             while not messages:

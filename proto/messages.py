@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from proto.errors import ProtocolError
 
 __all__ = [
-    "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "Record", "Message", "DatasetInfo",
+    "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "TASKS", "Record", "Message", "DatasetInfo",
     "SlotLayout", "Hello", "Welcome", "Credit", "StartEpoch", "EvalRequest", "BatchId", "BatchReady", "Release",
     "EpochEnd", "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "Queued", "MESSAGE_TYPES",
     "message_from_map",
@@ -71,6 +71,8 @@ KINDS = ("train", "val", "test")
 """Stream kinds a ``BatchReady`` may carry (``"train"`` for ``StartEpoch`` streams)."""
 FEATURE_DTYPES = ("float32", "float16")
 """Feature dtypes a dataset may have (the prepared-dataset format's ``FeatureDtype``)."""
+TASKS = ("node", "link")
+"""What a dataset is trained for (``DatasetInfo.task``, ``Hello.task``): node classification or link prediction."""
 
 _I64 = (-(2**63), 2**63 - 1)
 _COUNT = {"range": (0, 2**63 - 1)}
@@ -78,6 +80,7 @@ _U32 = {"range": (0, 2**32 - 1)}
 _BATCHES = {"range": (-1, 2**31 - 1)}  # i32 in the slot header; -1 = not known
 _POSITIVE = {"range": (1, 2**63 - 1)}
 _FANOUT = {"item_range": (-1, 2**31 - 1)}  # -1 = all neighbours (the PyG convention)
+_COUNTS = {"item_range": (0, 2**63 - 1)}
 
 
 def _fail(where: str, problem: str) -> ProtocolError:
@@ -201,6 +204,18 @@ class DatasetInfo(Record):
     eval_aggregation: bool = False
     """With ``aggregation``: evaluation batches are built the same way (False: they sample every hop of
     ``eval_fanouts`` and carry no ``x_agg``)."""
+    task: str = field(default="node", metadata={"choices": TASKS})
+    """"node" (default, and every older daemon's): node classification. "link": link prediction; training batches
+    carry ``edge_label_index``/``edge_label`` (``batch_size`` positives each, ``link_negatives`` negatives per
+    positive), evaluation batches embed a split's held-out nodes and carry its pairs (``pair_index``/``pair_tails``)."""
+    link_negatives: int = field(default=0, metadata=_COUNT)
+    """Link prediction: training negatives per positive (``[link] negatives``)."""
+    link_disjoint: bool = False
+    """Link prediction: a training batch's positive edges are dropped from its own message passing."""
+    link_eval_negatives: int = field(default=0, metadata=_COUNT)
+    """Link prediction: fixed negative tails per held-out positive (the ``pair_tails`` columns)."""
+    link_positives: list[int] = field(default_factory=list, metadata=_COUNTS)
+    """Link prediction: positives of the train, val and test splits, in that order ([] for a node dataset)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -275,6 +290,9 @@ class Hello(Message):
     """The client reads ``x_agg`` (``DatasetInfo.aggregation``); False (default, and every older client): a daemon
     whose batches carry it refuses the session with ``Error("bad_request")``, since such a client would build a
     model one layer short."""
+    task: str = field(default="node", metadata={"choices": TASKS})
+    """The task the client trains ("node", the default and every older client's, or "link"); a daemon whose dataset
+    is of the other task refuses the session with ``Error("bad_request")``."""
 
 
 @dataclass(frozen=True)

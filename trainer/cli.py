@@ -333,6 +333,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
                         f"{ranks.world_size} ranks (WORLD_SIZE is set, as torchrun sets it); use one or the other")
     # the dataset and config are checked before torch is imported: their errors come in a blink
     opened = None
+    if args.mode == "daemon" and args.task == "link":
+        from trainer.link.run import run_link
+
+        return run_link(args, None, None, ranks, stop, argv)
     if args.mode == "inmemory":
         from loader.format.dataset import open_dataset
 

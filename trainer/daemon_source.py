@@ -10,6 +10,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -38,6 +39,8 @@ from trainer.source import BatchSource, SourceInfo
 __all__ = ["DaemonSource", "DaemonError", "CONNECT_RETRY_SECONDS", "describe_slots"]
 
 CONNECT_RETRY_SECONDS = 0.2
+
+T = TypeVar("T")
 
 log = logging.getLogger("megabatch.trainer")
 
@@ -73,6 +76,9 @@ class DaemonSource(BatchSource):
     (``--micro-batches``); the daemon then sends each training batch's seed groups (``Batch.seed_group``), made
     by REG + METIS on its side.
 
+    task (default "node"): "link" for a link-prediction session (``trainer.link.daemon_source``, which reads its
+    slots through ``train_stream``/``eval_stream`` and ``read_slot``); a daemon serving the other task refuses it.
+
     on_queued (default None): called with True when the daemon queues an epoch's ``StartEpoch`` (another
     trainer holds its training pipeline) and with False when the wait ends; ``megabatch train`` stops at
     once on SIGTERM meanwhile, since no step is under way to finish. It may raise, and the stream then ends.
@@ -81,7 +87,7 @@ class DaemonSource(BatchSource):
     def __init__(self, socket_path: str, credits: int | None = None, timeout: float | None = 60.0,
                  connect_timeout: float = 0.0, feature_cache_bytes: int = 0, ranks: Ranks = SINGLE,
                  on_queued: Callable[[bool], None] | None = None, pin_slots: bool = True,
-                 micro_batches: int = 0) -> None:
+                 micro_batches: int = 0, task: str = "node") -> None:
         if feature_cache_bytes < 0:
             raise ValueError(f"feature_cache_bytes must be >= 0, got {feature_cache_bytes}")
         self._ranks = ranks
@@ -96,7 +102,7 @@ class DaemonSource(BatchSource):
                 self._client = ControlClient.connect(socket_path, client=f"megabatch-trainer pid {os.getpid()}",
                                                      timeout=timeout, feature_cache_bytes=feature_cache_bytes,
                                                      job=job, queue=True, aggregation=True,
-                                                     micro_batches=micro_batches)
+                                                     micro_batches=micro_batches, task=task)
                 break
             except ConnectFailed as err:
                 if time.monotonic() >= deadline:
@@ -110,6 +116,12 @@ class DaemonSource(BatchSource):
             raise DaemonError(f"the loader daemon at {socket_path} does not deal batches to the ranks of a job "
                               f"(an older daemon); {ranks.label()} cannot train through it")
         d = w.dataset
+        if d.task != task:  # a daemon that knows tasks refuses the Hello; an older one serves node batches
+            self._client.close("task mismatch")
+            raise DaemonError(f"the loader daemon at {socket_path} serves a {d.task} dataset ({d.name}), not "
+                              f"{task} prediction batches")
+        self.dataset = d
+        """What the daemon said of its dataset (``Welcome.dataset``)."""
         self._info = SourceInfo(num_features=d.num_features, num_classes=d.num_classes, num_hops=d.num_hops,
                                 batch_size=d.batch_size, train_nodes=d.train_nodes,
                                 description=f"daemon {socket_path} (session {w.session}, dataset {d.name}, "
@@ -156,17 +168,27 @@ class DaemonSource(BatchSource):
             raise DaemonError(str(err)) from None
 
     def train_batches(self, epoch: int) -> Iterator[Batch]:
+        return self.train_stream(epoch, self._batch)
+
+    def eval_batches(self, split: str) -> Iterator[Batch]:
+        return self.eval_stream(split, self._batch)
+
+    def train_stream(self, epoch: int, convert: "Callable[[BatchReady], T]") -> Iterator[T]:
+        """Epoch ``epoch``'s training batches, each announced slot turned into what ``convert`` makes of it (a
+        ``Batch``; the link task's ``LinkBatch``, through ``read_slot``)."""
         self._send(StartEpoch(epoch=epoch))
         try:
-            yield from self._stream("train", EpochEnd)
+            yield from self._stream("train", EpochEnd, convert)
         finally:
             self._queued(False)  # the stream ended, or failed, while queued: the wait is over either way
 
-    def eval_batches(self, split: str) -> Iterator[Batch]:
+    def eval_stream(self, split: str, convert: "Callable[[BatchReady], T]") -> Iterator[T]:
+        """Evaluation split ``split``'s batches, as ``train_stream``'s."""
         self._send(EvalRequest(split=split))
-        yield from self._stream(split, EvalEnd)
+        yield from self._stream(split, EvalEnd, convert)
 
-    def _stream(self, kind: str, end: type[EpochEnd] | type[EvalEnd]) -> Iterator[Batch]:
+    def _stream(self, kind: str, end: type[EpochEnd] | type[EvalEnd], convert: "Callable[[BatchReady], T]"
+                ) -> Iterator[T]:
         received = 0
         last_position = 0
         while True:
@@ -180,7 +202,7 @@ class DaemonSource(BatchSource):
                     raise DaemonError(f"expected a {kind} batch, got a {msg.kind} batch")
                 self._next_seq += 1
                 received += 1
-                yield self._batch(msg)
+                yield convert(msg)
             elif isinstance(msg, end):
                 if msg.batches != received:
                     raise DaemonError(f"{kind} stream ended after {received} batches, daemon says {msg.batches}")
@@ -203,7 +225,8 @@ class DaemonSource(BatchSource):
             if self._on_queued is not None:
                 self._on_queued(waiting)
 
-    def _batch(self, ready: BatchReady) -> Batch:
+    def read_slot(self, ready: BatchReady) -> tuple[BatchArrays, Callable[[], None]]:
+        """The announced batch's arrays (views of its slot, checked) and the call that hands the slot back."""
         views = self._client.read_batch(ready).arrays
 
         def release() -> None:
@@ -215,6 +238,10 @@ class DaemonSource(BatchSource):
         except SlotError as err:
             release()
             raise DaemonError(f"{ready.kind} batch seq {ready.seq}: {err}") from None
+        return arrays, release
+
+    def _batch(self, ready: BatchReady) -> Batch:
+        arrays, release = self.read_slot(ready)
         plan = None
         if arrays.hit_slot is not None and arrays.upd_slot is not None and arrays.upd_pos is not None:
             plan = DeviceCachePlan(torch.from_numpy(arrays.hit_slot), torch.from_numpy(arrays.upd_slot),

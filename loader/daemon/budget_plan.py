@@ -45,21 +45,25 @@ class FixedPart:
     """Clients at once and their slots."""
     aggregate_reader: int = 0
     """The aggregation cache's row reader (``AggregateRows.nbytes``), 0 where the cache is off."""
+    link_pairs: int = 0
+    """A link dataset's positives and negative tails (``LinkServing.nbytes``), 0 for a node dataset."""
 
     @property
     def total(self) -> int:
-        return self.node_arrays + self.sessions.total + self.aggregate_reader
+        return self.node_arrays + self.sessions.total + self.aggregate_reader + self.link_pairs
 
     def parts(self) -> list[Part]:
         parts = [("node arrays", self.node_arrays), (f"slots ({self.sessions.describe()})", self.sessions.total)]
         if self.aggregate_reader:
             parts.append(("aggregate reads", self.aggregate_reader))
+        if self.link_pairs:
+            parts.append(("link pairs", self.link_pairs))
         return parts
 
 
-def fixed_part(num_nodes: int, sessions: SessionSizing, aggregate_reader: int = 0) -> FixedPart:
+def fixed_part(num_nodes: int, sessions: SessionSizing, aggregate_reader: int = 0, link_pairs: int = 0) -> FixedPart:
     """The fixed part of every mode's plan for a graph of ``num_nodes`` nodes."""
-    return FixedPart(num_nodes * NODE_ARRAY_BYTES, sessions, aggregate_reader)
+    return FixedPart(num_nodes * NODE_ARRAY_BYTES, sessions, aggregate_reader, link_pairs)
 
 
 def budget_too_small(budget: int, mode: str, parts: Sequence[Part], remedy: str) -> UserError:

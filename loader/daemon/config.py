@@ -20,7 +20,7 @@ from proto.sizes import parse_size
 
 __all__ = [
     "RENAMED_TABLES", "SCHEDULES", "DatasetConfig", "ModeConfig", "FullGraphConfig",
-    "MemoryConfig", "HierarchyConfig", "SamplerConfig", "IOConfig", "PublisherConfig",
+    "MemoryConfig", "HierarchyConfig", "SamplerConfig", "LinkConfig", "IOConfig", "PublisherConfig",
     "ServerConfig", "MetricsConfig", "LogConfig", "LoaderConfig", "load_config", "config_from_mapping",
 ]
 
@@ -142,6 +142,18 @@ class SamplerConfig:
 
 
 @dataclass(frozen=True)
+class LinkConfig:
+    """``[link]``: how a link-prediction dataset's training batches are made (ignored for a node dataset)."""
+
+    negatives: int = 1
+    """Training negatives per positive, random tails uniform over the nodes (default 1; PyG's
+    ``neg_sampling_ratio``)."""
+    disjoint: bool = False
+    """Drop each training batch's positive edges from its own message passing, so the model cannot read the
+    answer off the graph (default false; ``loader.sampling.link_sampling``)."""
+
+
+@dataclass(frozen=True)
 class IOConfig:
     direct_io: bool = False
     """Read partitions with O_DIRECT, bypassing the page cache (default false; falls back with a
@@ -222,6 +234,7 @@ class LoaderConfig:
     memory: MemoryConfig = MemoryConfig()
     hierarchy: HierarchyConfig = HierarchyConfig()
     sampler: SamplerConfig = SamplerConfig()
+    link: LinkConfig = LinkConfig()
     io: IOConfig = IOConfig()
     publisher: PublisherConfig = PublisherConfig()
     server: ServerConfig = ServerConfig()
@@ -480,12 +493,18 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     if level not in ("debug", "info", "warning", "error"):
         raise _fail("log", "level", f"expected debug, info, warning or error, got {level!r}")
 
+    link_t = _table(data, "link")
+    _check_keys("link", link_t, LinkConfig)
+    link = LinkConfig(negatives=_int("link", "negatives", link_t.get("negatives", LinkConfig().negatives), minimum=1,
+                                     maximum=1 << 16),
+                      disjoint=_bool("link", "disjoint", link_t.get("disjoint", LinkConfig().disjoint)))
+
     mode = _mode(_table(data, "loader"))
     return LoaderConfig(dataset=dataset, loader=mode,
                         fullgraph=_fullgraph(_table(data, "fullgraph"), base, spelled.get("fullgraph", "fullgraph")),
                         memory=memory,
                         hierarchy=_hierarchy(_table(data, "hierarchy")),
-                        sampler=_sampler(_table(data, "sampler")), io=io, publisher=publisher,
+                        sampler=_sampler(_table(data, "sampler")), link=link, io=io, publisher=publisher,
                         server=_server(_table(data, "server"), base), metrics=metrics, log=LogConfig(level))
 
 

@@ -41,10 +41,10 @@ class ModeSetup:
 
     @property
     def fixed(self) -> FixedPart:
-        """Node arrays and slots: the part of the budget every mode's plan starts from."""
-        aggregates = self.serving.aggregates
+        """Node arrays, slots (and a link dataset's pairs): the part of the budget every mode's plan starts from."""
+        aggregates, link = self.serving.aggregates, self.serving.link
         return fixed_part(self.dataset.manifest.num_nodes, self.sessions,
-                          0 if aggregates is None else aggregates.nbytes)
+                          0 if aggregates is None else aggregates.nbytes, 0 if link is None else link.nbytes)
 
 
 class TrainingMode(ABC):

@@ -13,6 +13,7 @@ import numpy as np
 
 from loader.daemon.aggregate_rows import AggregateRows, AggregationEstimate, require_cache
 from loader.daemon.config import LoaderConfig
+from loader.daemon.link_serving import link_problem, load_link_serving
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.mode import ModeSetup
 from loader.daemon.modes import mode_class
@@ -21,6 +22,7 @@ from loader.daemon.serving import ServingContext
 from loader.daemon.slot_sizing import estimate_slot_bytes, pilot_batch_sizes, size_sessions
 from loader.format.aggregates import dataset_cache
 from loader.format.dataset import check_file_sizes, open_dataset
+from proto.errors import UserError
 
 __all__ = ["prepare_setup"]
 
@@ -30,11 +32,17 @@ def prepare_setup(config: LoaderConfig, metrics: DaemonMetrics, cpu_pool: Thread
     dataset = open_dataset(config.dataset.path)
     check_file_sizes(dataset)
     m = dataset.manifest
+    problem = link_problem(dataset, config)
+    if problem is not None:
+        raise UserError(problem)
     resident = load_resident(dataset, with_static=mode_class(config.loader.mode).loads_static_cache(config))
     dataset.check_whole("indptr")  # the pilot below maps it, and every mode's sampler trusts it
     cache = require_cache(dataset) if config.sampler.aggregation_cache else dataset_cache(dataset)
+    link = load_link_serving(dataset, config)
+    if link is not None:
+        cache = None  # a link model reads no x_agg: no cost model to price
     # one pilot sample sizes the slots and every memory plan (and, with a cache, prices it)
-    pilot = pilot_batch_sizes(dataset, resident, config.sampler, full_hops=cache is not None)
+    pilot = pilot_batch_sizes(dataset, resident, config.sampler, full_hops=cache is not None, link=link)
     if config.publisher.slot_bytes is not None:
         slot_bytes = config.publisher.slot_bytes
     else:
@@ -48,5 +56,5 @@ def prepare_setup(config: LoaderConfig, metrics: DaemonMetrics, cpu_pool: Thread
     if cache is not None and config.sampler.aggregation_cache:
         aggregates = AggregateRows(dataset, cache, config.io, metrics)
     serving = ServingContext(config, metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
-                             np.dtype(m.feat_dtype.value), aggregates, estimate)
+                             np.dtype(m.feat_dtype.value), aggregates, estimate, link)
     return ModeSetup(dataset, resident, sessions, pilot, serving)

@@ -180,7 +180,7 @@ class Daemon:
             log.info("%s", estimate.describe(cfg.sampler.aggregation_cache, cfg.loader.mode))
             self.metrics.set_aggregation(cfg.sampler.aggregation_cache, (estimate.rows_without, estimate.rows_with),
                                          (estimate.bytes_without, estimate.bytes_with))
-        self._welcome_info = dataset_info(dataset, resident, cfg)
+        self._welcome_info = dataset_info(dataset, resident, cfg, setup.serving.link)
         self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
         self.metrics.set_build(dataset.path.name, cfg.loader.mode, measures_quality=self.mode.measures_quality)
         self.metrics.memory_budget.set(cfg.memory.budget)
@@ -444,6 +444,11 @@ class Daemon:
                                "this daemon's batches carry x_agg ([sampler] aggregation_cache = true), which the "
                                "client does not read (an older trainer); upgrade it or turn the cache off")
             return
+        problem = self._task_problem(hello)
+        if problem is not None:
+            self.metrics.refused_connections.labels("task").inc()
+            await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)
+            return
         problem = self._job_problem(hello)
         if problem is not None:
             self.metrics.refused_connections.labels("job").inc()
@@ -487,6 +492,18 @@ class Daemon:
         with contextlib.suppress(OSError):
             await asyncio.get_running_loop().sock_sendall(conn, encode(Error(str(code), message)))
         conn.close()
+
+    def _task_problem(self, hello: Hello) -> str | None:
+        """Why a client cannot train this daemon's task (one line), or None."""
+        assert self._serving is not None and self._welcome_info is not None
+        served = self._welcome_info.task
+        if hello.task != served:
+            what = {"node": "node classification", "link": "link prediction"}
+            return (f"this daemon serves {what[served]} ({self._welcome_info.name}); the client trains "
+                    f"{what.get(hello.task, hello.task)} (megabatch train --task {served})")
+        if served == "link" and hello.world_size > 1:
+            return "link prediction through the daemon trains one rank so far (a job of several ranks trains in memory)"
+        return None
 
     def _job_problem(self, hello: Hello) -> str | None:
         """Why this daemon cannot serve the job rank a Hello describes, or None (also for a lone trainer)."""

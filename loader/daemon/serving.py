@@ -11,6 +11,7 @@ import numpy as np
 
 from loader.daemon.aggregate_rows import AggregateFill, AggregateRows, AggregationEstimate
 from loader.daemon.config import LoaderConfig
+from loader.daemon.link_serving import LinkServing
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.read_metrics import purpose_of
 
@@ -35,6 +36,8 @@ class ServingContext:
     """The aggregation cache's rows (``[sampler] aggregation_cache``), read into batches' ``x_agg``; None: off."""
     aggregation_estimate: AggregationEstimate | None = None
     """The cache's cost model from the startup pilot, where the dataset has a cache (on or off)."""
+    link: LinkServing | None = None
+    """A link-prediction dataset's splits (``loader.daemon.link_serving``); None: node classification."""
 
     def close(self) -> None:
         """Close what the context opened (the aggregate reader); the pool is the caller's."""

@@ -15,6 +15,7 @@ announced stay valid until the client releases them (``drained`` tells the daemo
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -31,6 +32,7 @@ from loader.daemon.stages import SampledWork, TrainPipeline, run_in_pool, user_c
 from loader.daemon.trainer_cache import TrainerCache
 from loader.format.read_checks import CorruptData
 from loader.sampling.inmemory import eval_split_batches, split_stream
+from loader.sampling.link_sampling import STREAM_LINK_TEST, STREAM_LINK_VAL, HeldOutShares
 from loader.sampling.ranks import deal_eval
 from loader.sampling.sampling import SampledBatches
 from proto.codec import FrameDecoder, encode
@@ -59,6 +61,8 @@ __all__ = ["Session", "ControlProtocol", "EVAL_CHUNK_BATCHES", "WRITE_BUFFER_HIG
            "WRITE_BUFFER_LOW", "CLOSE_GRACE", "LOGGABLE_CHARS", "loggable"]
 
 log = logging.getLogger("megabatch.session")
+
+_LINK_EVAL_STREAMS = {"val": STREAM_LINK_VAL, "test": STREAM_LINK_TEST}
 
 EVAL_CHUNK_BATCHES = 32
 """Evaluation batches sampled per kernel call (bounds the sampled-but-unpublished memory)."""
@@ -337,9 +341,14 @@ class Session:
     async def _eval_stream(self, split: str) -> None:
         cfg = self._ctx.config.sampler
         access = self._eval_access()
+        link = self._ctx.link
         try:
-            plan = eval_split_batches(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
-                                     split_stream(split))
+            if link is None:
+                plan = eval_split_batches(self._ctx.split_ids[split], cfg.eval_batch_size, cfg.seed,
+                                          split_stream(split))
+            else:  # the nodes the split's scores need, on its link stream: the in-memory trainer's batches
+                plan = eval_split_batches(link.held_out[split].nodes, cfg.eval_batch_size, cfg.seed,
+                                          _LINK_EVAL_STREAMS[split])
             if self.job is not None and self.job.job.world_size > 1:
                 # each rank evaluates its share (whole batches, round-robin); the trainer pools the counts
                 plan = deal_eval(plan, cfg.eval_batch_size, self.job.rank, self.job.job.world_size)
@@ -352,8 +361,11 @@ class Session:
                 sampled = await run_in_pool(self._ctx.cpu_pool, access.sample, seeds, cfg.eval_batch_size,
                                                      cfg.sampled_eval_fanouts, plan.keys[first:last])
                 self._ctx.metrics.stage_busy.labels("eval").inc(time.perf_counter() - t0)
+                chunk = source
+                if link is not None:  # each batch carries its share of the split's pairs
+                    chunk = dataclasses.replace(source, eval_pairs=HeldOutShares(link.held_out[split], total, first))
                 for b in range(sampled.num_batches):
-                    if not await self._publish(split, self._last_epoch, 0, first + b, total, sampled, b, source):
+                    if not await self._publish(split, self._last_epoch, 0, first + b, total, sampled, b, chunk):
                         return
             self._send(EvalEnd(split=split, batches=total))
         finally:

@@ -21,10 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.daemon.config import SamplerConfig
+from loader.daemon.link_serving import LinkServing
 from loader.daemon.mapped_graph import MappedGraph, map_graph
 from loader.daemon.resident import ResidentData
 from loader.format.dataset import Dataset
 from loader.sampling.inmemory import STREAM_TEST, STREAM_VAL, EpochBatches, epoch_batches_inmemory, eval_split_batches
+from loader.sampling.link_sampling import (
+    STREAM_LINK_TEST,
+    STREAM_LINK_VAL,
+    SampledLinkBatch,
+    link_batch_plan,
+    sample_link_batch,
+)
 from loader.sampling.pilot import mean_nodes_per_hop
 from loader.sampling.sampling import sample_pass
 from proto.batch_arrays import BatchShape
@@ -65,6 +73,12 @@ class BatchBound:
 
     nodes: int
     edges: int
+    seeds: int | None = None
+    """Most seeds a batch has; None: the batch size (a link batch's seeds are its pairs' endpoints)."""
+    pairs: int = 0
+    """Most link-prediction pairs a batch carries (``edge_label_index`` or ``pair_index``)."""
+    tails: int = 0
+    """Negative tails per evaluation pair (``pair_tails``)."""
 
 
 NO_BATCH = BatchBound(0, 0)
@@ -114,15 +128,57 @@ def _allowance(sizes: np.ndarray, full: np.ndarray) -> int:
     return min(int(largest * HEADROOM), int(largest + SIGMAS * spread)) + 64
 
 
+def _link_pilot(data: MappedGraph, link: LinkServing, sampler: SamplerConfig, num_nodes: int, num_edges: int
+                ) -> tuple[BatchBound | None, BatchBound | None]:
+    """The training and evaluation bounds of a link dataset: a few training batches sampled as the daemon samples
+    them (their seeds: every endpoint of B(1 + k) pairs), and each split's node batches with the most pairs one
+    carries."""
+    batch_size, fanouts, k = sampler.batch_size, sampler.sampled_fanouts, link.negatives
+    plan = link_batch_plan(link.train_positives, batch_size, sampler.seed, 0)
+    train = None
+    count = min(PILOT_BATCHES, plan.num_batches)
+    if count:
+        sampled: list[SampledLinkBatch] = []
+        for b in range(count):
+            positions, key = plan.batch(b)
+            sampled.append(sample_link_batch(data.graph, link.train_edges[0, positions], link.train_edges[1, positions],
+                                             num_nodes, fanouts, key, negatives_per_positive=k,
+                                             disjoint=link.disjoint))
+        seeds = min(num_nodes, batch_size * (2 + k))  # B sources, B targets, Bk negative tails at most
+        bound_nodes, bound_edges = _hard_bound(seeds, fanouts, num_nodes, num_edges)
+        full = np.array([b.num_positives == batch_size for b in sampled])
+        train = BatchBound(min(bound_nodes, _allowance(np.array([len(b.nodes) for b in sampled]), full)),
+                           min(bound_edges, _allowance(np.array([b.edge_index.shape[1] for b in sampled]), full)),
+                           seeds=seeds, pairs=batch_size * (1 + k))
+    evaluation = None
+    for split, stream in (("val", STREAM_LINK_VAL), ("test", STREAM_LINK_TEST)):
+        held = link.held_out[split]
+        nodes = _pilot(data, eval_split_batches(held.nodes, sampler.eval_batch_size, sampler.seed, stream),
+                       sampler.eval_batch_size, sampler.sampled_eval_fanouts, num_nodes, num_edges)
+        if nodes is None:
+            continue
+        batches = -(-len(held.nodes) // sampler.eval_batch_size)
+        pairs = -(-held.num_positives // batches)  # HeldOutShares: at most ceil(E / batches) a batch
+        bound = BatchBound(nodes.nodes, nodes.edges, pairs=pairs, tails=link.eval_negatives)
+        evaluation = bound if evaluation is None else BatchBound(
+            max(evaluation.nodes, bound.nodes), max(evaluation.edges, bound.edges), pairs=max(evaluation.pairs, pairs),
+            tails=link.eval_negatives)
+    return train, evaluation
+
+
 def pilot_batch_sizes(dataset: Dataset, resident: ResidentData, sampler: SamplerConfig, *,
-                      full_hops: bool = False) -> PilotSizes:
+                      full_hops: bool = False, link: LinkServing | None = None) -> PilotSizes:
     """Sample a few training, validation and test batches (the hops they sample: ``sampled_fanouts``) over the full
     graph (a superset of any mega-batch's neighbourhoods, so training batches there only get smaller). Done
     once at startup: slot sizing and the memory plans read the result. With ``full_hops``, a few training
-    batches with every hop of ``fanouts`` too, for the aggregation cache's cost model."""
+    batches with every hop of ``fanouts`` too, for the aggregation cache's cost model. With ``link``, the link
+    task's batches (``_link_pilot``) instead of node batches."""
     m = dataset.manifest
     data = map_graph(dataset, resident.partitions)
     try:
+        if link is not None:
+            train_bound, eval_bound = _link_pilot(data, link, sampler, m.num_nodes, m.num_edges)
+            return PilotSizes(train_bound, eval_bound)
         train = _pilot(data, epoch_batches_inmemory(resident.split_ids["train"], sampler.batch_size, sampler.seed, 0),
                        sampler.batch_size, sampler.sampled_fanouts, m.num_nodes, m.num_edges)
         # both evaluation splits: their batches differ in size where a split is smaller than a batch (Planetoid's
@@ -159,10 +215,13 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
         # a training batch for a client with a feature cache may ship every row (at their first access) and
         # carry its plan too: hit_slot for every node, an update per node at most (12 bytes a node in all); and
         # its seeds' micro-batch groups, for a client that cuts batches (4 bytes a seed)
-        shape = BatchShape(bound.nodes, min(batch_size, bound.nodes), bound.edges, len(fanouts), m.feat_dim,
+        seeds = min(batch_size if bound.seeds is None else bound.seeds, bound.nodes)
+        pairs = "" if not bound.pairs else "train" if training else "eval"
+        shape = BatchShape(bound.nodes, seeds, bound.edges, len(fanouts), m.feat_dim,
                            np.dtype(m.feat_dtype.value), shipped_rows=bound.nodes if training else None,
                            num_updates=bound.nodes if training else 0, aggregated=aggregated,
-                           num_classes=m.num_classes if training and class_weights else 0, seed_groups=training)
+                           num_classes=m.num_classes if training and class_weights else 0, seed_groups=training,
+                           pairs=pairs, num_pairs=bound.pairs, num_tails=bound.tails)
         worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from loader.daemon.gather_kernels import gather_rows
 from loader.format.partition_table import row_offsets_for
+from loader.sampling.link_sampling import HeldOutShares, PassLinkLabels
 
 __all__ = ["RowSource", "GatheredRows", "DenseRows", "FileRows", "OffsetRows", "SlotSource"]
 
@@ -95,6 +96,11 @@ class SlotSource:
     aggregates: RowSource | None = None
     """The pass's x_agg rows where the mode holds them (the hierarchical arena), for batches that carry x_agg;
     None: read by dataset id (``aggregate_rows.AggregateRows``)."""
+    link_labels: PassLinkLabels | None = None
+    """A pass of link-prediction training batches: each batch's ``edge_label_index`` and ``edge_label``."""
+    eval_pairs: HeldOutShares | None = None
+    """A pass of a link-prediction evaluation stream: each batch's share of the split's pairs (``pair_index``,
+    ``pair_tails``)."""
 
     def global_ids(self, nodes: np.ndarray) -> np.ndarray:
         return np.asarray(nodes, dtype=np.int64) if self.id_of is None else self.id_of[nodes]

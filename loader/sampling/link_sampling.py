@@ -40,16 +40,27 @@ dataset's ids in the in-memory reference, where ``global_ids = arange(N)``); ``n
 ``edge_index`` positions into ``nodes``.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from loader.sampling.sampling import CSCGraph, as_int, as_int_array, batch_keys, mix64_array, sample_pass, shuffle
+from loader.sampling.sampling import (
+    CSCGraph,
+    SampledBatch,
+    SampledPass,
+    as_int,
+    as_int_array,
+    batch_keys,
+    mix64_array,
+    sample_pass,
+    shuffle,
+)
 
 __all__ = ["STREAM_LINK_SHUFFLE", "STREAM_LINK_TRAIN", "STREAM_LINK_VAL", "STREAM_LINK_TEST", "LinkEpochPlan",
            "SampledLinkBatch", "link_shuffle_key", "link_batch_plan", "link_batch_plan_in_order", "link_eval_plan",
-           "sample_link_batch", "STREAM_LINK_TRAIN_RANK", "link_rank_key"]
+           "sample_link_batch", "sample_link_batch_by", "SeedSampler", "HeldOut", "held_out_pairs", "link_pass",
+           "PassLinkLabels", "HeldOutShares", "STREAM_LINK_TRAIN_RANK", "link_rank_key"]
 
 # A block of its own: 0-4 are the node streams (``loader.sampling.inmemory``) and 16 the hierarchical
 # mega-batch shuffle; 24-27 stay clear of both and of the next small numbers other streams will take.
@@ -230,9 +241,9 @@ def _check_local(field: str, ids: np.ndarray, num_local: int) -> None:
         raise ValueError(f"{field}: local id {bad} outside [0, {num_local})")
 
 
-def _negatives(graph: CSCGraph, num_positives: int, k: int, key: int, num_nodes: object,
+def _negatives(num_local: int, num_positives: int, k: int, key: int, num_nodes: object,
                negative_pool: np.ndarray | None) -> np.ndarray:
-    """The B * k negative targets t_m of the module docstring, as local ids of ``graph``."""
+    """The B * k negative targets t_m of the module docstring, as local ids of a graph of ``num_local`` nodes."""
     count = num_positives * k
     if count == 0:
         return np.zeros(0, dtype=np.int64)
@@ -241,21 +252,25 @@ def _negatives(graph: CSCGraph, num_positives: int, k: int, key: int, num_nodes:
     draws = mix64_array(negative_key + np.arange(1, count + 1, dtype=np.uint64) * _GAMMA)
     if negative_pool is None:
         span = as_int("num_nodes", num_nodes)
-        if not 1 <= span <= graph.num_nodes:
-            raise ValueError(f"num_nodes: {span}, expected 1..{graph.num_nodes} (the graph's nodes)")
+        if not 1 <= span <= num_local:
+            raise ValueError(f"num_nodes: {span}, expected 1..{num_local} (the graph's nodes)")
         return (draws % np.uint64(span)).astype(np.int64)
     pool = as_int_array("negative_pool", negative_pool, (np.int64,))
     if pool.size == 0:
         raise ValueError("negative_pool: empty, expected at least one node to draw negatives from")
     targets = pool[(draws % np.uint64(len(pool))).astype(np.int64)]
     # only the drawn entries are checked: a pool of every resident node would cost a scan per batch
-    _check_local("negative_pool", targets, graph.num_nodes)
+    _check_local("negative_pool", targets, num_local)
     return targets
 
 
-def _seed_set(graph: CSCGraph, endpoints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(seeds as local ids sorted by global id, each endpoint's position among them)."""
-    _, first, inverse = np.unique(graph.global_ids[endpoints], return_index=True, return_inverse=True)
+def _seed_set(global_ids: np.ndarray | None, endpoints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(seeds as local ids sorted by global id, each endpoint's position among them); ``global_ids`` None:
+    local ids are the dataset's."""
+    if global_ids is None:
+        seeds, inverse = np.unique(endpoints, return_inverse=True)
+        return seeds.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.int64, copy=False)
+    _, first, inverse = np.unique(global_ids[endpoints], return_index=True, return_inverse=True)
     seeds = endpoints[first]
     inverse = inverse.reshape(-1)
     if not np.array_equal(seeds[inverse], endpoints):
@@ -272,6 +287,10 @@ def _supervision_mask(edge_index: np.ndarray, pairs: np.ndarray, num_nodes: int)
     return np.isin(edge_index[0] * num_nodes + edge_index[1], np.concatenate((forward, backward)))
 
 
+SeedSampler = Callable[[np.ndarray, int], SampledBatch]
+"""(seeds as local ids, batch key) -> the seeds sampled as one batch of ``sample_pass`` with that key."""
+
+
 def sample_link_batch(graph: CSCGraph, src: np.ndarray, dst: np.ndarray, num_nodes: int, fanouts: Sequence[int],
                       key: int, negatives_per_positive: int = 1, negative_pool: np.ndarray | None = None,
                       disjoint: bool = False) -> SampledLinkBatch:
@@ -286,40 +305,146 @@ def sample_link_batch(graph: CSCGraph, src: np.ndarray, dst: np.ndarray, num_nod
     """
     if not isinstance(graph, CSCGraph):
         raise ValueError(f"graph: expected a CSCGraph, got {type(graph).__name__}")
+    fanout_list = [as_int("fanouts", fanout) for fanout in fanouts]
+
+    def sample(seeds: np.ndarray, batch_key: int) -> SampledBatch:
+        return sample_pass(graph, seeds, len(seeds), fanout_list, np.array([batch_key], dtype=np.uint64)).batch(0)
+
+    return sample_link_batch_by(sample, graph.num_nodes, graph.global_ids, src, dst, num_nodes, len(fanout_list),
+                                key, negatives_per_positive, negative_pool, disjoint)
+
+
+def sample_link_batch_by(sample: SeedSampler, num_local: int, global_ids: np.ndarray | None, src: np.ndarray,
+                         dst: np.ndarray, num_nodes: int, num_hops: int, key: int, negatives_per_positive: int = 1,
+                         negative_pool: np.ndarray | None = None, disjoint: bool = False) -> SampledLinkBatch:
+    """``sample_link_batch`` over a graph of ``num_local`` nodes that ``sample`` samples (a daemon mode's sampler,
+    which must give ``sample_pass``'s batch for the same seeds and key): the same batch, bitwise.
+
+    global_ids: int64 dataset id per local id, or None where local ids are dataset ids (the full-graph modes);
+    num_hops: the sampler's hops (``len(fanouts)``); the other arguments as ``sample_link_batch``'s.
+    """
     src_ids = as_int_array("src", src, (np.int64,))
     dst_ids = as_int_array("dst", dst, (np.int64,))
     if len(src_ids) != len(dst_ids):
         raise ValueError(f"src, dst: lengths {len(src_ids)} and {len(dst_ids)} differ")
-    _check_local("src", src_ids, graph.num_nodes)
-    _check_local("dst", dst_ids, graph.num_nodes)
+    _check_local("src", src_ids, num_local)
+    _check_local("dst", dst_ids, num_local)
     k = as_int("negatives_per_positive", negatives_per_positive)
     if k < 0:
         raise ValueError(f"negatives_per_positive: {k} is negative")
     batch_key = _key(key)
-    fanout_list = [as_int("fanouts", fanout) for fanout in fanouts]
     positives = len(src_ids)
 
     label_src = np.tile(src_ids, 1 + k)
-    label_dst = np.concatenate((dst_ids, _negatives(graph, positives, k, batch_key, num_nodes, negative_pool)))
-    seeds, inverse = _seed_set(graph, np.concatenate((label_src, label_dst)))
+    label_dst = np.concatenate((dst_ids, _negatives(num_local, positives, k, batch_key, num_nodes, negative_pool)))
+    seeds, inverse = _seed_set(global_ids, np.concatenate((label_src, label_dst)))
     edge_label_index = inverse.reshape(2, -1).astype(np.int64, copy=False)
     if positives:  # the seeds as one batch of a pass; an empty batch has no seed, and sample_pass no batch
-        batch = sample_pass(graph, seeds, len(seeds), fanout_list, np.array([batch_key], dtype=np.uint64)).batch(0)
+        batch = sample(seeds, batch_key)
         local_nodes, edge_index = batch.nodes, batch.edge_index
         num_sampled_nodes, num_sampled_edges = batch.num_sampled_nodes, batch.num_sampled_edges
     else:
         local_nodes, edge_index = np.zeros(0, dtype=np.int64), np.zeros((2, 0), dtype=np.int64)
-        num_sampled_nodes = np.zeros(len(fanout_list) + 1, dtype=np.int64)
-        num_sampled_edges = np.zeros(len(fanout_list), dtype=np.int64)
+        num_sampled_nodes = np.zeros(num_hops + 1, dtype=np.int64)
+        num_sampled_edges = np.zeros(num_hops, dtype=np.int64)
     if disjoint and edge_index.shape[1]:
         keep = ~_supervision_mask(edge_index, edge_label_index[:, :positives], len(local_nodes))
-        hops = np.repeat(np.arange(len(fanout_list)), num_sampled_edges)
+        hops = np.repeat(np.arange(num_hops), num_sampled_edges)
         edge_index = edge_index[:, keep]
-        num_sampled_edges = np.bincount(hops[keep], minlength=len(fanout_list)).astype(np.int64)
-    nodes = graph.global_ids[local_nodes]
+        num_sampled_edges = np.bincount(hops[keep], minlength=num_hops).astype(np.int64)
+    nodes = local_nodes if global_ids is None else global_ids[local_nodes]
     edge_label = np.zeros(edge_label_index.shape[1], dtype=np.float32)
     edge_label[:positives] = 1.0
     return SampledLinkBatch(nodes=nodes, local_nodes=local_nodes, edge_index=edge_index,
                             num_sampled_nodes=num_sampled_nodes, num_sampled_edges=num_sampled_edges,
                             edge_label_index=edge_label_index, edge_label=edge_label,
                             edge_label_global=nodes[edge_label_index])
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out split as positions into ``nodes`` (the nodes its scores need: sorted dataset ids of every
+    positive's endpoints and every negative tail).
+
+    src, dst: int64 (E,) the positives' endpoints; tails: int64 (E, K) each positive's negative tails.
+    """
+
+    nodes: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    tails: np.ndarray
+
+    @property
+    def num_positives(self) -> int:
+        return int(self.src.shape[0])
+
+
+def held_out_pairs(edges: np.ndarray, tails: np.ndarray) -> HeldOut:
+    """A split's positives (int64 (2, E) dataset ids) and negative tails (int64 (E, K)) as ``HeldOut``: the
+    in-memory trainer and the daemon evaluate the same nodes in the same order, so their scores agree."""
+    nodes = np.unique(np.concatenate((edges.reshape(-1), tails.reshape(-1))))
+    return HeldOut(nodes, np.searchsorted(nodes, edges[0]), np.searchsorted(nodes, edges[1]),
+                   np.searchsorted(nodes, tails))
+
+
+@dataclass(frozen=True)
+class PassLinkLabels:
+    """The supervision pairs of a pass of link batches: batch b's are columns ``ptr[b]:ptr[b + 1]``.
+
+    ptr: int64 [B + 1]; index: int64 (2, S), positions among each batch's seeds; label: float32 (S,).
+    """
+
+    ptr: np.ndarray
+    index: np.ndarray
+    label: np.ndarray
+
+    def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``b``'s ``edge_label_index`` and ``edge_label`` (views)."""
+        begin, end = int(self.ptr[b]), int(self.ptr[b + 1])
+        return self.index[:, begin:end], self.label[begin:end]
+
+
+def link_pass(batches: Sequence[SampledLinkBatch], num_hops: int) -> tuple[SampledPass, PassLinkLabels]:
+    """Link batches as one pass (``SampledPass``, local ids as ``SampledLinkBatch.local_nodes``) and their pairs."""
+    count = len(batches)
+    node_ptr = np.zeros(count + 1, dtype=np.int64)
+    edge_ptr = np.zeros(count + 1, dtype=np.int64)
+    pair_ptr = np.zeros(count + 1, dtype=np.int64)
+    node_ptr[1:] = np.cumsum([len(b.local_nodes) for b in batches])
+    edge_ptr[1:] = np.cumsum([b.edge_index.shape[1] for b in batches])
+    pair_ptr[1:] = np.cumsum([len(b.edge_label) for b in batches])
+
+    def joined(parts: list[np.ndarray], empty: tuple[int, ...], dtype: type) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(empty, dtype=dtype)
+
+    sampled = SampledPass(
+        num_batches=count, num_hops=num_hops, node_ptr=node_ptr,
+        nodes=joined([b.local_nodes for b in batches], (0,), np.int64), edge_ptr=edge_ptr,
+        edge_src=joined([b.edge_index[0] for b in batches], (0,), np.int64),
+        edge_dst=joined([b.edge_index[1] for b in batches], (0,), np.int64),
+        num_sampled_nodes=np.stack([b.num_sampled_nodes for b in batches]) if count else
+        np.zeros((0, num_hops + 1), dtype=np.int64),
+        num_sampled_edges=np.stack([b.num_sampled_edges for b in batches]) if count else
+        np.zeros((0, num_hops), dtype=np.int64))
+    index = np.concatenate([b.edge_label_index for b in batches], axis=1) if count else np.zeros((2, 0), np.int64)
+    label = joined([b.edge_label for b in batches], (0,), np.float32)
+    return sampled, PassLinkLabels(pair_ptr, index, label)
+
+
+@dataclass(frozen=True)
+class HeldOutShares:
+    """How an evaluation stream of ``batches`` node batches over ``held.nodes`` carries the split's pairs: stream
+    batch i carries positives ``[i * E // batches, (i + 1) * E // batches)`` (every positive once, in order);
+    ``first``: the stream index of this pass's batch 0."""
+
+    held: HeldOut
+    batches: int
+    first: int = 0
+
+    def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``b`` of the pass: its pairs (int64 (2, m), positions into ``held.nodes``) and their tails (m, K)."""
+        i, count = self.first + b, self.held.num_positives
+        if not 0 <= i < self.batches:
+            raise IndexError(f"batch {i} outside the stream's [0, {self.batches})")
+        lo, hi = i * count // self.batches, (i + 1) * count // self.batches
+        return np.stack((self.held.src[lo:hi], self.held.dst[lo:hi])), self.held.tails[lo:hi]

@@ -1,11 +1,12 @@
 """bench/link_bench.py: its runs' commands and names, and the report from the trainer's JSON."""
 
 import math
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from bench.link_bench import dataset_markdown, parse_args, read_run, run_stem, summarize, train_command
+from bench.link_bench import daemon_config, dataset_markdown, parse_args, read_run, run_stem, summarize, train_command
 
 
 def result(best: int, val: list[float], test_mrr: float, loads: int | None) -> dict:
@@ -30,6 +31,12 @@ def test_defaults_and_commands():
     assert comet[-6:] == ["--link-order", "comet", "--buffer-partitions", "8", "--logical-partitions", "16"]
     beta = train_command(Path("/ds"), "beta", 1, out, parse_args(["--logical-partitions", "16"]))
     assert beta[-4:] == ["--link-order", "beta", "--buffer-partitions", "8"]  # BETA takes no logical partitions
+    daemon = train_command(Path("/ds"), "daemon", 1, out, args, Path("/s.sock"))
+    assert daemon[daemon.index("--socket") + 1] == "/s.sock" and "--dataset" not in daemon
+    assert "--sampler-seed" not in daemon and "--link-order" not in daemon  # the daemon's config sets the sampler
+    config = tomllib.loads(daemon_config(Path("/ds"), Path("/s.sock"), 1, args))
+    assert config["loader"]["mode"] == "exact" and config["sampler"] == {
+        "batch_size": 256, "fanouts": [10, 5], "eval_fanouts": [10, 5], "seed": 1}
     # the names tell settings apart, so --reuse never takes another setting's run
     names = {run_stem("cora", order, 0, parse_args(extra)) for order in ("shuffled", "comet", "beta")
              for extra in ([], ["--buffer-partitions", "4"], ["--logical-partitions", "16"])}

@@ -39,6 +39,14 @@ def batches(draw: st.DrawFn) -> dict[str, np.ndarray]:
         arrays["class_weight"] = rng.random(5).astype(np.float32)  # y's labels are below 5
     if draw(st.booleans()):
         arrays["seed_group"] = rng.integers(0, 4, nodes[0]).astype(np.int32)
+    pairs = draw(st.sampled_from(["", "train", "eval"]))
+    count = draw(st.integers(0, 6))
+    if pairs == "train":  # a link-prediction training batch: pairs among the seeds
+        arrays["edge_label_index"] = rng.integers(0, nodes[0], (2, count))
+        arrays["edge_label"] = (rng.random(count) < 0.5).astype(np.float32)
+    elif pairs == "eval":  # an evaluation batch: held-out pairs of the split's nodes
+        arrays["pair_index"] = rng.integers(0, 50, (2, count))
+        arrays["pair_tails"] = rng.integers(0, 50, (count, draw(st.integers(0, 3))))
     return arrays
 
 
@@ -48,7 +56,10 @@ def shape_of(arrays: dict[str, np.ndarray]) -> BatchShape:
                       len(arrays["edges_per_hop"]), DIM, np.dtype(np.float32),
                       shipped_rows=len(arrays["x"]) if cached else None,
                       num_updates=len(arrays["upd_slot"]) if cached else 0, aggregated="x_agg" in arrays,
-                      num_classes=len(arrays.get("class_weight", ())), seed_groups="seed_group" in arrays)
+                      num_classes=len(arrays.get("class_weight", ())), seed_groups="seed_group" in arrays,
+                      pairs="train" if "edge_label" in arrays else "eval" if "pair_index" in arrays else "",
+                      num_pairs=len(arrays.get("edge_label", arrays.get("pair_tails", ()))),
+                      num_tails=arrays["pair_tails"].shape[1] if "pair_tails" in arrays else 0)
 
 
 def written(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -117,12 +128,34 @@ def corrupt(arrays: dict[str, np.ndarray], how: str) -> str:
     if how == "groups":
         arrays["seed_group"] = np.full(len(arrays["y"]) + 1, 0, np.int32)
         return "seed_group: expected non-negative int32"
+    if how == "pair outside the seeds":
+        arrays["edge_label_index"] = np.full((2, 1), len(arrays["y"]), np.int64)
+        arrays["edge_label"] = np.ones(1, np.float32)
+        return "edge_label_index holds a position outside the"
+    if how == "labels short of the pairs":
+        arrays["edge_label_index"] = np.zeros((2, 2), np.int64)
+        arrays["edge_label"] = np.ones(1, np.float32)
+        return "edge_label: expected float32 \\(2,\\)"
+    if how == "label without pairs":
+        arrays.pop("edge_label_index", None)
+        arrays["edge_label"] = np.ones(1, np.float32)
+        return "needs both edge_label_index and edge_label"
+    if how == "negative tail":
+        arrays["pair_index"] = np.zeros((2, 1), np.int64)
+        arrays["pair_tails"] = np.full((1, 2), -1, np.int64)
+        return "pair_index or pair_tails holds a negative position"
+    if how == "tails short of the pairs":
+        arrays["pair_index"] = np.zeros((2, 2), np.int64)
+        arrays["pair_tails"] = np.zeros((1, 2), np.int64)
+        return "pair_tails: expected int64 \\(2, tails\\)"
     raise AssertionError(how)
 
 
 @settings(max_examples=60, deadline=None)
 @given(batches(), st.sampled_from(["missing", "dtype", "hops", "n_id", "y", "edges", "position", "rows", "aggregates",
-                                   "aggregate dtype", "negative weight", "weights short of a label", "groups"]))
+                                   "aggregate dtype", "negative weight", "weights short of a label", "groups",
+                                   "pair outside the seeds", "labels short of the pairs", "label without pairs",
+                                   "negative tail", "tails short of the pairs"]))
 def test_a_batch_that_contradicts_itself_is_refused(arrays, how):
     message = corrupt(arrays, how)
     with pytest.raises(SlotError, match=message):

@@ -152,7 +152,8 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--socket", "s", "--task", "link"], "--task link: link prediction runs with --mode inmemory so far"),
+    (["--socket", "s", "--task", "link", "--negatives", "2"], "--negatives: not with --task link through the daemon"),
+    (["--socket", "s", "--task", "link", "--nproc-per-node", "2"], "through the daemon trains one rank so far"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--nproc-per-node", "2", "--link-order", "comet",
       "--buffer-partitions", "2"], "with several ranks trains the shuffled order so far"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--metric", "accuracy"],

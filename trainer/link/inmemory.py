@@ -45,7 +45,9 @@ from loader.sampling.inmemory import InMemoryGraph, eval_split_batches, load_in_
 from loader.sampling.link_sampling import (
     STREAM_LINK_TEST,
     STREAM_LINK_VAL,
+    HeldOut,
     SampledLinkBatch,
+    held_out_pairs,
     link_batch_plan,
     link_rank_key,
     sample_link_batch,
@@ -107,23 +109,6 @@ class LinkBatch:
             return self
         return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
                          self.positives, self.global_positives)
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """One held-out split as positions into ``nodes`` (its embedded nodes, sorted dataset ids).
-
-    src, dst: int64 (E,) the positives' endpoints; tails: int64 (E, K) each positive's negative tails.
-    """
-
-    nodes: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    tails: np.ndarray
-
-    @property
-    def num_positives(self) -> int:
-        return int(self.src.shape[0])
 
 
 @dataclass(frozen=True)
@@ -198,9 +183,7 @@ class LinkInMemorySource:
         for split in ("val", "test"):
             edges = self._read(dataset, f"{split}_edges", (2, link.of(split)))
             tails = self._read(dataset, f"{split}_neg_tails", (link.of(split), link.eval_negatives))
-            nodes = np.unique(np.concatenate((edges.reshape(-1), tails.reshape(-1))))
-            self.held_out[split] = HeldOut(nodes, np.searchsorted(nodes, edges[0]), np.searchsorted(nodes, edges[1]),
-                                           np.searchsorted(nodes, tails))
+            self.held_out[split] = held_out_pairs(edges, tails)
         self.num_nodes = n
         self.num_features = self.data.feat_dim
         self.num_hops = len(self.fanouts)
@@ -252,6 +235,13 @@ class LinkInMemorySource:
     @property
     def train_positives(self) -> int:
         return int(self.train_edges.shape[1])
+
+    def positives(self, split: str) -> int:
+        """Held-out positives of ``split`` ("val" or "test")."""
+        return self.held_out[split].num_positives
+
+    def close(self) -> None:
+        """Nothing to release (the graph is the process's memory)."""
 
     def batches_per_epoch(self, epoch: int) -> int:
         """Training batches of ``epoch``: a buffer order cuts each state's edges on their own, so it may have more."""

@@ -1,5 +1,5 @@
-"""The link-prediction training loop: a ``LinkInMemorySource`` in, a trained ``LinkModel`` and per-epoch
-records out (``megabatch train --task link``).
+"""The link-prediction training loop: a ``LinkSource`` (in memory or from the daemon) in, a trained ``LinkModel``
+and per-epoch records out (``megabatch train --task link``).
 
 An epoch trains on every training positive once (``source.train_batches``), with BCE-with-logits on
 each batch's positives (label 1) and negatives (label 0). Evaluation (every ``eval_every`` epochs and
@@ -45,10 +45,10 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.distributed import Peers, data_parallel, training_device
-from trainer.link.inmemory import LinkInMemorySource
 from trainer.link.model import LinkModel
 from trainer.link.ranking import DEFAULT_LINK_METRIC, link_scores
 from trainer.link.records import LinkConfig, LinkEpochRecord, LinkResult, format_link_epoch
+from trainer.link.source import LinkSource
 from trainer.loop import seed_everything
 from trainer.metrics import TrainerMetrics
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
@@ -71,7 +71,7 @@ the positives' sources and their negative tails, which a large split would not f
 class _LinkRun:
     """The state of one ``train_link`` call; methods in the order they run."""
 
-    def __init__(self, source: LinkInMemorySource, cfg: LinkConfig, progress: bool, progress_interval: float,
+    def __init__(self, source: LinkSource, cfg: LinkConfig, progress: bool, progress_interval: float,
                  metrics: TrainerMetrics | None, log: Callable[[str], None], control: StopControl,
                  ranks: Ranks = SINGLE) -> None:
         self.source, self.cfg, self.metrics, self.control, self.ranks = source, cfg, metrics, control, ranks
@@ -205,16 +205,15 @@ class _LinkRun:
     def evaluate(self, split: str) -> dict[str, float]:
         """Every ``LINK_METRICS`` score of ``split``: embed its nodes, score each positive and its negatives."""
         self.model.eval()
-        held = self.source.held_out[split]
         hidden = self.cfg.train.hidden
-        embeddings = torch.empty((len(held.nodes), hidden), dtype=torch.float32, device=self.device)
-        row = 0
+        parts: list[torch.Tensor] = []
         for batch in self.source.eval_batches(split):
             batch = batch.to(self.device)
-            seeds = batch.num_seeds
-            embeddings[row:row + seeds] = self.model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes,
-                                                           batch.num_sampled_edges)
-            row += seeds
+            parts.append(self.model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges))
+        # the split's nodes and pairs: known up front in memory, once its stream has ended from the daemon
+        held = self.source.held_out[split]
+        embeddings = torch.cat(parts) if parts else torch.empty((0, hidden), dtype=torch.float32, device=self.device)
+        row = embeddings.shape[0]
         if row != len(held.nodes):
             raise RuntimeError(f"{split} evaluation embedded {row} nodes, expected {len(held.nodes)}")
         src = torch.from_numpy(held.src).to(self.device)
@@ -286,7 +285,7 @@ class _LinkRun:
         self.control.checkpoint_epoch, self.control.writing = epoch, None
 
 
-def train_link(source: LinkInMemorySource, cfg: LinkConfig, *, progress: bool = False,
+def train_link(source: LinkSource, cfg: LinkConfig, *, progress: bool = False,
                progress_interval: float = DEFAULT_INTERVAL_S, metrics: TrainerMetrics | None = None,
                log: Callable[[str], None] | None = None, control: StopControl | None = None,
                ranks: Ranks = SINGLE) -> LinkResult:

@@ -23,7 +23,8 @@ LINK_ORDERS = ("shuffled", "comet", "beta")
 ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name not in METRIC_CHOICES))
 """What ``--metric`` accepts: the node task's choices, then the link task's that are not among them."""
 
-DAEMON_REFUSAL = "--task link: link prediction runs with --mode inmemory so far"
+DAEMON_REFUSAL = ("not with --task link through the daemon (its [link] config sets the negatives and disjoint; it "
+                  "trains the shuffled order, without a trainer feature cache)")
 RANKS_REFUSAL = ("--task link with several ranks trains the shuffled order so far (--link-order comet and beta run "
                  "in one process)")
 
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     link = parser.add_argument_group("link prediction (--task link)")
     link.add_argument("--task", choices=TASKS, default="node",
                       help="node: node classification on the dataset's labels; link: link prediction on a dataset "
-                           "imported with --task link (--mode inmemory only, so far) (default node)")
+                           "imported with --task link, in memory or through a daemon serving one (default node)")
     # None, not the defaults: a node run given one of them is told they are link options
     link.add_argument("--decoder", choices=DECODERS, default=None,
                       help="edge decoder: dot product of the two embeddings, or a 2-layer MLP on their Hadamard "
@@ -68,7 +69,16 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                   f"by {', '.join(METRIC_CHOICES)}")
         return
     if args.mode == "daemon":
-        error(DAEMON_REFUSAL)
+        given = [flag for flag, value in (("--negatives", args.negatives), ("--disjoint", args.disjoint),
+                                          ("--link-order", args.link_order),
+                                          ("--buffer-partitions", args.buffer_partitions),
+                                          ("--logical-partitions", args.logical_partitions),
+                                          ("--feature-cache", args.feature_cache or None)) if value is not None]
+        if given:
+            error(f"{', '.join(given)}: {DAEMON_REFUSAL}")
+        if args.nproc_per_node > 1:
+            error(f"--nproc-per-node {args.nproc_per_node}: link prediction through the daemon trains one rank so "
+                  f"far (several ranks train with --mode inmemory)")
     if args.nproc_per_node > 1 and args.link_order not in (None, "shuffled"):
         error(RANKS_REFUSAL)
     node_only = [flag for flag, value in (("--micro-batches", args.micro_batches),

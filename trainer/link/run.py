@@ -23,10 +23,11 @@ __all__ = ["run_link"]
 log = logging.getLogger("megabatch")
 
 
-def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSettings", ranks: Ranks,
+def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "SamplerSettings | None", ranks: Ranks,
              stop: "_SigtermStop", argv: Sequence[str] = ()) -> int:
     """Train, print the epoch lines and the final line, write ``--json-out``; the exit status. With
-    ``--nproc-per-node N`` (> 1) this process launches the N ranks (``argv``: the command line) instead."""
+    ``--nproc-per-node N`` (> 1) this process launches the N ranks (``argv``: the command line) instead.
+    ``dataset`` None: the batches come from the daemon at ``args.socket`` (``sampler`` unused)."""
     if args.nproc_per_node > 1:
         from trainer.launch import launch
 
@@ -36,6 +37,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSett
     from trainer.link.inmemory import LinkInMemorySource
     from trainer.link.loop import train_link
     from trainer.link.records import LinkConfig
+    from trainer.link.source import LinkSource
     from trainer.metrics import TrainerMetrics
     from trainer.records import StopControl, TrainConfig
     from trainer.scrape import served
@@ -45,32 +47,49 @@ def run_link(args: argparse.Namespace, dataset: "Dataset", sampler: "SamplerSett
                         patience=args.patience, seed=args.seed, device=args.device,
                         checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
                         heads=args.heads, max_steps=args.max_steps)
-    cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=args.negatives or 1,
-                     disjoint=bool(args.disjoint), metric=args.metric, link_order=args.link_order or "shuffled",
+    source: LinkSource
+    if dataset is None:  # the daemon's: its [link] config sets the negatives and disjoint, as [sampler] the batches
+        from trainer.link.daemon_source import LinkDaemonSource
+
+        daemon = LinkDaemonSource(args.socket, connect_timeout=args.connect_timeout, on_queued=stop.queued)
+        source = daemon
+        negatives, disjoint = daemon.negatives, daemon.disjoint
+    else:
+        assert sampler is not None
+        negatives, disjoint = args.negatives or 1, bool(args.disjoint)
+    cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=negatives, disjoint=disjoint,
+                     metric=args.metric, link_order=args.link_order or "shuffled",
                      buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions)
-    source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
-                                disjoint=cfg.disjoint, fanouts=sampler.fanouts, eval_fanouts=sampler.eval_fanouts,
-                                eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
-                                link_order=cfg.link_order,
-                                buffer_partitions=cfg.buffer_partitions, logical_partitions=cfg.logical_partitions,
-                                rank=ranks.rank, world_size=ranks.world_size)
+    if dataset is not None:
+        assert sampler is not None
+        source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
+                                    disjoint=cfg.disjoint, fanouts=sampler.fanouts, eval_fanouts=sampler.eval_fanouts,
+                                    eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
+                                    link_order=cfg.link_order, buffer_partitions=cfg.buffer_partitions,
+                                    logical_partitions=cfg.logical_partitions, rank=ranks.rank,
+                                    world_size=ranks.world_size)
     # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()
     stop.attach(control)
     with contextlib.ExitStack() as exposed:
-        if metrics is not None:
-            exposed.enter_context(served(metrics, args))
-        log.info("source: %s (%d features, %d hops, %d training positives; %d val and %d test positives with %d "
-                 "negatives each)", source.description, source.num_features, source.num_hops,
-                 source.train_positives, source.held_out["val"].num_positives,
-                 source.held_out["test"].num_positives, source.eval_negatives)
-        with contextlib.ExitStack() as group:
-            if ranks.distributed:
-                group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
-                log.info("%d ranks, %d training positives per rank and step", ranks.world_size, sampler.batch_size)
-            result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
-                                metrics=metrics, control=control, ranks=ranks, log=epoch_printer(args))
+        try:
+            if metrics is not None:
+                exposed.enter_context(served(metrics, args))
+            log.info("source: %s (%d features, %d hops, %d training positives; %d val and %d test positives with %d "
+                     "negatives each)", source.description, source.num_features, source.num_hops,
+                     source.train_positives, source.positives("val"), source.positives("test"),
+                     source.eval_negatives)
+            with contextlib.ExitStack() as group:
+                if ranks.distributed:
+                    assert sampler is not None  # several ranks train in memory (the daemon refuses a job)
+                    group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
+                    log.info("%d ranks, %d training positives per rank and step", ranks.world_size,
+                             sampler.batch_size)
+                result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
+                                    metrics=metrics, control=control, ranks=ranks, log=epoch_printer(args))
+        finally:
+            source.close()  # before lingering: the daemon's session and slots are not the metrics' to hold
         if not ranks.main:
             return 0
         return report_result(args, result, result.finished_line(), control, metrics, stop)

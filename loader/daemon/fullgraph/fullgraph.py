@@ -14,12 +14,15 @@ Stages, wired in ``start_fullgraph_pipeline`` and joined by bounded queues::
     sampler (superbatch k+1) -> planner (superbatch k) -> publisher (superbatch k-1, in the session)
 
 so sampling, cache planning and gathering of consecutive superbatches overlap (Ginex's
-superbatch-level pipeline). At most ``SUPERBATCHES_IN_FLIGHT`` superbatches exist at once: the
+superbatch-level pipeline). A link dataset's sampler stage makes link batches instead
+(``loader.daemon.link_serving``); the planner and publisher are the same.
+At most ``SUPERBATCHES_IN_FLIGHT`` superbatches exist at once: the
 sampler takes a token per superbatch and the publisher hands it back after its last batch, so a
 slow trainer stalls the sampler and memory stays what the plan charged.
 """
 
 import asyncio
+import dataclasses
 import itertools
 import threading
 from abc import abstractmethod
@@ -31,11 +34,13 @@ from typing import ClassVar
 import numpy as np
 
 from loader.daemon.config import LoaderConfig
+from loader.daemon.link_serving import sample_link_steps
 from loader.daemon.mode import TrainingMode
 from loader.daemon.serving import ServingContext
 from loader.daemon.slot_source import RowSource, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
 from loader.sampling.inmemory import shuffle_key
+from loader.sampling.link_sampling import PassLinkLabels, link_batch_plan
 from loader.sampling.ranks import LocalRanks, Pieces, deal_pieces, piece_keys, sample_pieces
 from loader.sampling.sampling import SampledBatches, SampledPass, shuffle
 
@@ -113,6 +118,8 @@ class SampledSuperbatch:
     sampled: SampledBatches
     member: np.ndarray | None
     global_size: np.ndarray | None
+    link_labels: PassLinkLabels | None = None
+    """A link dataset's superbatch: each batch's supervision pairs (``loader.daemon.link_serving``)."""
 
 
 async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, local: LocalRanks,
@@ -141,6 +148,27 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
         await out.put(EpochDone(epoch, total, 1))
 
 
+async def _link_sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, tokens: asyncio.Semaphore,
+                        out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
+    """A link dataset's training stream: epoch e's ``link_batch_plan`` over the training positives, ``superbatch``
+    batches at a time, sampled through the mode (``link_serving.sample_link_steps``); one trainer (the handshake
+    refuses a job of several ranks)."""
+    link = ctx.link
+    assert link is not None
+    cfg = ctx.config.sampler
+    num_nodes = len(ctx.labels)
+    for epoch in itertools.count(start_epoch):
+        plan = link_batch_plan(link.train_positives, cfg.batch_size, cfg.seed, epoch)
+        total = plan.num_batches
+        for first in range(0, total, mode.superbatch):
+            last = min(total, first + mode.superbatch)
+            await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
+            sampled, labels = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_link_steps, mode.sample,
+                                              link, plan, first, last, num_nodes, cfg.sampled_fanouts)
+            await out.put(SampledSuperbatch(epoch, first, total, sampled, None, None, labels))
+        await out.put(EpochDone(epoch, total, 1))
+
+
 async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, tokens: asyncio.Semaphore,
                    inp: "asyncio.Queue[SampledSuperbatch | EpochDone]", out: "asyncio.Queue[SampledWork | EpochDone]"
                    ) -> None:
@@ -150,8 +178,11 @@ async def _planner(ctx: ServingContext, mode: FullGraphMode, rows_for: RowsFor, 
             await out.put(item)
             continue
         rows = await run_timed(mode.planner_pool or ctx.cpu_pool, ctx.metrics, "planner", rows_for, item.sampled)
+        source = mode.slot_source(rows)
+        if item.link_labels is not None:
+            source = dataclasses.replace(source, link_labels=item.link_labels)
         # a superbatch is one pass; its token goes back once its last batch is published
-        await out.put(SampledWork(source=mode.slot_source(rows), release=tokens.release, pass_index=0,
+        await out.put(SampledWork(source=source, release=tokens.release, pass_index=0,
                                   sampled=item.sampled, first_batch=item.first_batch,
                                   epoch_batches=item.epoch_batches, last_pass=True, member=item.member,
                                   global_size=item.global_size))
@@ -171,7 +202,10 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
     pipeline = TrainPipeline(start_epoch, output)
     # the planner's job, on a thread, learns of the stream's stop from ``stopping`` (a cancel cannot reach it)
     rows_for = mode.start_stream(pipeline.stopping)
-    pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, local, tokens, sampled))
+    if ctx.link is None:
+        pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, local, tokens, sampled))
+    else:
+        pipeline.add_stage("sampler", _link_sampler(ctx, mode, start_epoch, tokens, sampled))
     pipeline.add_stage("planner", _planner(ctx, mode, rows_for, tokens, sampled, output))
     return pipeline
 

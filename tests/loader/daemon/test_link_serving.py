@@ -1,0 +1,141 @@
+"""A link-prediction dataset served by the daemon (issue 31): every full-graph mode's training batches are the
+in-memory reference's (``sample_link_batch`` over the whole graph), bitwise; evaluation batches embed each split's
+held-out nodes in order and carry every held-out positive once; what cannot serve a link dataset is refused in
+one line."""
+
+import numpy as np
+import pytest
+
+from loader.daemon.check import check_serve
+from loader.daemon.config import config_from_mapping
+from loader.format.dataset import open_dataset
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.sampling.inmemory import eval_split_batches, load_in_memory
+from loader.sampling.link_sampling import (
+    STREAM_LINK_VAL,
+    held_out_pairs,
+    link_batch_plan,
+    sample_link_batch,
+)
+from loader.sampling.sampling import sample_pass
+from proto.client import ControlClient
+from proto.errors import RemoteError, UserError
+from proto.messages import EpochEnd, EvalEnd, EvalRequest, StartEpoch
+from tests.daemon_harness import consume, daemon_config, running_daemon
+from tests.graphs import link_input_graph, link_raw
+from tests.loader.daemon.fullgraph.test_fullgraph_modes import credited_client
+
+NODES = 400
+BATCH = 64
+FANOUTS = (4, 3)
+MODES = ["exact", "static", "hybrid", "mmap", "inmemory"]
+
+
+@pytest.fixture(scope="module")
+def link_ds(tmp_path_factory):
+    """400 nodes, an undirected graph of ~1,900 pairs split 0.8/0.1/0.1, 12 features, 7 negatives per held-out
+    positive, 8 partitions; and what the in-memory reference reads of it."""
+    root = tmp_path_factory.mktemp("link-serving")
+    src, dst = link_input_graph(11, NODES, 1600, symmetric=True)
+    raw = link_raw(root / "raw", src, dst, NODES, feat_dim=12, undirected=True, eval_negatives=7)
+    prepare_dataset(raw.path, root / "ds", PrepareOptions(num_partitions=8, memory_budget=256 << 20, progress=False))
+    dataset = open_dataset(root / "ds")
+    return root / "ds", load_in_memory(dataset), dataset
+
+
+def link_config(path, socket, mode, **tables):
+    return daemon_config(path, socket, loader={"mode": mode}, io={"check_reads": mode != "mmap"},
+                         sampler={"batch_size": BATCH, "fanouts": list(FANOUTS), "eval_fanouts": [3, 3],
+                                  "eval_batch_size": 50},
+                         memory={"budget": "256M"}, fullgraph={"superbatch": 3}, **tables)
+
+
+def epoch_batches(client, epoch):
+    batches, end = consume(client, StartEpoch(epoch=epoch), EpochEnd)
+    return [arrays for _, arrays in batches]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_training_batches_are_the_in_memory_reference(link_ds, tmp_path, mode):
+    path, data, dataset = link_ds
+    train = dataset.read("train_edges", np.int64, 2)
+    negatives, disjoint = (2, True) if mode == "exact" else (1, False)
+    config = link_config(path, tmp_path / "s.sock", mode, link={"negatives": negatives, "disjoint": disjoint})
+    with running_daemon(config), credited_client(config, task="link") as client:
+        info = client.welcome.dataset
+        assert (info.task, info.link_negatives, info.link_disjoint, info.link_eval_negatives) == \
+            ("link", negatives, disjoint, 7)
+        assert info.link_positives[0] == train.shape[1]
+        epochs = {epoch: epoch_batches(client, epoch) for epoch in (1, 2)}
+    for epoch, batches in epochs.items():
+        plan = link_batch_plan(train.shape[1], BATCH, 0, epoch)
+        assert len(batches) == plan.num_batches
+        for b, arrays in enumerate(batches):
+            positions, key = plan.batch(b)
+            want = sample_link_batch(data.graph, train[0, positions], train[1, positions], NODES, FANOUTS, key,
+                                     negatives_per_positive=negatives, disjoint=disjoint)
+            np.testing.assert_array_equal(arrays["n_id"], want.nodes)
+            np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
+            np.testing.assert_array_equal(arrays["nodes_per_hop"], want.num_sampled_nodes)
+            np.testing.assert_array_equal(arrays["edges_per_hop"], want.num_sampled_edges)
+            np.testing.assert_array_equal(arrays["edge_label_index"], want.edge_label_index)
+            np.testing.assert_array_equal(arrays["edge_label"], want.edge_label)
+            assert arrays["x"].tobytes() == data.features[want.nodes].tobytes()
+            assert "pair_index" not in arrays
+
+
+def test_evaluation_embeds_the_split_nodes_and_carries_each_positive_once(link_ds, tmp_path):
+    path, data, dataset = link_ds
+    held = held_out_pairs(dataset.read("val_edges", np.int64, 2), dataset.read("val_neg_tails", np.int64, 2))
+    config = link_config(path, tmp_path / "s.sock", "exact")
+    with running_daemon(config), credited_client(config, task="link") as client:
+        batches = [arrays for _, arrays in consume(client, EvalRequest(split="val"), EvalEnd)[0]]
+    plan = eval_split_batches(held.nodes, 50, 0, STREAM_LINK_VAL)
+    expected = sample_pass(data.graph, plan.seeds, 50, (3, 3), plan.keys)
+    assert len(batches) == expected.num_batches > 1
+    for b, arrays in enumerate(batches):
+        want = expected.batch(b)
+        np.testing.assert_array_equal(arrays["n_id"], want.nodes)
+        np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
+        assert "edge_label_index" not in arrays
+    seeds = np.concatenate([a["n_id"][:a["nodes_per_hop"][0]] for a in batches])
+    np.testing.assert_array_equal(seeds, held.nodes)
+    pairs = np.concatenate([a["pair_index"] for a in batches], axis=1)
+    tails = np.concatenate([a["pair_tails"] for a in batches])
+    np.testing.assert_array_equal(pairs, np.stack((held.src, held.dst)))
+    np.testing.assert_array_equal(tails, held.tails)
+
+
+def test_a_client_of_the_other_task_is_refused(link_ds, dataset_3k, tmp_path):
+    path, _, _ = link_ds
+    config = link_config(path, tmp_path / "s.sock", "exact")
+    with running_daemon(config), pytest.raises(RemoteError, match="serves link prediction .* --task link"):
+        ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+    config = daemon_config(dataset_3k, tmp_path / "n.sock", loader={"mode": "exact"}, memory={"budget": "256M"})
+    with running_daemon(config), pytest.raises(RemoteError, match="serves node classification .* --task node"):
+        ControlClient.connect(str(config.server.socket), client="test", timeout=30, task="link")
+
+
+@pytest.mark.parametrize("tables, fragment", [
+    ({"loader": {"mode": "hierarchical"}}, "mode hierarchical: ds is a link-prediction dataset, which modes exact"),
+    ({"loader": {"mode": "staged"}}, "mode staged: ds is a link-prediction dataset"),
+    ({"loader": {"mode": "exact"}, "sampler": {"aggregation_cache": True}},
+     "aggregation_cache: not with a link-prediction dataset"),
+])
+def test_what_cannot_serve_a_link_dataset_is_refused_in_one_line(link_ds, tmp_path, tables, fragment):
+    path, _, _ = link_ds
+    config = config_from_mapping({"dataset": {"path": str(path)}, "server": {"socket": str(tmp_path / "s.sock")},
+                                  "metrics": {"port": 0}, **tables})
+    with pytest.raises(UserError, match=fragment) as err:
+        check_serve(config, tmp_path / "config.toml")
+    assert "\n" not in str(err.value)
+
+
+def test_link_config_table_is_checked():
+    base = {"dataset": {"path": "x"}}
+    assert config_from_mapping({**base, "link": {"negatives": 3, "disjoint": True}}).link.negatives == 3
+    for bad, fragment in (({"negatives": 0}, r"\[link\] negatives: must be >= 1"),
+                          ({"disjoint": 1}, r"\[link\] disjoint: expected true or false"),
+                          ({"negative": 2}, r"\[link\] negative: unknown option")):
+        with pytest.raises(UserError, match=fragment):
+            config_from_mapping({**base, "link": bad})

@@ -1,0 +1,41 @@
+"""``megabatch train --task link --socket PATH``: a link predictor trained through the daemon is the one trained in
+memory with the same settings (the daemon's batches are the reference's, and its evaluation batches embed the same
+nodes and carry the same pairs); the flags the daemon's config owns are refused."""
+
+import json
+
+import pytest
+
+from tests.daemon_harness import daemon_config, running_daemon
+from tests.trainer.test_link_train import in_process, link_args, link_dataset, without_timings  # noqa: F401
+
+DAEMON_SAMPLER = {"batch_size": 128, "fanouts": [5, 5], "eval_fanouts": [5, 5], "eval_batch_size": 1024}
+"""``link_args``' sampler settings as a daemon config sets them."""
+
+
+@pytest.mark.parametrize("mode", ["exact", "inmemory"])
+def test_training_through_the_daemon_equals_training_in_memory(link_dataset, tmp_path, capsys, mode):  # noqa: F811
+    local, remote = tmp_path / "local.json", tmp_path / "remote.json"
+    options = ("--decoder", "mlp", "--epochs", 2)
+    assert in_process(capsys, *link_args(link_dataset, *options, "--negatives", 2, "--disjoint",
+                                         "--json-out", local))[0] == 0
+    config = daemon_config(link_dataset, tmp_path / "s.sock", loader={"mode": mode}, sampler=DAEMON_SAMPLER,
+                           memory={"budget": "256M"}, link={"negatives": 2, "disjoint": True})
+    with running_daemon(config):
+        code, lines, err = in_process(capsys, "--socket", config.server.socket, "--task", "link", "--hidden", 16,
+                                      *options, "--json-out", remote)
+    assert code == 0 and not err, err
+    first, second = without_timings(json.loads(local.read_text())), without_timings(json.loads(remote.read_text()))
+    assert second["source"].startswith(f"daemon {config.server.socket}") and second["source"].endswith(
+        f"(link, mode {mode})")
+    assert second["config"]["negatives"] == 2 and second["config"]["disjoint"] is True
+    for result in (first, second):
+        result.pop("source")
+    assert second == first
+
+
+def test_the_daemons_settings_are_not_flags(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        in_process(capsys, "--socket", "s", "--task", "link", "--negatives", 2, "--link-order", "comet")
+    assert exit_.value.code == 2
+    assert "--negatives, --link-order: not with --task link through the daemon" in capsys.readouterr().err
