@@ -36,6 +36,9 @@ log = logging.getLogger("megabatch.config")
 RENAMED_TABLES = {"exact": "fullgraph"}
 """Old table name -> new: the old one is still read, with a warning; both in one file is an error."""
 
+LINK_BUFFER_ORDERS = ("comet", "beta")
+"""``[link] order``: MariusGNN's partition buffer orders (``loader.sampling.buffer_order``)."""
+
 SCHEDULES = ("balanced", "random")
 """How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
 
@@ -151,6 +154,13 @@ class LinkConfig:
     disjoint: bool = False
     """Drop each training batch's positive edges from its own message passing, so the model cannot read the
     answer off the graph (default false; ``loader.sampling.link_sampling``)."""
+    order: str = "comet"
+    """Mode "hierarchical": the partition buffer order (MariusGNN) its mega-batches follow, "comet" (default) or
+    "beta"; the buffer holds as many partitions as a mega-batch (``[memory] budget``, ``[hierarchy]
+    megabatch_fraction``)."""
+    logical_partitions: int | None = None
+    """Mode "hierarchical", order "comet": logical partitions the physical ones are grouped into each epoch, or
+    None ("auto", the default: MariusGNN's 2P/C, rounded so that two fit the buffer)."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +285,12 @@ def _size(table: str, key: str, value: Any) -> int:
         return parse_size(value, name=f"[{table}] {key}")
     except UserError as err:
         raise UserError(str(err)) from None
+
+
+def _choice(table: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _fail(table, key, f"expected one of {', '.join(choices)}, got {value!r}")
+    return str(value)
 
 
 def _fanouts(table: str, key: str, value: Any) -> tuple[int, ...]:
@@ -497,7 +513,12 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
     _check_keys("link", link_t, LinkConfig)
     link = LinkConfig(negatives=_int("link", "negatives", link_t.get("negatives", LinkConfig().negatives), minimum=1,
                                      maximum=1 << 16),
-                      disjoint=_bool("link", "disjoint", link_t.get("disjoint", LinkConfig().disjoint)))
+                      disjoint=_bool("link", "disjoint", link_t.get("disjoint", LinkConfig().disjoint)),
+                      order=_choice("link", "order", link_t.get("order", LinkConfig().order), LINK_BUFFER_ORDERS),
+                      logical_partitions=_int_or_auto("link", "logical_partitions",
+                                                      link_t.get("logical_partitions", "auto"), minimum=1))
+    if link.order == "beta" and link.logical_partitions is not None:
+        raise _fail("link", "logical_partitions", "BETA swaps physical partitions (order = \"comet\" takes it)")
 
     mode = _mode(_table(data, "loader"))
     return LoaderConfig(dataset=dataset, loader=mode,

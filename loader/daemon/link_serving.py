@@ -12,35 +12,51 @@ Evaluation embeds the nodes a split's scores need (``HeldOut.nodes``) in node ba
 trainer does, and each batch carries its share of the split's positives and their fixed negative tails
 (``HeldOutShares``), as positions into those nodes: the trainer scores them once the stream has ended.
 
-What is not served yet: the hierarchical mode (a mega-batch would need MariusGNN's edge buckets and a
-buffer order, issue 31's COMET mode), mode staged (its memory plan charges spilled superbatches, which
-link batches are not), the aggregation cache and training jobs of several ranks. Each is refused in one
-line (``link_problem``, the handshake).
+The hierarchical mode serves MariusGNN's partition buffer orders (``[link] order``, COMET by default): its
+mega-batch is the buffer, of as many partitions as the budget holds (``link_states``); each state of the
+epoch's ``buffer_epoch`` is a mega-batch, loaded whole, whose edge buckets are trained with neighbours sampled
+in the subgraph the buffer induces and negatives drawn from its nodes (``sample_link_state``), exactly as
+``megabatch train --mode inmemory --link-order comet`` emulates it; a buffer of every partition trains the
+shuffled order. The static cache is off for a link dataset (a static node joining the buffer would change the
+subgraph the order's batches are defined on), and each state is read whole, not only its swapped partition
+(the reads are counted: MariusGNN's I/O model reads one logical partition per swap).
+
+What is not served yet: mode staged (its memory plan charges spilled superbatches, which link batches are
+not), the aggregation cache and training jobs of several ranks. Each is refused in one line
+(``link_problem``, the handshake).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from loader.daemon.config import LoaderConfig
 from loader.format.dataset import Dataset
+from loader.format.partition_table import PartitionTable
+from loader.sampling.buffer_order import LinkOrder, buffer_epoch, buffer_plan, resolved_logical
+from loader.sampling.comet import logical_capacity
 from loader.sampling.link_sampling import (
     HeldOut,
     LinkEpochPlan,
     PassLinkLabels,
     SampledLinkBatch,
     held_out_pairs,
+    link_batch_plan,
     link_pass,
+    sample_link_batch,
     sample_link_batch_by,
 )
-from loader.sampling.sampling import SampledBatch, SampledPass
+from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
 from proto.errors import UserError
 
-__all__ = ["LinkServing", "load_link_serving", "link_problem", "sample_link_steps", "LINK_MODES"]
+__all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "sample_link_steps", "link_states",
+           "check_buffer", "sample_link_state", "LINK_MODES"]
 
-LINK_MODES = ("exact", "static", "hybrid", "mmap", "inmemory")
-"""``[loader] mode`` values that serve a link dataset (the full-graph modes whose batches are the reference's)."""
+LINK_MODES = ("hierarchical", "exact", "static", "hybrid", "mmap", "inmemory")
+"""``[loader] mode`` values that serve a link dataset: the full-graph modes whose batches are the shuffled reference's,
+and the hierarchical mode in MariusGNN's buffer order."""
 
 PassSampler = Callable[[np.ndarray, int, tuple[int, ...], np.ndarray], SampledPass]
 """A mode's ``sample(seeds, batch_size, fanouts, keys)``."""
@@ -57,6 +73,11 @@ class LinkServing:
     eval_negatives: int
     negatives: int
     disjoint: bool
+    edge_buckets: np.ndarray
+    """int64 (P*P + 1,): the edge buckets' offsets in ``train_edges`` (the buffer orders' unit)."""
+    order: LinkOrder = "comet"
+    """The hierarchical mode's buffer order (``[link] order``)."""
+    logical_partitions: int | None = None
 
     @property
     def train_positives(self) -> int:
@@ -65,7 +86,84 @@ class LinkServing:
     @property
     def nbytes(self) -> int:
         held = sum(h.nodes.nbytes + h.src.nbytes + h.dst.nbytes + h.tails.nbytes for h in self.held_out.values())
-        return int(self.train_edges.nbytes) + held
+        return int(self.train_edges.nbytes) + held + int(self.edge_buckets.nbytes)
+
+
+@dataclass(frozen=True)
+class LinkStateWork:
+    """Hierarchical scheduler -> sampler: the training edges one mega-batch (a buffer state) trains.
+
+    order: int64 positions into ``train_edges``, in batch order; batch_ptr: int64 [B + 1], batch k is
+    ``order[batch_ptr[k]:batch_ptr[k + 1]]``; keys: uint64 [B], each batch's key; first_batch: the state's first
+    batch in the epoch; pool: negatives from the resident nodes (a buffer state), else uniform over every node (a
+    mega-batch of the whole graph: the shuffled order, exactly the full-graph modes' batches).
+    """
+
+    order: np.ndarray
+    batch_ptr: np.ndarray
+    keys: np.ndarray
+    first_batch: int
+    pool: bool
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_ptr) - 1
+
+
+def link_states(link: LinkServing, partitions: PartitionTable, capacity: int, batch_size: int, seed: int,
+                epoch: int) -> tuple[list[tuple[np.ndarray, LinkStateWork]], int]:
+    """Epoch ``epoch`` of the hierarchical mode for a link dataset: (the resident partitions and the work of each
+    state that trains something, in order; the epoch's batches). With ``capacity`` below the P partitions, the
+    states of ``buffer_epoch`` (MariusGNN's order, as ``megabatch train --mode inmemory --link-order`` trains it);
+    with every partition resident, one state, the shuffled order over the whole graph."""
+    p = len(partitions)
+    if capacity >= p:
+        plan = link_batch_plan(link.train_positives, batch_size, seed, epoch)
+        work = LinkStateWork(plan.order, plan.batch_ptr, plan.keys, 0, pool=False)
+        return [(np.arange(p, dtype=np.int64), work)], plan.num_batches
+    logical = None if link.order == "beta" else resolved_logical(link.order, p, capacity, link.logical_partitions)
+    epoch_order = buffer_epoch(buffer_plan(link.order, p, capacity, logical, seed, epoch), link.edge_buckets,
+                               partitions, batch_size)
+    states = []
+    for state in epoch_order.states:
+        if not state.num_batches:  # a state that trains nothing is not loaded
+            continue
+        first = int(epoch_order.state_batches[state.index])
+        keys = epoch_order.batches.keys[first:first + state.num_batches]
+        states.append((state.partitions, LinkStateWork(state.order, state.batch_ptr, keys, first, pool=True)))
+    return states, epoch_order.num_batches
+
+
+def check_buffer(link: LinkServing, num_partitions: int, capacity: int) -> str | None:
+    """Why a buffer of ``capacity`` partitions cannot follow ``link``'s order (one line), or None."""
+    if capacity >= num_partitions:
+        return None
+    if capacity < 2:
+        return (f"a link buffer needs 2 partitions and the mega-batch holds {capacity} of {num_partitions}: raise "
+                f"[memory] budget or [hierarchy] megabatch_fraction")
+    try:
+        logical = resolved_logical(link.order, num_partitions, capacity, link.logical_partitions)
+        if link.order == "comet":
+            logical_capacity(num_partitions, capacity, logical)
+    except ValueError as err:
+        return f"[link] logical_partitions: {err} (a buffer of {capacity} of {num_partitions} partitions)"
+    return None
+
+
+def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, fanouts: tuple[int, ...]
+                      ) -> tuple[SampledPass, PassLinkLabels]:
+    """A mega-batch's link batches over its subgraph ``graph`` (local ids; ``global_ids`` ascending: ascending
+    partitions, no static node joined), as ``trainer/link/inmemory.py`` samples a buffer state's, bitwise."""
+    pool = np.arange(graph.num_nodes, dtype=np.int64) if work.pool else None
+    src = np.searchsorted(graph.global_ids, link.train_edges[0, work.order])
+    dst = np.searchsorted(graph.global_ids, link.train_edges[1, work.order])
+    batches: list[SampledLinkBatch] = []
+    for k in range(work.num_batches):
+        begin, end = int(work.batch_ptr[k]), int(work.batch_ptr[k + 1])
+        batches.append(sample_link_batch(graph, src[begin:end], dst[begin:end], graph.num_nodes, fanouts,
+                                         int(work.keys[k]), negatives_per_positive=link.negatives,
+                                         negative_pool=pool, disjoint=link.disjoint))
+    return link_pass(batches, len(fanouts))
 
 
 def link_problem(dataset: Dataset, config: LoaderConfig) -> str | None:
@@ -99,8 +197,14 @@ def load_link_serving(dataset: Dataset, config: LoaderConfig) -> LinkServing | N
     held = {split: held_out_pairs(read(f"{split}_edges", (2, link.of(split))),
                                   read(f"{split}_neg_tails", (link.of(split), link.eval_negatives)))
             for split in ("val", "test")}
+    buckets = dataset.read("edge_buckets", np.int64, 1)
+    p = dataset.manifest.num_partitions
+    if buckets.shape != (p * p + 1,) or buckets[-1] != link.train:
+        raise UserError(f"{dataset.file('edge_buckets')}: shape {buckets.shape}, expected {(p * p + 1,)} offsets "
+                        f"ending at the {link.train} training positives")
     return LinkServing(read("train_edges", (2, link.train)), held, link.eval_negatives, config.link.negatives,
-                       config.link.disjoint)
+                       config.link.disjoint, buckets, cast(LinkOrder, config.link.order),
+                       config.link.logical_partitions)
 
 
 def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPlan, first: int, last: int,

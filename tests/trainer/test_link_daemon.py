@@ -34,6 +34,23 @@ def test_training_through_the_daemon_equals_training_in_memory(link_dataset, tmp
     assert second == first
 
 
+def test_the_hierarchical_mode_trains_as_the_in_memory_comet_emulation(link_dataset, tmp_path, capsys):  # noqa: F811
+    local, remote = tmp_path / "local.json", tmp_path / "remote.json"
+    assert in_process(capsys, *link_args(link_dataset, "--epochs", 2, "--link-order", "comet", "--buffer-partitions", 2,
+                                         "--json-out", local))[0] == 0
+    config = daemon_config(link_dataset, tmp_path / "s.sock", loader={"mode": "hierarchical"}, sampler=DAEMON_SAMPLER,
+                           memory={"budget": "256M"}, hierarchy={"megabatch_fraction": 0.5})
+    with running_daemon(config):
+        code, _, err = in_process(capsys, "--socket", config.server.socket, "--task", "link", "--hidden", 16,
+                                  "--epochs", 2, "--json-out", remote)
+    assert code == 0 and not err, err
+    first, second = json.loads(local.read_text()), json.loads(remote.read_text())
+    assert first["buffer"]["order"] == "comet" and first["epochs"][0]["buffer_states"] > 1
+    for a, b in zip(first["epochs"], second["epochs"], strict=True):
+        assert (a["loss"], a["val"], a["test"], a["samples"]) == (b["loss"], b["val"], b["test"], b["samples"])
+    assert first["test_at_best"] == second["test_at_best"]
+
+
 def test_the_daemons_settings_are_not_flags(capsys):
     with pytest.raises(SystemExit) as exit_:
         in_process(capsys, "--socket", "s", "--task", "link", "--negatives", 2, "--link-order", "comet")

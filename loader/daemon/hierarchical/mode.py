@@ -22,6 +22,7 @@ from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, 
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
+from loader.daemon.link_serving import check_buffer
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.read_metrics import STARTUP
 from loader.daemon.resident import ResidentData
@@ -29,6 +30,7 @@ from loader.daemon.stages import TrainPipeline
 from loader.format.partition_count import auto_partitions
 from loader.format.read_checks import load_read_checks
 from loader.sampling.ranks import LocalRanks
+from proto.errors import UserError
 
 __all__ = ["HierarchicalMode"]
 
@@ -100,13 +102,16 @@ class HierarchicalMode(TrainingMode):
                              float32_features=m.feat_dtype.value == "float32")
         self.context = PipelineContext(cfg, resident, arena, reader, serving.metrics, serving.cpu_pool,
                                        plan.buffer.partitions, train_label_counts(parts, train, resident.labels),
-                                       knobs)
+                                       knobs, link=serving.link)
         serving.metrics.static_nodes.set(static_rows)
         serving.metrics.static_bytes.set(arena.static_bytes)
 
     def summary(self) -> str:
-        per = self.budget_plan.buffer.partitions
-        return f"{len(self.context.resident.partitions)} partitions, {per} per mega-batch"
+        per, total = self.budget_plan.buffer.partitions, len(self.context.resident.partitions)
+        link = self.context.link
+        if link is not None and per < total:
+            return f"link prediction in {link.order} order, a buffer of {per} of {total} partitions"
+        return f"{total} partitions, {per} per mega-batch"
 
     def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
         return start_train_pipeline(self.context, start_epoch, local)
@@ -145,8 +150,17 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
 
     cut, cut_edges = m.edge_cut.fraction, m.edge_cut.edges
     static = resident.static
+    if setup.serving.link is not None:
+        # a link dataset's buffer states are defined on the subgraph their partitions induce: no static node joins
+        static = static.select(np.zeros(0, dtype=np.int64))
+        resident = replace(resident, static=static)
     static_cut = static.cut_in_degree(parts)
-    if cfg.hierarchy.static_cache is None:
+    if setup.serving.link is not None:
+        plan = plan_for(0, 0)
+        problem = check_buffer(setup.serving.link, m.num_partitions, plan.buffer.partitions)
+        if problem is not None:
+            raise UserError(problem)
+    elif cfg.hierarchy.static_cache is None:
         ranked = static.by_degree()
         plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
                                 static_cut_edges=static_cut[ranked], cut_edges=cut_edges, edge_cut=cut,

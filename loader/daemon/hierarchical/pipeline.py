@@ -34,6 +34,7 @@ from loader.daemon.hierarchical.coverage import (
 )
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
 from loader.daemon.hierarchical.schedule import LabelMix, ScheduledMegaBatch, schedule_epoch
+from loader.daemon.link_serving import LinkServing, link_states, sample_link_state
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_source import OffsetRows, SlotSource
@@ -64,6 +65,8 @@ class PipelineContext:
     """float64 (P, C): training labels per partition; the balanced schedule and the label skew read it."""
     knobs: QualityKnobs = EVERYTHING_SET
     """Where the settings a quality warning could name stand (it names only those not set)."""
+    link: LinkServing | None = None
+    """A link dataset: mega-batches are the states of its buffer order (``link_serving.link_states``)."""
     warning_streaks: WarningStreaks = field(default_factory=WarningStreaks)
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
@@ -98,6 +101,13 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, local: LocalRanks,
     cfg = ctx.config
     for epoch in itertools.count(start_epoch):
         t0 = time.perf_counter()
+        if ctx.link is not None:
+            states, total = link_states(ctx.link, ctx.resident.partitions, ctx.partitions_per_megabatch,
+                                        cfg.sampler.batch_size, cfg.sampler.seed, epoch)
+            ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
+            for index, (partitions, work) in enumerate(states):
+                await schedule_queue.put(ScheduledMegaBatch(epoch, index, len(states), partitions, total, work))
+            continue
         balanced = ctx.label_counts if cfg.hierarchy.schedule == "balanced" else None
         schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch,
                                   balanced)
@@ -214,6 +224,19 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
         ctx.metrics.mb_nodes.set(mb.num_nodes)
         ctx.metrics.mb_edges.set(mb.num_edges)
         source = megabatch_source(ctx, mb)
+        work = mb.scheduled.link
+        if work is not None:  # a buffer state: its edge buckets' batches, one pass (each edge once an epoch)
+            assert ctx.link is not None
+            sampled, labels = await _timed(ctx, "sampler", sample_link_state, mb.graph, ctx.link, work,
+                                           cfg.sampler.sampled_fanouts)
+            await output.put(SampledWork(source=dataclasses.replace(source, link_labels=labels),
+                                         release=functools.partial(release, mb.buffer), pass_index=0,
+                                         sampled=sampled, first_batch=work.first_batch, epoch_batches=epoch_batches,
+                                         last_pass=True))
+            if mb.scheduled.is_last:
+                await output.put(EpochDone(epoch, epoch_batches, mb.scheduled.count))
+                epoch += 1
+            continue
         for pass_index in itertools.count():
             key = int(batch_keys(cfg.sampler.seed, STREAM_MEGABATCH_SHUFFLE, epoch, pass_index, mb.scheduled.index,
                                  1)[0])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.daemon.hierarchical.schedule_kernels import balanced_group_of
+from loader.daemon.link_serving import LinkStateWork
 from loader.format.partition_table import PartitionTable
 
 __all__ = ["ScheduledMegaBatch", "schedule_epoch", "label_skew", "binomial_mean_abs_deviation", "chance_label_skew",
@@ -41,6 +42,8 @@ class ScheduledMegaBatch:
     """int64 partition ids, ascending (so reads walk the files forward)."""
     epoch_batches: int = -1
     """Batches the whole epoch will publish, or -1 when not known ahead (``passes = "auto"``)."""
+    link: LinkStateWork | None = None
+    """A link dataset's mega-batch (a buffer state): the training edges it trains (``link_serving.link_states``)."""
 
     def __post_init__(self) -> None:
         parts = np.ascontiguousarray(self.partitions, dtype=np.int64)

@@ -24,6 +24,7 @@ from proto.messages import EpochEnd, EvalEnd, EvalRequest, StartEpoch
 from tests.daemon_harness import consume, daemon_config, running_daemon
 from tests.graphs import link_input_graph, link_raw
 from tests.loader.daemon.fullgraph.test_fullgraph_modes import credited_client
+from trainer.link.inmemory import LinkInMemorySource
 
 NODES = 400
 BATCH = 64
@@ -116,8 +117,62 @@ def test_a_client_of_the_other_task_is_refused(link_ds, dataset_3k, tmp_path):
         ControlClient.connect(str(config.server.socket), client="test", timeout=30, task="link")
 
 
+@pytest.mark.parametrize("order, logical", [("comet", None), ("comet", 4), ("beta", None)])
+def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulation(link_ds, tmp_path, order, logical):
+    path, _, dataset = link_ds
+    link = {"order": order, "negatives": 2, "disjoint": order == "beta"}
+    if logical is not None:
+        link["logical_partitions"] = logical
+    config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5}, link=link)
+    with running_daemon(config) as daemon, credited_client(config, task="link") as client:
+        assert daemon.mode.summary() == f"link prediction in {order} order, a buffer of 4 of 8 partitions"
+        epochs = {epoch: epoch_batches(client, epoch) for epoch in (1, 2)}
+        reads = daemon.metrics.disk_bytes.labels("features", "train")._value.get()
+    reference = LinkInMemorySource(dataset, batch_size=BATCH, negatives=2, disjoint=order == "beta", fanouts=FANOUTS,
+                                   link_order=order, buffer_partitions=4, logical_partitions=logical)
+    assert reads > 0  # each state's partitions come from the disk
+    for epoch, batches in epochs.items():
+        want = list(reference.train_batches(epoch))
+        assert len(batches) == len(want) == reference.buffer_epoch(epoch).num_batches
+        trained = []
+        for arrays, expected in zip(batches, want, strict=True):
+            np.testing.assert_array_equal(arrays["n_id"], expected.graph.n_id.numpy())
+            np.testing.assert_array_equal(arrays["edge_index"], expected.graph.edge_index.numpy())
+            np.testing.assert_array_equal(arrays["nodes_per_hop"], expected.graph.num_sampled_nodes)
+            np.testing.assert_array_equal(arrays["edge_label_index"], expected.edge_label_index.numpy())
+            np.testing.assert_array_equal(arrays["edge_label"], expected.edge_label.numpy())
+            assert arrays["x"].tobytes() == expected.graph.x.numpy().tobytes()
+            seeds = arrays["n_id"][:arrays["nodes_per_hop"][0]]
+            positives = arrays["edge_label_index"][:, arrays["edge_label"] == 1]
+            trained.append(seeds[positives])
+        # every training edge once an epoch
+        pairs = np.concatenate(trained, axis=1)
+        train = dataset.read("train_edges", np.int64, 2)
+        assert sorted(map(tuple, pairs.T.tolist())) == sorted(map(tuple, train.T.tolist()))
+
+
+def test_a_hierarchical_buffer_of_every_partition_trains_the_shuffled_order(link_ds, tmp_path):
+    path, data, dataset = link_ds
+    train = dataset.read("train_edges", np.int64, 2)
+    config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 1.0})
+    with running_daemon(config) as daemon, credited_client(config, task="link") as client:
+        assert daemon.mode.summary() == "8 partitions, 8 per mega-batch"
+        batches = epoch_batches(client, 3)
+    plan = link_batch_plan(train.shape[1], BATCH, 0, 3)
+    assert len(batches) == plan.num_batches
+    for b, arrays in enumerate(batches):
+        positions, key = plan.batch(b)
+        want = sample_link_batch(data.graph, train[0, positions], train[1, positions], NODES, FANOUTS, key)
+        np.testing.assert_array_equal(arrays["n_id"], want.nodes)
+        np.testing.assert_array_equal(arrays["edge_index"], want.edge_index)
+        np.testing.assert_array_equal(arrays["edge_label_index"], want.edge_label_index)
+
+
 @pytest.mark.parametrize("tables, fragment", [
-    ({"loader": {"mode": "hierarchical"}}, "mode hierarchical: ds is a link-prediction dataset, which modes exact"),
+    ({"loader": {"mode": "hierarchical"}, "hierarchy": {"megabatch_fraction": 0.125}},
+     "a link buffer needs 2 partitions and the mega-batch holds 1 of 8"),
+    ({"loader": {"mode": "hierarchical"}, "hierarchy": {"megabatch_fraction": 0.5}, "link": {"logical_partitions": 3}},
+     r"\[link\] logical_partitions: "),
     ({"loader": {"mode": "staged"}}, "mode staged: ds is a link-prediction dataset"),
     ({"loader": {"mode": "exact"}, "sampler": {"aggregation_cache": True}},
      "aggregation_cache: not with a link-prediction dataset"),
@@ -136,6 +191,8 @@ def test_link_config_table_is_checked():
     assert config_from_mapping({**base, "link": {"negatives": 3, "disjoint": True}}).link.negatives == 3
     for bad, fragment in (({"negatives": 0}, r"\[link\] negatives: must be >= 1"),
                           ({"disjoint": 1}, r"\[link\] disjoint: expected true or false"),
-                          ({"negative": 2}, r"\[link\] negative: unknown option")):
+                          ({"negative": 2}, r"\[link\] negative: unknown option"),
+                          ({"order": "marius"}, r"\[link\] order: expected one of comet, beta"),
+                          ({"order": "beta", "logical_partitions": 4}, "BETA swaps physical partitions")):
         with pytest.raises(UserError, match=fragment):
             config_from_mapping({**base, "link": bad})
