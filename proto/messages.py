@@ -560,7 +560,7 @@ def _record_from_map(cls: type[_R], frame: dict[Any, Any], where: str) -> _R:
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name not in frame:
-            if f.default is dataclasses.MISSING:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise _fail(f"{where}.{f.name}", "missing")
             continue
         value = frame[f.name]

@@ -51,7 +51,9 @@ def dataset_infos(draw: st.DrawFn) -> DatasetInfo:
         fanouts=draw(st.lists(FANOUT, min_size=hops, max_size=hops)),
         eval_fanouts=draw(st.lists(FANOUT, min_size=hops, max_size=hops)),
         batch_size=draw(st.integers(1, 2**63 - 1)), train_nodes=draw(COUNT), val_nodes=draw(COUNT),
-        test_nodes=draw(COUNT), mode=draw(TEXT))
+        test_nodes=draw(COUNT), mode=draw(TEXT), task=draw(st.sampled_from(["node", "link"])),
+        link_negatives=draw(COUNT), link_disjoint=draw(st.booleans()), link_eval_negatives=draw(COUNT),
+        link_positives=draw(st.lists(COUNT, max_size=3)))
 
 
 @st.composite
@@ -180,6 +182,22 @@ def test_feature_cache_fields_are_optional_both_ways():
         decode_one(frame({**old_hello, "feature_cache_bytes": -1}))
     with pytest.raises(ProtocolError, match="Welcome.feature_cache_rows"):
         decode_one(frame({**old_welcome, "feature_cache_rows": "many"}))
+
+
+def test_link_fields_are_optional_both_ways():
+    # an old client says nothing of its task (node classification), an old daemon nothing of its dataset's
+    old_hello = {"t": "hello", "protocol_version": PROTOCOL_VERSION, "client": "old trainer", "pid": 5}
+    assert decode_one(frame(old_hello)).task == "node"
+    assert decode_one(frame({**old_hello, "task": "link"})).task == "link"
+    old_welcome = message_to_map(SAMPLES[1])
+    for name in ("task", "link_negatives", "link_disjoint", "link_eval_negatives", "link_positives"):
+        old_welcome["dataset"].pop(name, None)
+    info = decode_one(frame(old_welcome)).dataset
+    assert (info.task, info.link_negatives, info.link_positives) == ("node", 0, [])
+    with pytest.raises(ProtocolError, match="Hello.task: 'graph' is not one of node, link"):
+        decode_one(frame({**old_hello, "task": "graph"}))
+    with pytest.raises(ProtocolError, match=r"DatasetInfo.link_positives\[1\]: -2 is outside"):
+        decode_one(frame(_nested("dataset", link_positives=[1, -2, 3])))
 
 
 def _replace(msg: Message, **changes: object) -> dict:
