@@ -119,6 +119,9 @@ class DaemonMetrics:
         self.mb_edges = Gauge("megabatch_megabatch_edges", "Edges of the current mega-batch subgraph", registry=r)
         self.mb_bytes = Gauge("megabatch_megabatch_bytes", "Bytes read for the current mega-batch", registry=r)
         self.mb_loaded = Counter("megabatch_megabatches_loaded", "Mega-batches read and assembled", registry=r)
+        self.partitions_loaded = Counter("megabatch_partitions_loaded",
+                                         "Partitions a mega-batch took: read from the disk, or copied from the "
+                                         "previous mega-batch's buffer where it held them", ["source"], registry=r)
         self.mb_load_seconds = Histogram("megabatch_megabatch_load_seconds", "Read + assemble time per mega-batch",
                                          buckets=LOAD_BUCKETS, registry=r)
         self.feature_cache_lookups = Counter("megabatch_feature_cache_lookups",

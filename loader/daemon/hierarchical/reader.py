@@ -75,6 +75,28 @@ class BlockCheck:
 
 
 @dataclass(frozen=True)
+class CopyRequest:
+    """One partition's range already in the other buffer (the previous mega-batch's): copied, not read."""
+
+    source: np.ndarray
+    dest: np.ndarray
+    """uint8 views of equal length."""
+
+
+@dataclass(frozen=True)
+class PartitionPlace:
+    """Where a loaded partition's data sits in its buffer (what a later load may copy from)."""
+
+    feature: int
+    """Arena offset of its first feature row (``padded`` bytes follow)."""
+    padded: int
+    edge: int
+    """Position of its first entry in ``raw_indices``."""
+    ptr: int
+    """Position of its ``indptr`` slice in ``raw_indptr_scratch``."""
+
+
+@dataclass(frozen=True)
 class MegaBatchReads:
     """Everything one mega-batch's load issues and records: the preads, the range checks, and where
     each partition's rows and edges land in the buffer."""
@@ -88,6 +110,9 @@ class MegaBatchReads:
     aggregate_base: np.ndarray | None = None
     """int64 (N_d,): arena offset of each partition's first aggregate row; None without the aggregation cache."""
     block_checks: list[BlockCheck] = field(default_factory=list)
+    copies: list[CopyRequest] = field(default_factory=list)
+    places: dict[int, PartitionPlace] = field(default_factory=dict)
+    """Partition id -> where it lands."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +156,11 @@ class PartitionReader:
         self._indices_fd = self._open(dataset.file("indices"), direct=False)
         self._indptr_fd = self._open(dataset.file("indptr"), direct=False)
         self._aggregate_fd = -1 if aggregates is None else self._open(aggregates.path, direct=direct_io)
+        self._last: tuple[MegaBatchBuffer, dict[int, PartitionPlace]] | None = None
+        """The last mega-batch loaded whole: its buffer and where each of its partitions sits. Only this reader
+        writes a buffer, one load at a time, so those bytes hold until it loads into that buffer again; a load into
+        the other buffer copies the partitions the two share instead of reading them (consecutive states of a link
+        buffer order share most of theirs). Without the aggregation cache only (its rows are not tracked)."""
 
     def _open(self, path: os.PathLike[str], *, direct: bool) -> int:
         flags = os.O_RDONLY | os.O_CLOEXEC
@@ -189,6 +219,9 @@ class PartitionReader:
         isz = self._index_itemsize
         raw = buffer.raw_indices.view(np.uint8)
         scratch = buffer.raw_indptr_scratch.view(np.uint8)
+        copies: list[CopyRequest] = []
+        places: dict[int, PartitionPlace] = {}
+        last = self._last if self._last is not None and self._last[0] is not buffer and not aggregated else None
         for i, part in enumerate(parts.rows()):
             node_begin, node_end, edge_begin, edge_end = part.node_begin, part.node_end, part.edge_begin, part.edge_end
             feat_offset, feat_nbytes, padded = part.feat_offset, part.feat_nbytes, part.feat_padded
@@ -196,6 +229,23 @@ class PartitionReader:
                 raise RuntimeError("mega-batch features exceed the planned buffer (memory plan bug)")
             feature_base[i] = feat_pos
             n_edges, n_ptr = edge_end - edge_begin, node_end - node_begin + 1
+            pid = int(scheduled.partitions[i])
+            places[pid] = PartitionPlace(feat_pos, padded, edge_pos, ptr_pos)
+            held = None if last is None else last[1].get(pid)
+            if held is not None:  # in the previous mega-batch's buffer: three copies, checked when they were read
+                old_buffer = last[0] if last is not None else buffer
+                old_raw = old_buffer.raw_indices.view(np.uint8)
+                old_scratch = old_buffer.raw_indptr_scratch.view(np.uint8)
+                data = self._arena.data
+                copies += [CopyRequest(data[held.feature:held.feature + padded], data[feat_pos:feat_pos + padded]),
+                           CopyRequest(old_raw[held.edge * isz:(held.edge + n_edges) * isz],
+                                       raw[edge_pos * isz:(edge_pos + n_edges) * isz]),
+                           CopyRequest(old_scratch[held.ptr * 8:(held.ptr + n_ptr) * 8],
+                                       scratch[ptr_pos * 8:(ptr_pos + n_ptr) * 8])]
+                feat_pos += padded
+                edge_pos += n_edges
+                ptr_pos += n_ptr
+                continue
             # per file (PARTITION_CHECK_COLUMNS order): fd, file offset, destination, bytes that must arrive;
             # O_DIRECT needs page-multiple lengths: features read the padded range and need only the real bytes
             ranges = ((self._feat_fd, feat_offset, self._arena.view(feat_pos, padded), feat_nbytes),
@@ -220,7 +270,13 @@ class PartitionReader:
             feat_pos += padded
             edge_pos += n_edges
             ptr_pos += n_ptr
-        return MegaBatchReads(requests, feature_base, edge_pos, checks, aggregate_base, block_checks)
+        return MegaBatchReads(requests, feature_base, edge_pos, checks, aggregate_base, block_checks, copies, places)
+
+    @staticmethod
+    def _copy(copies: list[CopyRequest]) -> int:
+        for copy in copies:
+            copy.dest[:] = copy.source
+        return sum(len(copy.dest) for copy in copies)
 
     def _verify(self, check: RangeCheck) -> None:
         assert self._checks is not None
@@ -239,9 +295,12 @@ class PartitionReader:
         """Issue every read of ``plan`` on the read pool and wait for all of them."""
         t0 = time.perf_counter()
         reads = self.plan_reads(scheduled, buffer)
+        self._last = None  # ``buffer`` is being overwritten: until this load lands, no later one copies from it
         # the pool's own futures, not asyncio's wrappers: cancelling a wrapper returns at once even while its
         # thread still reads, so only these can say when a read has really landed
         jobs: list[Future[Any]] = [self._pool.submit(self._read, req) for req in reads.requests]
+        if reads.copies:
+            jobs.append(self._pool.submit(self._copy, reads.copies))
         try:
             sizes = await asyncio.gather(*map(asyncio.wrap_future, jobs))
             # hashing only reads the buffer, but a failed batch must not hand it on while a hash still runs
@@ -259,8 +318,13 @@ class PartitionReader:
                 if not fut.cancelled():
                     fut.exception()  # retrieved: the first failure is the one raised
             raise
-        return LoadedMegaBatch(scheduled, buffer, reads.feature_base, reads.aggregate_base, reads.edges,
-                               int(sum(sizes)),
+        copied = len(reads.copies) // 3
+        loaded = self._metrics.partitions_loaded
+        loaded.labels("disk").inc(len(reads.places) - copied)
+        loaded.labels("previous").inc(copied)
+        self._last = (buffer, reads.places)
+        read = int(sum(sizes)) - (sizes[-1] if reads.copies else 0)  # the copy's bytes came from RAM
+        return LoadedMegaBatch(scheduled, buffer, reads.feature_base, reads.aggregate_base, reads.edges, read,
                                time.perf_counter() - t0)
 
     def close(self) -> None:

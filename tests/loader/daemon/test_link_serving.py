@@ -128,9 +128,14 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
         assert daemon.mode.summary() == f"link prediction in {order} order, a buffer of 4 of 8 partitions"
         epochs = {epoch: epoch_batches(client, epoch) for epoch in (1, 2)}
         reads = daemon.metrics.disk_bytes.labels("features", "train")._value.get()
+        loaded = {source: daemon.metrics.partitions_loaded.labels(source)._value.get()
+                  for source in ("disk", "previous")}
     reference = LinkInMemorySource(dataset, batch_size=BATCH, negatives=2, disjoint=order == "beta", fanouts=FANOUTS,
                                    link_order=order, buffer_partitions=4, logical_partitions=logical)
-    assert reads > 0  # each state's partitions come from the disk
+    assert reads > 0  # each state's partitions come from the disk, or from the previous state's buffer
+    # consecutive states share partitions: those are copied from the other buffer (and the batches above are
+    # still the reference's)
+    assert loaded["previous"] > 0 and loaded["disk"] > 0
     for epoch, batches in epochs.items():
         want = list(reference.train_batches(epoch))
         assert len(batches) == len(want) == reference.buffer_epoch(epoch).num_batches
