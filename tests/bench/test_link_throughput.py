@@ -32,7 +32,8 @@ def test_the_model_is_the_plans_reads():
 def test_report_rows():
     args = parse_args(["--modes", "comet,mmap"])
     results = [ModeResult("comet", 10, 2560, 2.0, 4 << 20, True, 30, 12, 28),
-               ModeResult("mmap", 10, 2560, 4.0, 8 << 20, False), ModeResult("exact", error="the daemon exited with 78")]
+               ModeResult("mmap", 10, 2560, 4.0, 8 << 20, False),
+               ModeResult("exact", error="the daemon exited with 78")]
     text = report(results, args, 64 << 20, 64)
     assert "| comet | 1,280 | 2.00x | 5.0 | 1.64 | yes | 30 (12) | 28 (28 MiB) |  |" in text
     assert "| mmap | 640 | 1.00x | 2.5 | 3.28 | no | - | - |  |" in text
