@@ -304,7 +304,9 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
 
 def write_outputs(stem: str, sections: list[str], payload: dict[str, object], args: argparse.Namespace) -> None:
     machine = machine_description()
-    header = (f"# Link prediction: partition buffer orders vs shuffled (in memory)\n\n{machine}; seeds {args.seeds}, "
+    through = " and through the daemon" if "daemon" in args.orders else ""
+    header = (f"# Link prediction: partition buffer orders vs shuffled (in memory{through})\n\n{machine}; "
+              f"seeds {args.seeds}, "
               f"max {args.max_epochs} epochs, patience {args.patience} (validation MRR), {args.partitions} METIS "
               f"partitions, GraphSAGE hidden 128, MLP decoder, batch {args.batch_size}, fanouts {args.fanouts}, "
               f"device {args.device}; test scores at the best validation epoch, each held-out positive ranked among "
