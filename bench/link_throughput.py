@@ -130,7 +130,7 @@ def link_dataset(work: Path, args: argparse.Namespace) -> Path:
             "--undirected", "--edge-split", "0.98,0.01,0.01", "--eval-negatives", "20"])
     if not dataset.exists():
         sh([PY, "-m", "loader.cli", "-q", "prepare", str(link_raw), str(dataset), "--partitions",
-            str(args.partitions)])
+            str(args.partitions), "--memory-budget", "4G"])
     return dataset
 
 
