@@ -28,6 +28,7 @@ What it does to a raw dataset being written (docs/FORMAT.md, "Link prediction"),
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,8 @@ from proto.errors import UserError
 from proto.progress import Progress
 from proto.sizes import format_size
 
-__all__ = ["SPLIT_BLOCK_PAIRS", "NEGATIVE_BLOCK_VALUES", "split_sizes", "split_link_edges"]
+__all__ = ["SPLIT_BLOCK_PAIRS", "NEGATIVE_BLOCK_VALUES", "split_sizes", "split_link_edges", "GivenLinkSplit",
+           "write_given_split"]
 
 log = logging.getLogger("megabatch")
 
@@ -94,6 +96,80 @@ def split_link_edges(writer: RawDatasetWriter, num_nodes: int, *, ratios: tuple[
     link = LinkSplit(directed, ratios, seed, eval_negatives, train, val, test)
     log.info("link split: %s graph, %d pairs: train %d, val %d, test %d; %d held-out edges removed from the graph",
              "directed" if directed else "undirected", units, train, val, test, removed)
+    writer.set_link(link)
+    return link
+
+
+@dataclass(frozen=True)
+class GivenLinkSplit:
+    """An input's own edge split (OGB's ``split/<name>/{train,valid,test}.pt``), node ids of the input.
+
+    train, val, test: int64 (2, E) positives, source row 0; val_tails, test_tails: int64 (E, K) each held-out
+    positive's negative tails, or None where the input has none per positive (drawn then, as ``--task link``
+    draws them); origin: what to name in messages and the raw header.
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    val_tails: np.ndarray | None
+    test_tails: np.ndarray | None
+    origin: str
+
+    def edges(self, split: str) -> np.ndarray:
+        return {"train": self.train, "val": self.val, "test": self.test}[split]
+
+    def tails(self, split: str) -> np.ndarray | None:
+        return {"val": self.val_tails, "test": self.test_tails}[split]
+
+
+def write_given_split(writer: RawDatasetWriter, num_nodes: int, given: GivenLinkSplit, *, seed: int,
+                      eval_negatives: int, undirected: bool, budget: int, progress: bool) -> LinkSplit:
+    """An input's own split as the link files (``split_link_edges``' outputs): its positives as given, its tails
+    where it has them (else ``eval_negatives`` drawn with ``seed``, step 3), the held-out pairs removed from the
+    graph (step 4; a graph of the training edges only, as OGB's, loses none). ``undirected`` (``--undirected``):
+    a held-out pair is removed in both directions. UserError for ids outside the graph or tails of another shape.
+    """
+    writer.finish_edges()
+    directed = not undirected
+    counts = {}
+    for name in ("train", *HELD_OUT):
+        edges = given.edges(name)
+        if edges.ndim != 2 or edges.shape[0] != 2:
+            raise UserError(f"{given.origin}: {name} edges of shape {edges.shape}, expected (2, E)")
+        if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
+            raise UserError(f"{given.origin}: {name} edges hold a node id outside [0, {num_nodes})")
+        with NpyColumnWriter(writer.tmp / RAW_LINK_FILES[f"{name}_edges"], np.int64, 2, edges.shape[1]) as out:
+            out.append(edges.astype(np.int64, copy=False))
+        counts[name] = int(edges.shape[1])
+    widths = set()
+    for name in HELD_OUT:
+        tails = given.tails(name)
+        path = writer.tmp / RAW_LINK_FILES[f"{name}_neg_tails"]
+        if tails is None:
+            _write_negatives(path, counts[name], num_nodes, eval_negatives, seed, _NEGATIVE_STREAMS[name])
+            widths.add(eval_negatives)
+            continue
+        if tails.ndim != 2 or tails.shape[0] != counts[name] or tails.shape[1] < 1:
+            raise UserError(f"{given.origin}: {name} tails of shape {tails.shape}, expected ({counts[name]}, K)")
+        if tails.min() < 0 or tails.max() >= num_nodes:
+            raise UserError(f"{given.origin}: {name} tails hold a node id outside [0, {num_nodes})")
+        with NpyWriter(path, np.int64, (tails.shape[1],), nrows=counts[name]) as out:
+            out.append(tails.astype(np.int64, copy=False))
+        widths.add(int(tails.shape[1]))
+    if len(widths) != 1:
+        raise UserError(f"{given.origin}: val and test have {sorted(widths)} negative tails per positive; one K for "
+                        f"both is expected")
+    k = widths.pop()
+    held = np.sort(np.concatenate([unit_keys(given.edges(name)[0], given.edges(name)[1], num_nodes, directed)
+                                   for name in HELD_OUT]))
+    removed = _remove_held_out(writer, held, num_nodes, directed, budget, progress)
+    total = max(1, sum(counts.values()))
+    shares = (counts["train"] / total, counts["val"] / total, counts["test"] / total)
+    link = LinkSplit(directed, shares, seed, k, counts["train"], counts["val"], counts["test"])
+    log.info("link split from %s: %s, train %d, val %d, test %d, %d negative tails each; %d held-out edges removed "
+             "from the graph", given.origin, "directed" if directed else "undirected", counts["train"],
+             counts["val"], counts["test"], k, removed)
     writer.set_link(link)
     return link
 

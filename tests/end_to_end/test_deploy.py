@@ -536,7 +536,8 @@ def test_loader_toml_example():
     """The shipped example parses with the daemon's own validation and sets what production needs."""
     from loader.daemon.config import config_from_mapping
     cfg = loader_config()
-    assert set(cfg) == {"dataset", "memory", "hierarchy", "sampler", "link", "io", "publisher", "server", "metrics", "log"}
+    assert set(cfg) == {"dataset", "memory", "hierarchy", "sampler", "link", "io", "publisher", "server", "metrics",
+                        "log"}
     parsed = config_from_mapping(cfg)
     assert parsed.dataset.path.is_absolute()
     assert parsed.memory.budget == 8 << 30

@@ -6,9 +6,9 @@ its input in chunks sized from ``memory_budget``; ``common.write_dataset`` valid
 chunk, applies ``ImportOptions`` (self-loops, symmetrization and deduplication through the
 external sort, so they work out of core), for ``task="link"`` splits the pairs into train,
 val and test with fixed evaluation negatives (``loader.offline.link_split``), and publishes the
-result atomically: a failed import leaves no output directory. OGB *link*-property directories
-(``ogbl-*``) are not read: their splits are torch ``.pt`` files, which the loader cannot read
-without torch; ``--task link`` makes its own seeded split of any format's graph.
+result atomically: a failed import leaves no output directory. ``--task link`` makes its own seeded
+split of any format's graph, but of an OGB link-property directory (``ogbl-*``), whose ``split/<name>/
+{train,valid,test}.pt`` torch files ``loader.format.torch_archive`` reads without torch: its own split.
 """
 
 import contextlib
@@ -54,6 +54,7 @@ def import_dataset(src: Path | str, out: Path | str, *, fmt: str, options: Impor
     if not src.exists():
         raise UserError(f"{src}: no such file or directory")
     with contextlib.ExitStack() as stack:
-        data = _READERS[fmt](ImportReadRequest(src, memory_budget, not options.force_split, progress), stack)
+        data = _READERS[fmt](ImportReadRequest(src, memory_budget, not options.force_split, progress, options.task),
+                             stack)
         return write_dataset(data, out, fmt=fmt, src=src, options=options, memory_budget=memory_budget,
                              progress=progress)

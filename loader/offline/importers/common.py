@@ -18,7 +18,7 @@ from loader.format.raw import SPLIT_NAMES, RawDataset, RawDatasetWriter, open_ra
 from loader.format.splits import stratified_split
 from loader.offline.extsort import DISTRIBUTE_BYTES_PER_EDGE, external_sort_edges
 from loader.offline.importers.options import ImportOptions
-from loader.offline.link_split import split_link_edges
+from loader.offline.link_split import GivenLinkSplit, split_link_edges, write_given_split
 from proto.atomic import io_error
 from proto.errors import UserError
 from proto.progress import Progress
@@ -45,6 +45,8 @@ class ImportReadRequest:
     memory_budget: int
     want_split: bool
     progress: bool
+    task: str = "node"
+    """``--task``: a link import takes an input's own edge split where it has one (``ImportSource.link_split``)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class ImportSource:
     features: Callable[[], Generator[np.ndarray, None, None]]
     feature_origin: str
     provenance: dict[str, Any] = field(default_factory=dict)
+    link_split: GivenLinkSplit | None = None
+    """The input's own edge split (a link import of an OGB link-property directory); None: ``--task link`` splits
+    the pairs itself."""
 
 
 def one_line(err: BaseException) -> str:
@@ -257,7 +262,11 @@ def write_dataset(data: ImportSource, out: Path, *, fmt: str, src: Path, options
             _copy_edges(writer, data, options, progress)
             if options.rewrites_edges:
                 _sort_edges(writer, data.num_nodes, options, memory_budget, progress)
-            if options.task == "link":
+            if options.task == "link" and data.link_split is not None:
+                write_given_split(writer, data.num_nodes, data.link_split, seed=options.edge_split_seed,
+                                  eval_negatives=options.eval_negatives, undirected=options.undirected,
+                                  budget=memory_budget, progress=progress)
+            elif options.task == "link":
                 split_link_edges(writer, data.num_nodes, ratios=options.edge_split, seed=options.edge_split_seed,
                                  eval_negatives=options.eval_negatives, undirected=options.undirected,
                                  budget=memory_budget, progress=progress)

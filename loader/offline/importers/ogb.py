@@ -1,4 +1,5 @@
-"""Import an OGB node-property-prediction dataset directory (for example ``ogbn_arxiv/``).
+"""Import an OGB node-property-prediction dataset directory (for example ``ogbn_arxiv/``), or, with ``--task link``,
+a link-property one (``ogbl_citation2/``) with its own edge split.
 
 Layout (as the ``ogb`` package downloads it; ``.csv`` without ``.gz`` is accepted too)::
 
@@ -7,6 +8,15 @@ Layout (as the ``ogb`` package downloads it; ``.csv`` without ``.gz`` is accepte
     DIR/raw/node-label.csv.gz      N lines, one label each; "nan" means unlabeled
     DIR/raw/num-node-list.csv.gz   optional: the node count
     DIR/split/<name>/{train,valid,test}.csv.gz   optional: one node id per line
+    DIR/split/<name>/{train,valid,test}.pt       a link-property directory's split (``--task link``): torch
+                                                 files (``loader.format.torch_archive``) of dicts holding
+                                                 ``edge`` (E, 2) or ``source_node``/``target_node``, and for
+                                                 valid and test ``target_node_neg`` (E, K), each positive's own
+                                                 tails (ogbl-citation2), or ``edge_neg`` (one set for all,
+                                                 ogbl-collab/ppa/ddi: tails are drawn instead, with a warning)
+
+A link-property directory has no node labels: ``raw/num-node-list.csv.gz`` gives the node count and every node
+is unlabeled. Its ``raw/edge.csv.gz`` is the training graph (OGB's); held-out pairs found there are removed.
 
 Every file is streamed in chunks of lines; none is loaded whole except labels and split
 ids, which are O(N) anyway.
@@ -16,20 +26,26 @@ import contextlib
 import gzip
 import io
 import itertools
+import logging
 import os
 import warnings
 import zlib
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from loader.format.npyio import rows_per_chunk
+from loader.format.torch_archive import read_tensors
 from loader.offline.importers.common import ImportReadRequest, ImportSource, normalize_labels, one_line
+from loader.offline.link_split import GivenLinkSplit
 from proto.errors import UserError
 from proto.progress import Progress
 
 __all__ = ["read_ogb"]
+
+log = logging.getLogger("megabatch")
 
 # a text line as a Python str in a list plus its parsed and cast values
 _BYTES_PER_ID_LINE = 160
@@ -139,6 +155,53 @@ def _read_split(root: Path, lines: int) -> tuple[tuple[np.ndarray, np.ndarray, n
     return (train, val, test), (str(paths[0]), str(paths[1]), str(paths[2])), names[0]
 
 
+def _positives(data: Any, path: Path) -> np.ndarray:
+    """A split file's positives as int64 (2, E): OGB's ``edge`` (E, 2), or ``source_node`` and ``target_node``."""
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: holds a {type(data).__name__}, expected the dict OGB's split files hold")
+    if "edge" in data:
+        edge = np.asarray(data["edge"])
+        if edge.ndim != 2 or edge.shape[1] != 2:
+            raise UserError(f"{path}: 'edge' has shape {edge.shape}, expected (E, 2)")
+        return np.ascontiguousarray(edge.T, dtype=np.int64)
+    if "source_node" in data and "target_node" in data:
+        src, dst = np.asarray(data["source_node"]), np.asarray(data["target_node"])
+        if src.ndim != 1 or src.shape != dst.shape:
+            raise UserError(f"{path}: source_node {src.shape} and target_node {dst.shape}, expected two (E,)")
+        return np.stack((src, dst)).astype(np.int64)
+    if "head" in data or "relation" in data:
+        raise UserError(f"{path}: a knowledge graph's split (head, relation, tail); megabatch trains homogeneous "
+                        f"graphs only")
+    raise UserError(f"{path}: no 'edge' and no 'source_node'/'target_node' (keys: {', '.join(map(str, data))})")
+
+
+def _read_link_split(root: Path) -> GivenLinkSplit | None:
+    """An OGB link-property directory's own split (``split/<name>/{train,valid,test}.pt``), or None where the
+    directory has none (a node-property one: ``--task link`` then splits the pairs itself)."""
+    split_root = root / "split"
+    folders = sorted(p for p in split_root.iterdir() if (p / "train.pt").is_file()) if split_root.is_dir() else []
+    if not folders:
+        return None
+    if len(folders) > 1:
+        raise UserError(f"{split_root}: several link splits ({', '.join(p.name for p in folders)}); keep one")
+    folder = folders[0]
+    read = {name: read_tensors(folder / f"{name}.pt") for name in ("train", "valid", "test")}
+    positives = {name: _positives(data, folder / f"{name}.pt") for name, data in read.items()}
+    tails: dict[str, np.ndarray | None] = {}
+    for name in ("valid", "test"):
+        data = read[name]
+        if "target_node_neg" in data:  # ogbl-citation2: each positive's own negative targets
+            tails[name] = np.asarray(data["target_node_neg"], dtype=np.int64)
+        else:
+            tails[name] = None
+            if "edge_neg" in data:
+                log.warning("%s: OGB's negatives ('edge_neg') are one set of pairs for every positive, not each "
+                            "positive's own tails: --eval-negatives tails per positive are drawn instead (scores "
+                            "are not OGB's Hits@K)", folder / f"{name}.pt")
+    return GivenLinkSplit(positives["train"], positives["valid"], positives["test"], tails["valid"], tails["test"],
+                          str(folder))
+
+
 def read_ogb(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSource:
     """Open an OGB node-property-prediction directory as an ``ImportSource``."""
     del stack  # every file is opened and closed by the generator that streams it
@@ -151,13 +214,20 @@ def read_ogb(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSourc
     feat_path = _find(raw_dir, "node-feat")
     if feat_path is None:
         raise UserError(f"{raw_dir}: missing node-feat.csv.gz; megabatch needs node features")
-    label_path = _require(raw_dir, "node-label")
     id_lines = rows_per_chunk(_BYTES_PER_ID_LINE, req.memory_budget)
-
-    # labels decide N up front (the writer needs it); node-feat must then have N rows
-    labels = normalize_labels(_whole(label_path, np.float64, id_lines), str(label_path))
-    n = len(labels)
     count_path = _find(raw_dir, "num-node-list")
+    label_path = _find(raw_dir, "node-label")
+    if label_path is None and req.task == "link" and count_path is not None:
+        # a link-property graph has no node labels: its nodes are unlabeled, its node count in num-node-list
+        counts = _column(count_path, np.int64, 16)
+        if counts.shape != (1,):
+            raise UserError(f"{count_path}: {len(counts)} node types; only homogeneous graphs are supported")
+        label_path, labels = count_path, np.full(int(counts[0]), -1, dtype=np.int64)
+    else:
+        label_path = _require(raw_dir, "node-label")
+        # labels decide N up front (the writer needs it); node-feat must then have N rows
+        labels = normalize_labels(_whole(label_path, np.float64, id_lines), str(label_path))
+    n = len(labels)
     if count_path is not None:
         counts = _column(count_path, np.int64, 16)
         if counts.shape != (1,):
@@ -173,8 +243,11 @@ def read_ogb(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSourc
     dim = header.count(",") + 1
     feat_lines = rows_per_chunk(dim * _BYTES_PER_FEATURE_VALUE + _BYTES_PER_ID_LINE, req.memory_budget)
 
-    split = _read_split(root, id_lines) if req.want_split else None
+    link_split = _read_link_split(root) if req.task == "link" else None
+    split = _read_split(root, id_lines) if req.want_split and link_split is None else None
     provenance = {"ogb_split": split[2]} if split is not None else {}
+    if link_split is not None:
+        provenance = {"ogb_link_split": link_split.origin}
 
     def edges() -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
         pos = [0]
@@ -192,4 +265,5 @@ def read_ogb(req: ImportReadRequest, stack: contextlib.ExitStack) -> ImportSourc
                         split=split[0] if split is not None else None,
                         split_origins=split[1] if split is not None else ("train", "valid", "test"),
                         edges=edges, edge_origin=str(edge_path), num_edges=None,
-                        features=features, feature_origin=str(feat_path), provenance=provenance)
+                        features=features, feature_origin=str(feat_path), provenance=provenance,
+                        link_split=link_split)
