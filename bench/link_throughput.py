@@ -21,7 +21,7 @@ loaded from the disk and copied (``megabatch_partitions_loaded``) against Marius
 ``BufferPlan.io_partitions`` (the first state whole, then each swap's incoming partitions: linear in the
 logical partitions l). Writes bench/results/link-throughput[-TAG].{md,json}.
 
-    .venv/bin/python bench/link_throughput.py [--nodes 400000] [--budget 200M] [--work DIR]
+    .venv/bin/python bench/link_throughput.py [--nodes 1000000] [--budget 384M] [--work DIR]
 """
 
 import argparse
@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--fraction", type=float, default=0.0625,
                         help="comet, beta: the buffer's share of the partitions ([hierarchy] megabatch_fraction)")
-    parser.add_argument("--budget", default="192M", help="[memory] budget of every mode")
+    parser.add_argument("--budget", default="384M", help="[memory] budget of every mode")
     parser.add_argument("--batch-size", type=int, default=256, help="training positives per batch")
     parser.add_argument("--fanouts", default="10,5")
     parser.add_argument("--superbatch", type=int, default=8,

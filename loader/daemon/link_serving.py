@@ -52,7 +52,7 @@ from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
 from proto.errors import UserError
 
 __all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "sample_link_steps", "link_states",
-           "check_buffer", "sample_link_state", "LINK_MODES"]
+           "check_buffer", "sample_link_state", "LINK_MODES", "LINK_PASS_BATCHES"]
 
 LINK_MODES = ("hierarchical", "exact", "static", "hybrid", "mmap", "inmemory")
 """``[loader] mode`` values that serve a link dataset: the full-graph modes whose batches are the shuffled reference's,
@@ -108,6 +108,17 @@ class LinkStateWork:
     @property
     def num_batches(self) -> int:
         return len(self.batch_ptr) - 1
+
+    def chunk(self, begin: int, end: int) -> "LinkStateWork":
+        """Batches ``begin:end`` of the state's (a pass of them)."""
+        ptr = self.batch_ptr[begin:end + 1]
+        return LinkStateWork(self.order[ptr[0]:ptr[-1]], ptr - ptr[0], self.keys[begin:end], self.first_batch + begin,
+                             self.pool)
+
+
+LINK_PASS_BATCHES = 32
+"""The hierarchical mode samples a buffer state's batches in passes of at most this many (a state of a large graph
+trains thousands of batches; its memory plan charges passes of this size)."""
 
 
 def link_states(link: LinkServing, partitions: PartitionTable, capacity: int, batch_size: int, seed: int,

@@ -119,11 +119,12 @@ class HierarchicalBudget(BudgetPlan):
 
 def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static_edges: int,
                  index_itemsize: int, train_counts: np.ndarray | None = None, batch_size: int = 1,
-                 batch_bytes: int = 0, aggregated: bool = False) -> BufferSizes:
+                 batch_bytes: int = 0, aggregated: bool = False, pass_batches: int | None = None) -> BufferSizes:
     """Upper bound of one buffer for ``n_d`` partitions.
 
     train_counts (training nodes per partition), batch_size and batch_bytes (a sampled batch's
-    nodes and edges) bound a sampled pass: the batches of the N_d partitions richest in seeds.
+    nodes and edges) bound a sampled pass: the batches of the N_d partitions richest in seeds; with
+    ``pass_batches``, a pass of at most that many batches (a link dataset's, whose states are cut into such).
     aggregated: the buffer holds the partitions' aggregation cache rows too.
     """
     nodes, edges, feat = partitions.num_nodes, partitions.num_edges, partitions.feat_padded
@@ -135,7 +136,9 @@ def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static
     # raw lists arrive in the file's index width; the induced lists are int32 local ids.
     index_bytes = max_raw * (index_itemsize + 4) + (max_nodes + 1) * PER_LOCAL_NODE_BYTES + 2 * PAGE
     pass_bytes = 0
-    if train_counts is not None and batch_bytes:
+    if pass_batches is not None:
+        pass_bytes = pass_batches * (batch_bytes + 8 * batch_size)
+    elif train_counts is not None and batch_bytes:
         seeds = int(np.sort(train_counts)[::-1][:n_d].sum())
         pass_bytes = -(-seeds // max(1, batch_size)) * batch_bytes + 8 * seeds
     return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes,
@@ -146,7 +149,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
                 sessions: SessionSizing, train_counts: np.ndarray | None = None,
                 batch_size: int = 1, batch_bytes: int = 0, eval_bytes: int = 0, aggregated: bool = False,
-                fixed: FixedPart | None = None) -> HierarchicalBudget:
+                fixed: FixedPart | None = None, pass_batches: int | None = None) -> HierarchicalBudget:
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``
     (``eval_bytes``: the evaluation reader, held whatever N_d is; ``aggregated``: buffers hold the partitions'
     aggregation cache rows too; ``fixed``: the mode's fixed part, default node arrays and ``sessions``)."""
@@ -157,7 +160,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
     def make(n_d: int) -> HierarchicalBudget:
         return HierarchicalBudget(budget, fixed, static_nodes, static_bytes,
                                   buffer_sizes(partitions, n_d, static_nodes, static_edges, index_itemsize,
-                                               train_counts, batch_size, batch_bytes, aggregated),
+                                               train_counts, batch_size, batch_bytes, aggregated, pass_batches),
                                   eval_bytes)
 
     others = "[publisher] slots or [server] max_clients, or set [hierarchy] static_cache = false"

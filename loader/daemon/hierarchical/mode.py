@@ -22,7 +22,7 @@ from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, 
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
-from loader.daemon.link_serving import check_buffer
+from loader.daemon.link_serving import LINK_PASS_BATCHES, check_buffer
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.read_metrics import STARTUP
 from loader.daemon.resident import ResidentData
@@ -146,7 +146,9 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
                            static_edges=static_edges,
                            index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges,
-                           eval_bytes=eval_bytes, aggregated=cfg.sampler.aggregation_cache, fixed=setup.fixed)
+                           eval_bytes=eval_bytes, aggregated=cfg.sampler.aggregation_cache, fixed=setup.fixed,
+                           # a link state's batches are sampled and published in passes of at most this many
+                           pass_batches=None if setup.serving.link is None else LINK_PASS_BATCHES)
 
     cut, cut_edges = m.edge_cut.fraction, m.edge_cut.edges
     static = resident.static

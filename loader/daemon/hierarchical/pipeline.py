@@ -34,7 +34,7 @@ from loader.daemon.hierarchical.coverage import (
 )
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
 from loader.daemon.hierarchical.schedule import LabelMix, ScheduledMegaBatch, schedule_epoch
-from loader.daemon.link_serving import LinkServing, link_states, sample_link_state
+from loader.daemon.link_serving import LINK_PASS_BATCHES, LinkServing, link_states, sample_link_state
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_source import OffsetRows, SlotSource
@@ -225,14 +225,17 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
         ctx.metrics.mb_edges.set(mb.num_edges)
         source = megabatch_source(ctx, mb)
         work = mb.scheduled.link
-        if work is not None:  # a buffer state: its edge buckets' batches, one pass (each edge once an epoch)
+        if work is not None:  # a buffer state: its edge buckets' batches (each edge once an epoch), in passes
             assert ctx.link is not None
-            sampled, labels = await _timed(ctx, "sampler", sample_link_state, mb.graph, ctx.link, work,
-                                           cfg.sampler.sampled_fanouts)
-            await output.put(SampledWork(source=dataclasses.replace(source, link_labels=labels),
-                                         release=functools.partial(release, mb.buffer), pass_index=0,
-                                         sampled=sampled, first_batch=work.first_batch, epoch_batches=epoch_batches,
-                                         last_pass=True))
+            for pass_index, begin in enumerate(range(0, work.num_batches, LINK_PASS_BATCHES)):
+                chunk = work.chunk(begin, min(work.num_batches, begin + LINK_PASS_BATCHES))
+                last = begin + LINK_PASS_BATCHES >= work.num_batches
+                sampled, labels = await _timed(ctx, "sampler", sample_link_state, mb.graph, ctx.link, chunk,
+                                               cfg.sampler.sampled_fanouts)
+                await output.put(SampledWork(source=dataclasses.replace(source, link_labels=labels),
+                                             release=functools.partial(release, mb.buffer) if last else None,
+                                             pass_index=pass_index, sampled=sampled, first_batch=chunk.first_batch,
+                                             epoch_batches=epoch_batches, last_pass=last))
             if mb.scheduled.is_last:
                 await output.put(EpochDone(epoch, epoch_batches, mb.scheduled.count))
                 epoch += 1

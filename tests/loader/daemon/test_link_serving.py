@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from loader.daemon.check import check_serve
+from loader.daemon.hierarchical import pipeline
 from loader.daemon.config import config_from_mapping
 from loader.format.dataset import open_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
@@ -118,8 +119,11 @@ def test_a_client_of_the_other_task_is_refused(link_ds, dataset_3k, tmp_path):
 
 
 @pytest.mark.parametrize("order, logical", [("comet", None), ("comet", 4), ("beta", None)])
-def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulation(link_ds, tmp_path, order, logical):
+def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulation(link_ds, tmp_path, order, logical,
+                                                                                   monkeypatch):
     path, _, dataset = link_ds
+    if logical is not None:  # states cut into passes of 2 batches: the same batches, in the same order
+        monkeypatch.setattr(pipeline, "LINK_PASS_BATCHES", 2)
     link = {"order": order, "negatives": 2, "disjoint": order == "beta"}
     if logical is not None:
         link["logical_partitions"] = logical
