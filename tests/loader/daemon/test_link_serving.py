@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from loader.daemon.check import check_serve
-from loader.daemon.hierarchical import pipeline
 from loader.daemon.config import config_from_mapping
+from loader.daemon.hierarchical import pipeline
 from loader.format.dataset import open_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.sampling.inmemory import eval_split_batches, load_in_memory
