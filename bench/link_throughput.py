@@ -60,6 +60,8 @@ __all__ = ["MODES", "ModeResult", "parse_args", "serve_config", "model_partition
 
 PY = sys.executable
 MODES = ("exact", "comet", "beta", "mmap", "inmemory")
+INMEMORY_BUDGET = 16 << 30
+"""Mode inmemory's budget (it runs without a cgroup limit: the bound the out-of-core modes are held to)."""
 
 
 @dataclass
@@ -138,8 +140,10 @@ def serve_config(mode: str, dataset: Path, socket: Path, port: int, args: argpar
     """The TOML of one mode's daemon."""
     fanouts = ", ".join(args.fanouts.split(","))
     loader = "hierarchical" if mode in ("comet", "beta") else mode
+    # inmemory, the upper bound, holds the whole graph: a budget that does, outside any cgroup
+    budget = INMEMORY_BUDGET if mode == "inmemory" else args.budget_bytes
     lines = [f'[dataset]\npath = "{dataset}"', f'[loader]\nmode = "{loader}"',
-             f'[memory]\nbudget = {args.budget_bytes}',
+             f'[memory]\nbudget = {budget}',
              f"[sampler]\nbatch_size = {args.batch_size}\nfanouts = [{fanouts}]\neval_fanouts = [{fanouts}]\n"
              f"eval_batch_size = {args.batch_size}",
              f'[server]\nsocket = "{socket}"\nmax_clients = 1', "[publisher]\nslots = 2", f"[metrics]\nport = {port}"]

@@ -14,7 +14,8 @@ def test_every_mode_gets_a_config_the_daemon_accepts():
     args = parse_args([])
     for mode in ("exact", "comet", "beta", "mmap", "inmemory"):
         config = config_from_mapping(tomllib.loads(serve_config(mode, Path("/ds"), Path("/s.sock"), 9999, args)))
-        assert config.memory.budget == 384 << 20 and config.sampler.batch_size == 256
+        assert config.memory.budget == (16 << 30 if mode == "inmemory" else 384 << 20)
+        assert config.sampler.batch_size == 256
         assert (config.server.max_clients, config.publisher.slots, config.metrics.port) == (1, 2, 9999)
         if mode in ("comet", "beta"):
             assert config.loader.mode == "hierarchical" and config.link.order == mode
