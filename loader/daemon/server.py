@@ -182,7 +182,9 @@ class Daemon:
                                          (estimate.bytes_without, estimate.bytes_with))
         self._welcome_info = dataset_info(dataset, resident, cfg, setup.serving.link)
         self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
-        self.metrics.set_build(dataset.path.name, cfg.loader.mode, measures_quality=self.mode.measures_quality)
+        # a link dataset's buffer states measure no neighbour coverage or label skew
+        self.metrics.set_build(dataset.path.name, cfg.loader.mode,
+                               measures_quality=self.mode.measures_quality and setup.serving.link is None)
         self.metrics.memory_budget.set(cfg.memory.budget)
         self.metrics.watch_slots(self._slot_usage)
         self.metrics.watch_clients(self.state.sessions)

@@ -130,6 +130,8 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
     config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5}, link=link)
     with running_daemon(config) as daemon, credited_client(config, task="link") as client:
         assert daemon.mode.summary() == f"link prediction in {order} order, a buffer of 4 of 8 partitions"
+        # its states measure no coverage or skew: `megabatch status` says nothing of training quality
+        assert daemon.metrics.build_info._value["measures_quality"] == "false"
         epochs = {epoch: epoch_batches(client, epoch) for epoch in (1, 2)}
         reads = daemon.metrics.disk_bytes.labels("features", "train")._value.get()
         loaded = {source: daemon.metrics.partitions_loaded.labels(source)._value.get()
