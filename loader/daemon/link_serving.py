@@ -50,9 +50,10 @@ from loader.sampling.link_sampling import (
 )
 from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
 from proto.errors import UserError
+from proto.messages import DatasetInfo
 
 __all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "sample_link_steps", "link_states",
-           "check_buffer", "sample_link_state", "LINK_MODES", "LINK_PASS_BATCHES"]
+           "check_buffer", "sample_link_state", "task_refusal", "LINK_MODES", "LINK_PASS_BATCHES"]
 
 LINK_MODES = ("hierarchical", "exact", "static", "hybrid", "mmap", "inmemory")
 """``[loader] mode`` values that serve a link dataset: the full-graph modes whose batches are the shuffled reference's,
@@ -187,6 +188,18 @@ def link_problem(dataset: Dataset, config: LoaderConfig) -> str | None:
                 f"{', '.join(LINK_MODES)} serve so far")
     if config.sampler.aggregation_cache:
         return "[sampler] aggregation_cache: not with a link-prediction dataset (the link models read no x_agg)"
+    return None
+
+
+def task_refusal(served: DatasetInfo, task: str, world_size: int) -> str | None:
+    """Why a client that trains ``task`` in a job of ``world_size`` ranks cannot use a daemon serving ``served``
+    (one line, for its ``Error("bad_request")``), or None."""
+    what = {"node": "node classification", "link": "link prediction"}
+    if task != served.task:
+        return (f"this daemon serves {what[served.task]} ({served.name}); the client trains {what.get(task, task)} "
+                f"(megabatch train --task {served.task})")
+    if served.task == "link" and world_size > 1:
+        return "link prediction through the daemon trains one rank so far (a job of several ranks trains in memory)"
     return None
 
 

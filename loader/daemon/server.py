@@ -36,6 +36,7 @@ from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.health import Health, StatusLine, report_to_systemd, start_failure
 from loader.daemon.http_endpoint import HttpEndpoint, Probes
 from loader.daemon.jobs import Job, JobRank, job_mismatch
+from loader.daemon.link_serving import task_refusal
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.mode import TrainingMode
 from loader.daemon.mode_setup import prepare_setup
@@ -446,7 +447,8 @@ class Daemon:
                                "this daemon's batches carry x_agg ([sampler] aggregation_cache = true), which the "
                                "client does not read (an older trainer); upgrade it or turn the cache off")
             return
-        problem = self._task_problem(hello)
+        assert self._welcome_info is not None
+        problem = task_refusal(self._welcome_info, hello.task, hello.world_size)
         if problem is not None:
             self.metrics.refused_connections.labels("task").inc()
             await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)
@@ -467,7 +469,6 @@ class Daemon:
             await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)
             return
         session.client_info = client_info(session, loggable(hello.client, CLIENT_NAME_CHARS), peer_credentials(conn))
-        assert self._welcome_info is not None
         welcome = Welcome(protocol_version=PROTOCOL_VERSION, daemon_version=__version__, session=session.id,
                           dataset=self._welcome_info,
                           slots=SlotLayout(count=session.ring.count, slot_bytes=session.ring.slot_bytes,
@@ -494,18 +495,6 @@ class Daemon:
         with contextlib.suppress(OSError):
             await asyncio.get_running_loop().sock_sendall(conn, encode(Error(str(code), message)))
         conn.close()
-
-    def _task_problem(self, hello: Hello) -> str | None:
-        """Why a client cannot train this daemon's task (one line), or None."""
-        assert self._serving is not None and self._welcome_info is not None
-        served = self._welcome_info.task
-        if hello.task != served:
-            what = {"node": "node classification", "link": "link prediction"}
-            return (f"this daemon serves {what[served]} ({self._welcome_info.name}); the client trains "
-                    f"{what.get(hello.task, hello.task)} (megabatch train --task {served})")
-        if served == "link" and hello.world_size > 1:
-            return "link prediction through the daemon trains one rank so far (a job of several ranks trains in memory)"
-        return None
 
     def _job_problem(self, hello: Hello) -> str | None:
         """Why this daemon cannot serve the job rank a Hello describes, or None (also for a lone trainer)."""

@@ -15,16 +15,15 @@ order (the daemon serves the shuffled order only so far).
 
 import math
 from collections.abc import Callable, Generator, Iterator
+from typing import NoReturn
 
 import numpy as np
 import torch
 
-from loader.sampling.buffer_order import BufferEpoch
-from loader.sampling.link_sampling import HeldOut
 from proto.batch_arrays import BatchArrays
 from proto.messages import BatchReady
 from trainer.daemon_source import DaemonError, DaemonSource
-from trainer.link.inmemory import BufferSettings, LinkBatch, NodeBatch
+from trainer.link.batches import BufferSettings, HeldPairs, LinkBatch, NodeBatch
 
 __all__ = ["LinkDaemonSource"]
 
@@ -61,7 +60,7 @@ class LinkDaemonSource:
         self.negatives, self.disjoint, self.eval_negatives = d.link_negatives, d.link_disjoint, d.link_eval_negatives
         self.train_positives = d.link_positives[0]
         self._positives = {"val": d.link_positives[1], "test": d.link_positives[2]}
-        self.held_out: dict[str, HeldOut] = {}
+        self.held_out: dict[str, HeldPairs] = {}
         """A split's nodes and pairs, once its evaluation stream has ended (``eval_batches``)."""
         welcome = self._daemon.info.description
         self.description = f"{welcome} (link, mode {d.mode})"
@@ -74,7 +73,7 @@ class LinkDaemonSource:
     def batches_per_epoch(self, epoch: int) -> int:
         return math.ceil(self.train_positives / self.batch_size)
 
-    def buffer_epoch(self, epoch: int) -> BufferEpoch:
+    def buffer_epoch(self, epoch: int) -> NoReturn:
         raise ValueError("the daemon's link batches have no buffer order")
 
     def _link_batch(self, ready: BatchReady) -> LinkBatch:
@@ -120,7 +119,7 @@ class LinkDaemonSource:
                 (negatives.size and negatives.max() >= len(nodes)):
             raise DaemonError(f"{split} evaluation: {index.shape[1]} pairs over {len(nodes)} nodes, the daemon "
                               f"announced {self._positives[split]} positives")
-        self.held_out[split] = HeldOut(nodes, index[0], index[1], negatives)
+        self.held_out[split] = HeldPairs(nodes, index[0], index[1], negatives)
 
     def close(self) -> None:
         self._daemon.close()

@@ -24,7 +24,6 @@ and test alike.
 """
 
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -45,7 +44,6 @@ from loader.sampling.inmemory import InMemoryGraph, eval_split_batches, load_in_
 from loader.sampling.link_sampling import (
     STREAM_LINK_TEST,
     STREAM_LINK_VAL,
-    HeldOut,
     SampledLinkBatch,
     held_out_pairs,
     link_batch_plan,
@@ -56,76 +54,14 @@ from loader.sampling.ranks import check_rank
 from loader.sampling.sampling import sample_pass
 from proto.errors import UserError
 from trainer.inmemory_source import checked_fanouts, float32_rows
+from trainer.link.batches import BufferSettings, HeldPairs, LinkBatch, NodeBatch
 
-__all__ = ["NodeBatch", "LinkBatch", "HeldOut", "BufferSettings", "LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
+__all__ = ["LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
 EVAL_CHUNK_BATCHES = 64
 """Evaluation batches sampled per ``sample_pass`` call: bounds the sampled-but-unconsumed memory."""
 
 _EVAL_STREAMS = {"val": STREAM_LINK_VAL, "test": STREAM_LINK_TEST}
-
-
-@dataclass
-class NodeBatch:
-    """A sampled subgraph in PyG's layout (seeds first; ``trainer.batch.Batch`` without labels).
-
-    x: float32 (n, D) feature rows; edge_index: int64 (2, E) local; the sampled counts per hop; n_id: int64
-    (n,) the nodes' dataset ids (on the CPU: nothing on the device reads them).
-    """
-
-    x: torch.Tensor
-    edge_index: torch.Tensor
-    num_sampled_nodes: list[int]
-    num_sampled_edges: list[int]
-    n_id: torch.Tensor
-
-    @property
-    def num_seeds(self) -> int:
-        return self.num_sampled_nodes[0]
-
-    def to(self, device: torch.device) -> "NodeBatch":
-        if self.x.device == device:
-            return self
-        return NodeBatch(self.x.to(device), self.edge_index.to(device), self.num_sampled_nodes, self.num_sampled_edges,
-                         self.n_id)
-
-
-@dataclass
-class LinkBatch:
-    """A training batch: the subgraph around its seeds (every endpoint of a supervision pair, ``NodeBatch``)
-    and the pairs: edge_label_index int64 (2, B(1+k)) positions among the seeds, the B positives first;
-    edge_label float32 (B(1+k),), 1 for a positive, 0 for a negative; positives: B. global_positives: under
-    several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
-    None for a single process)."""
-
-    graph: NodeBatch
-    edge_label_index: torch.Tensor
-    edge_label: torch.Tensor
-    positives: int
-    global_positives: int | None = None
-
-    def to(self, device: torch.device) -> "LinkBatch":
-        if self.graph.x.device == device:
-            return self
-        return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
-                         self.positives, self.global_positives)
-
-
-@dataclass(frozen=True)
-class BufferSettings:
-    """A buffer order as a run resolved it: order ("comet" or "beta"), capacity C and the dataset's P (physical
-    partitions), logical_partitions l (COMET: the given or MariusGNN's default; BETA: P, each its own) and
-    logical_capacity c_l (logical partitions resident at once; BETA: C)."""
-
-    order: str
-    capacity: int
-    physical_partitions: int
-    logical_partitions: int
-    logical_capacity: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"order": self.order, "capacity": self.capacity, "physical_partitions": self.physical_partitions,
-                "logical_partitions": self.logical_partitions, "logical_capacity": self.logical_capacity}
 
 
 class LinkInMemorySource:
@@ -179,11 +115,12 @@ class LinkInMemorySource:
         self.data: InMemoryGraph = load_in_memory(dataset)
         n = self.data.num_nodes
         self.train_edges = self._read(dataset, "train_edges", (2, link.train))
-        self.held_out: dict[str, HeldOut] = {}
+        self.held_out: dict[str, HeldPairs] = {}
         for split in ("val", "test"):
             edges = self._read(dataset, f"{split}_edges", (2, link.of(split)))
             tails = self._read(dataset, f"{split}_neg_tails", (link.of(split), link.eval_negatives))
-            self.held_out[split] = held_out_pairs(edges, tails)
+            held = held_out_pairs(edges, tails)
+            self.held_out[split] = HeldPairs(held.nodes, held.src, held.dst, held.tails)
         self.num_nodes = n
         self.num_features = self.data.feat_dim
         self.num_hops = len(self.fanouts)

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from loader.sampling.buffer_order import BufferEpoch
-    from loader.sampling.link_sampling import HeldOut
-    from trainer.link.inmemory import BufferSettings, LinkBatch, NodeBatch
+    from trainer.link.batches import BufferSettings, HeldPairs, LinkBatch, NodeBatch
 
 __all__ = ["LinkSource"]
 
@@ -39,7 +38,7 @@ class LinkSource(Protocol):
     def buffer(self) -> "BufferSettings | None": ...
 
     @property
-    def held_out(self) -> "dict[str, HeldOut]":
+    def held_out(self) -> "dict[str, HeldPairs]":
         """A split's nodes and pairs; a daemon's is known once the split's evaluation stream has ended."""
         ...
 

@@ -1,0 +1,92 @@
+"""What the link-prediction loop consumes, whichever source made it (in memory or the daemon): the batches, a
+held-out split's pairs and a buffer order's settings. Torch and numpy only: the daemon's source imports no loader
+(it talks to the daemon through ``proto``)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["NodeBatch", "LinkBatch", "HeldPairs", "BufferSettings"]
+
+
+@dataclass(frozen=True)
+class HeldPairs:
+    """One held-out split as positions into ``nodes`` (the nodes its scores need, sorted dataset ids; the
+    trainer's copy of ``loader.sampling.link_sampling.HeldOut``, which the daemon ships as ``pair_index``,
+    ``pair_tails``).
+
+    src, dst: int64 (E,) the positives' endpoints; tails: int64 (E, K) each positive's negative tails.
+    """
+
+    nodes: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    tails: np.ndarray
+
+    @property
+    def num_positives(self) -> int:
+        return int(self.src.shape[0])
+
+
+@dataclass
+class NodeBatch:
+    """A sampled subgraph in PyG's layout (seeds first; ``trainer.batch.Batch`` without labels).
+
+    x: float32 (n, D) feature rows; edge_index: int64 (2, E) local; the sampled counts per hop; n_id: int64
+    (n,) the nodes' dataset ids (on the CPU: nothing on the device reads them).
+    """
+
+    x: torch.Tensor
+    edge_index: torch.Tensor
+    num_sampled_nodes: list[int]
+    num_sampled_edges: list[int]
+    n_id: torch.Tensor
+
+    @property
+    def num_seeds(self) -> int:
+        return self.num_sampled_nodes[0]
+
+    def to(self, device: torch.device) -> "NodeBatch":
+        if self.x.device == device:
+            return self
+        return NodeBatch(self.x.to(device), self.edge_index.to(device), self.num_sampled_nodes, self.num_sampled_edges,
+                         self.n_id)
+
+
+@dataclass
+class LinkBatch:
+    """A training batch: the subgraph around its seeds (every endpoint of a supervision pair, ``NodeBatch``)
+    and the pairs: edge_label_index int64 (2, B(1+k)) positions among the seeds, the B positives first;
+    edge_label float32 (B(1+k),), 1 for a positive, 0 for a negative; positives: B. global_positives: under
+    several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
+    None for a single process)."""
+
+    graph: NodeBatch
+    edge_label_index: torch.Tensor
+    edge_label: torch.Tensor
+    positives: int
+    global_positives: int | None = None
+
+    def to(self, device: torch.device) -> "LinkBatch":
+        if self.graph.x.device == device:
+            return self
+        return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
+                         self.positives, self.global_positives)
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    """A buffer order as a run resolved it: order ("comet" or "beta"), capacity C and the dataset's P (physical
+    partitions), logical_partitions l (COMET: the given or MariusGNN's default; BETA: P, each its own) and
+    logical_capacity c_l (logical partitions resident at once; BETA: C)."""
+
+    order: str
+    capacity: int
+    physical_partitions: int
+    logical_partitions: int
+    logical_capacity: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"order": self.order, "capacity": self.capacity, "physical_partitions": self.physical_partitions,
+                "logical_partitions": self.logical_partitions, "logical_capacity": self.logical_capacity}
