@@ -8,6 +8,7 @@ import pytest
 
 from tests.daemon_harness import daemon_config, running_daemon
 from tests.trainer.test_link_train import in_process, link_args, link_dataset, without_timings  # noqa: F401
+from trainer.link.daemon_source import LinkDaemonSource
 
 DAEMON_SAMPLER = {"batch_size": 128, "fanouts": [5, 5], "eval_fanouts": [5, 5], "eval_batch_size": 1024}
 """``link_args``' sampler settings as a daemon config sets them."""
@@ -49,6 +50,22 @@ def test_the_hierarchical_mode_trains_as_the_in_memory_comet_emulation(link_data
     for a, b in zip(first["epochs"], second["epochs"], strict=True):
         assert (a["loss"], a["val"], a["test"], a["samples"]) == (b["loss"], b["val"], b["test"], b["samples"])
     assert first["test_at_best"] == second["test_at_best"]
+
+
+def test_a_daemons_batches_say_the_epochs_batch_count(link_dataset, tmp_path):  # noqa: F811
+    # a buffer order cuts each state's batches, so an epoch's count is not ceil(positives / batch): the progress
+    # bar's total comes from the batches, as the daemon announced them
+    config = daemon_config(link_dataset, tmp_path / "s.sock", loader={"mode": "hierarchical"}, sampler=DAEMON_SAMPLER,
+                           memory={"budget": "256M"}, hierarchy={"megabatch_fraction": 0.5})
+    with running_daemon(config):
+        source = LinkDaemonSource(str(config.server.socket))
+        try:
+            assert source.batches_per_epoch(0) is None
+            batches = list(source.train_batches(0))
+        finally:
+            source.close()
+    assert [b.stream_batches for b in batches] == [len(batches)] * len(batches)
+    assert len(batches) != -(-source.train_positives // DAEMON_SAMPLER["batch_size"])
 
 
 def test_the_daemons_settings_are_not_flags(capsys):

@@ -60,19 +60,21 @@ class LinkBatch:
     and the pairs: edge_label_index int64 (2, B(1+k)) positions among the seeds, the B positives first;
     edge_label float32 (B(1+k),), 1 for a positive, 0 for a negative; positives: B. global_positives: under
     several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
-    None for a single process)."""
+    None for a single process). stream_batches: the epoch's batch count as the batch's source announced it
+    (a daemon's ``BatchReady.num_batches``; None where the source does not say)."""
 
     graph: NodeBatch
     edge_label_index: torch.Tensor
     edge_label: torch.Tensor
     positives: int
     global_positives: int | None = None
+    stream_batches: int | None = None
 
     def to(self, device: torch.device) -> "LinkBatch":
         if self.graph.x.device == device:
             return self
         return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
-                         self.positives, self.global_positives)
+                         self.positives, self.global_positives, self.stream_batches)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ step): a copy of the feature rows per batch, which the zero-copy node path avoid
 order (the daemon serves the shuffled order only so far).
 """
 
-import math
 from collections.abc import Callable, Generator, Iterator
 from typing import NoReturn
 
@@ -70,8 +69,9 @@ class LinkDaemonSource:
         """Held-out positives of ``split`` ("val" or "test")."""
         return self._positives[split]
 
-    def batches_per_epoch(self, epoch: int) -> int:
-        return math.ceil(self.train_positives / self.batch_size)
+    def batches_per_epoch(self, epoch: int) -> int | None:
+        # the daemon's mode fixes the count (a buffer order's states cut batches of their own): its batches say it
+        return None
 
     def buffer_epoch(self, epoch: int) -> NoReturn:
         raise ValueError("the daemon's link batches have no buffer order")
@@ -83,7 +83,7 @@ class LinkDaemonSource:
                 raise DaemonError(f"train batch seq {ready.seq} carries no edge_label_index (not a link batch)")
             positives = int(np.count_nonzero(arrays.edge_label))
             return LinkBatch(_node_batch(arrays), _tensor(arrays.edge_label_index), _tensor(arrays.edge_label),
-                             positives)
+                             positives, stream_batches=ready.num_batches if ready.num_batches >= 0 else None)
         finally:
             release()
 

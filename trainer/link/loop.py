@@ -182,7 +182,8 @@ class _LinkRun:
                 wait_s, step_s = wait_s + waited, step_s + step
                 if self.metrics is not None:
                     self.metrics.observe_batch(waited, step, batch.positives)
-                bar.update(total, batch.positives, waited, step)
+                bar.update(batch.stream_batches if batch.stream_batches is not None else total, batch.positives,
+                           waited, step)
                 self.steps += 1
                 max_steps = self.cfg.train.max_steps
                 if max_steps is not None and self.steps >= max_steps:
