@@ -34,6 +34,7 @@ import numpy as np
 
 from loader.daemon.config import LoaderConfig
 from loader.format.dataset import Dataset
+from loader.format.link import HELD_OUT, read_link_tables
 from loader.format.partition_table import PartitionTable
 from loader.sampling.buffer_order import LinkOrder, buffer_epoch, buffer_plan, resolved_logical
 from loader.sampling.comet import logical_capacity
@@ -49,7 +50,6 @@ from loader.sampling.link_sampling import (
     sample_link_batch_by,
 )
 from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
-from proto.errors import UserError
 from proto.messages import DatasetInfo
 
 __all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "sample_link_steps", "link_states",
@@ -208,27 +208,10 @@ def load_link_serving(dataset: Dataset, config: LoaderConfig) -> LinkServing | N
     link = dataset.manifest.link
     if link is None:
         return None
-    num_nodes = dataset.manifest.num_nodes
-
-    def read(name: str, shape: tuple[int, int]) -> np.ndarray:
-        array = dataset.read(name, np.int64, 2)
-        if array.shape != shape:
-            raise UserError(f"{dataset.file(name)}: shape {array.shape}, the manifest's link table says {shape}")
-        if array.size and (array.min() < 0 or array.max() >= num_nodes):
-            raise UserError(f"{dataset.file(name)}: node ids outside [0, {num_nodes})")
-        return array
-
-    held = {split: held_out_pairs(read(f"{split}_edges", (2, link.of(split))),
-                                  read(f"{split}_neg_tails", (link.of(split), link.eval_negatives)))
-            for split in ("val", "test")}
-    buckets = dataset.read("edge_buckets", np.int64, 1)
-    p = dataset.manifest.num_partitions
-    if buckets.shape != (p * p + 1,) or buckets[-1] != link.train:
-        raise UserError(f"{dataset.file('edge_buckets')}: shape {buckets.shape}, expected {(p * p + 1,)} offsets "
-                        f"ending at the {link.train} training positives")
-    return LinkServing(read("train_edges", (2, link.train)), held, link.eval_negatives, config.link.negatives,
-                       config.link.disjoint, buckets, cast(LinkOrder, config.link.order),
-                       config.link.logical_partitions)
+    tables = read_link_tables(dataset, link, dataset.manifest.num_nodes, dataset.manifest.num_partitions)
+    held = {split: held_out_pairs(tables.held_edges[split], tables.held_tails[split]) for split in HELD_OUT}
+    return LinkServing(tables.train_edges, held, link.eval_negatives, config.link.negatives, config.link.disjoint,
+                       tables.edge_buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions)
 
 
 def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPlan, first: int, last: int,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from loader.format.dataset import Dataset
+from loader.format.link import HELD_OUT, read_link_tables
 from loader.sampling.buffer_order import (
     LINK_ORDERS,
     BufferEpoch,
@@ -114,12 +115,11 @@ class LinkInMemorySource:
         self.negatives, self.disjoint = negatives, disjoint
         self.data: InMemoryGraph = load_in_memory(dataset)
         n = self.data.num_nodes
-        self.train_edges = self._read(dataset, "train_edges", (2, link.train))
+        tables = read_link_tables(dataset, link, n, dataset.manifest.num_partitions)
+        self.train_edges = tables.train_edges
         self.held_out: dict[str, HeldPairs] = {}
-        for split in ("val", "test"):
-            edges = self._read(dataset, f"{split}_edges", (2, link.of(split)))
-            tails = self._read(dataset, f"{split}_neg_tails", (link.of(split), link.eval_negatives))
-            held = held_out_pairs(edges, tails)
+        for split in HELD_OUT:
+            held = held_out_pairs(tables.held_edges[split], tables.held_tails[split])
             self.held_out[split] = HeldPairs(held.nodes, held.src, held.dst, held.tails)
         self.num_nodes = n
         self.num_features = self.data.feat_dim
@@ -128,11 +128,7 @@ class LinkInMemorySource:
         self._epoch: BufferEpoch | None = None  # the last epoch's order: the loop asks for its plan after it
         if self.buffer is not None:
             self.partitions = dataset.partitions()
-            self.edge_buckets = dataset.read("edge_buckets", np.int64, 1)
-            expected = (self.buffer.physical_partitions ** 2 + 1,)
-            if self.edge_buckets.shape != expected or self.edge_buckets[-1] != link.train:
-                raise UserError(f"{dataset.file('edge_buckets')}: shape {self.edge_buckets.shape}, expected "
-                                f"{expected} offsets ending at the {link.train} training positives")
+            self.edge_buckets = tables.edge_buckets
         order = "" if self.buffer is None else f", {link_order} order"
         self.description = f"inmemory {dataset.path} (link{order})"
 
@@ -160,14 +156,6 @@ class LinkInMemorySource:
         except ValueError as err:
             raise UserError(f"--logical-partitions {logical}: {err}") from None
         return BufferSettings(order, capacity, p, resolved, held)
-
-    def _read(self, dataset: Dataset, name: str, shape: tuple[int, int]) -> np.ndarray:
-        array = dataset.read(name, np.int64, 2)
-        if array.shape != shape:
-            raise UserError(f"{dataset.file(name)}: shape {array.shape}, the manifest's link table says {shape}")
-        if array.size and (array.min() < 0 or array.max() >= self.data.num_nodes):
-            raise UserError(f"{dataset.file(name)}: node ids outside [0, {self.data.num_nodes})")
-        return array
 
     @property
     def train_positives(self) -> int:

@@ -7,11 +7,13 @@ import shutil
 import numpy as np
 import pytest
 
-from loader.format.dataset import LINK_FILES, manifest_text
+from loader.format.dataset import LINK_FILES, manifest_text, open_dataset
 from loader.format.fileio import file_xxh3
+from loader.format.link import read_link_tables
 from loader.format.npyio import read_npy, write_npy
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.offline.verify import verify_dataset
+from proto.errors import UserError
 from tests.graphs import link_input_graph, link_raw
 
 
@@ -135,3 +137,25 @@ def test_a_pair_of_the_graph_missing_from_the_training_positives(link_dir, tmp_p
 
     assert any("every pair of the graph is a training positive, once" in p
                for p in problems_after(link_dir, tmp_path, drop_last))
+
+
+def tables_of(ds):
+    dataset = open_dataset(ds)
+    m = dataset.manifest
+    return read_link_tables(dataset, m.link, m.num_nodes, m.num_partitions)
+
+
+def test_the_link_readers_table_check_names_the_file(link_dir, tmp_path):
+    # the daemon and the in-memory trainer read the tables through read_link_tables: one check for both
+    tables = tables_of(link_dir)
+    assert tables.train_edges.shape[1] == tables.edge_buckets[-1]
+    assert set(tables.held_edges) == set(tables.held_tails) == {"val", "test"}
+    for name, change, message in [
+            ("val_edges.npy", lambda a: a[:, :-1], r"val_edges.npy: shape \(2, \d+\), the manifest's link table says"),
+            ("test_neg_tails.npy", lambda a: np.where(a == a.max(), 300, a), r"test_neg_tails.npy: node ids outside"),
+            ("edge_buckets.npy", lambda a: a[:-1], r"edge_buckets.npy: shape \(16,\), expected \(17,\) offsets")]:
+        copy = tmp_path / name
+        shutil.copytree(link_dir, copy)
+        rewrite(copy, name, change(read_npy(copy / name)))
+        with pytest.raises(UserError, match=message):
+            tables_of(copy)
