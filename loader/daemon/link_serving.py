@@ -18,8 +18,9 @@ epoch's ``buffer_epoch`` is a mega-batch, loaded whole, whose edge buckets are t
 in the subgraph the buffer induces and negatives drawn from its nodes (``sample_link_state``), exactly as
 ``megabatch train --mode inmemory --link-order comet`` emulates it; a buffer of every partition trains the
 shuffled order. The static cache is off for a link dataset (a static node joining the buffer would change the
-subgraph the order's batches are defined on), and each state is read whole, not only its swapped partition
-(the reads are counted: MariusGNN's I/O model reads one logical partition per swap).
+subgraph the order's batches are defined on). A state's partitions that the previous state held are copied
+from the other buffer and only the swapped-in ones are read (``megabatch_partitions_loaded{source}``), so an
+epoch reads what MariusGNN's I/O model says: one logical partition per swap.
 
 What is not served yet: mode staged (its memory plan charges spilled superbatches, which link batches are
 not), the aggregation cache and training jobs of several ranks. Each is refused in one line
