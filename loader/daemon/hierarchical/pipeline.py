@@ -39,7 +39,7 @@ from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
 from loader.daemon.slot_source import OffsetRows, SlotSource
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
-from loader.sampling.ranks import LocalRanks, deal_pieces, num_steps, piece_keys, sample_pieces
+from loader.sampling.ranks import LocalRanks, deal_pieces, even_batch_size, num_steps, piece_keys, sample_pieces
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 from proto.sizes import counted
 
@@ -175,6 +175,8 @@ def _sample_measured(graph: CSCGraph, seeds: np.ndarray, local: LocalRanks, batc
                      full_degree: np.ndarray | None) -> tuple[DealtPass, NeighbourSlots | None]:
     """The pass's pieces for ``local``'s ranks (``seeds`` dealt from step ``first_step`` of the epoch)
     sampled, plus the pass's neighbour slots when ``full_degree`` is given (the first pass)."""
+    # a mega-batch's seeds in nearly equal batches: its plain cut ends in a short one (even_batch_size)
+    batch_size = even_batch_size(len(seeds), batch_size, local.world_size)
     pieces = deal_pieces(len(seeds), batch_size, local)
     keys = piece_keys(seed, epoch, local, first_step, pieces.num_steps)
 

@@ -20,6 +20,7 @@ from loader.sampling.ranks import (
     deal_epoch,
     deal_eval,
     deal_pieces,
+    even_batch_size,
     num_steps,
     piece_bounds,
     piece_keys,
@@ -209,3 +210,26 @@ def test_sampled_pieces_are_each_piece_sampled_alone(deal, seed):
 def test_bad_local_ranks_are_named(world, ranks, message):
     with pytest.raises(ValueError, match=message):
         LocalRanks(world, ranks)
+
+
+@PROPERTY
+@given(st.integers(0, 5000), st.integers(1, 1100), st.integers(1, 6))
+def test_an_even_batch_size_keeps_the_steps_and_evens_the_batches(n, b, w):
+    even = even_batch_size(n, b, w)
+    assert 1 <= even <= b
+    steps = -(-n // (b * w))  # plain ceil(n / (b w))
+    assert num_steps(n, even, w) == steps
+    if steps:
+        sizes = [min(even * w, n - k * even * w) for k in range(steps)]  # the global batches deal_pieces makes
+        assert sum(sizes) == n and all(size > 0 for size in sizes)
+        # every step but the last holds ceil(n / steps) seeds or up to w - 1 more; the last at most steps * w
+        # fewer (the plain cut's last may hold a single seed)
+        per_step = -(-n // steps)
+        assert all(per_step <= size < per_step + w for size in sizes[:-1])
+        assert sizes[-1] >= per_step - steps * w
+
+
+def test_an_even_batch_size_cuts_a_megabatch_into_equal_batches():
+    assert even_batch_size(5174, 1024, 1) == 863  # 5 x 863 + 859, not 5 x 1024 + 54
+    assert even_batch_size(5120, 1024, 1) == 1024 and even_batch_size(0, 1024, 1) == 1024
+    assert even_batch_size(5174, 512, 2) == 432  # global batches of 864 over two ranks
