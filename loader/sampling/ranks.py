@@ -72,7 +72,8 @@ def even_batch_size(num_seeds: int, batch_size: int, world_size: int) -> int:
     steps = num_steps(num_seeds, batch_size, world_size)
     if steps == 0:
         return batch_size
-    return -(-(-(-num_seeds // steps)) // world_size)
+    per_step = -(-num_seeds // steps)
+    return -(-per_step // world_size)
 
 
 def piece_bounds(num_seeds: int, batch_size: int, world_size: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
