@@ -9,6 +9,9 @@ core: ``megabatch serve`` in mode exact serves them (bitwise shuffled's) and the
 socket. Evaluation is the same for all (the full graph, each held-out positive ranked among its fixed negative
 tails).
 
+Orders ``comet-global-neighbours``, ``comet-uniform-negatives`` and ``comet-widened`` (not run by default) are
+COMET with one or two of its changes undone (``bench/link_variants.py``): what its gap is made of.
+
 Every shared graph (../shared/data, default cora-planetoid, citeseer-planetoid, amazon-photo) is
 imported once per ``--work`` directory with ``import --task link`` (0.85/0.05/0.10 split by pair,
 seed 0, 100 negatives per held-out positive) and prepared with METIS into ``--partitions`` P (32).
@@ -62,9 +65,13 @@ __all__ = ["DATASETS", "ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_s
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
-ORDERS = ("shuffled", "comet", "beta", "daemon")
+VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened")
+"""COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of."""
+ORDERS = ("shuffled", "comet", "beta", "daemon", *VARIANT_ORDERS)
 """``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the
-trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise)."""
+trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise).
+The variant orders are not in the default ``--orders``."""
+DEFAULT_ORDERS = ("shuffled", "comet", "beta", "daemon")
 DAEMON_BUDGET = "256M"
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
@@ -116,7 +123,8 @@ class OrderSummary:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated shared graphs")
-    parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated subset of {','.join(ORDERS)}")
+    parser.add_argument("--orders", default=",".join(DEFAULT_ORDERS),
+                        help=f"comma-separated subset of {','.join(ORDERS)}")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--partitions", type=int, default=32, help="prepare --partitions P (default 32)")
     parser.add_argument("--buffer-partitions", type=int, default=None, help="C (default P/4)")
@@ -146,7 +154,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     """A run's file names: they name what the run depends on, so --reuse never takes another setting's run."""
     buffer = "" if order in ("shuffled", "daemon") else f"-c{args.buffer_partitions}"
-    if order == "comet" and args.logical_partitions is not None:
+    if order.startswith("comet") and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
     return f"{name}-p{args.partitions}-{order}{buffer}-b{args.batch_size}-seed{seed}"
 
@@ -165,12 +173,15 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
     source = ["--socket", str(socket), "--connect-timeout", "600"] if order == "daemon" else [
         "--mode", "inmemory", "--dataset", str(dataset), "--batch-size", str(args.batch_size), "--fanouts",
         args.fanouts, "--sampler-seed", str(seed)]
-    command = [PY, "-m", "trainer", *source, "--task", "link", "--model", "sage", "--hidden", "128", "--decoder",
+    variant = order in VARIANT_ORDERS
+    program = [PY, str(ROOT / "bench" / "link_variants.py"), order] if variant else [PY, "-m", "trainer"]
+    command = [*program, *source, "--task", "link", "--model", "sage", "--hidden", "128", "--decoder",
                "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
                "--device", args.device, "--json-out", str(out), "--no-progress", "-q"]
-    if order in ("comet", "beta"):
-        command += ["--link-order", order, "--buffer-partitions", str(args.buffer_partitions)]
-        if order == "comet" and args.logical_partitions is not None:
+    if order not in ("shuffled", "daemon"):
+        command += ["--link-order", "beta" if order == "beta" else "comet", "--buffer-partitions",
+                    str(args.buffer_partitions)]
+        if order != "beta" and args.logical_partitions is not None:
             command += ["--logical-partitions", str(args.logical_partitions)]
     return command
 

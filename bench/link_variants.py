@@ -1,0 +1,122 @@
+"""What COMET's accuracy gap is made of: three variants of its in-memory emulation, as orders of
+``bench/link_bench.py`` (issue 31).
+
+``--link-order comet`` changes three things against the shuffled order at once: the order of the training
+edges (bucket by bucket, state by state), the neighbourhoods (sampled in the subgraph the buffer induces) and
+the negatives (drawn from the buffer's nodes). Each variant keeps COMET's edge order and states and undoes
+one or two of the others, so the difference to COMET says what that part costs:
+
+- ``comet-global-neighbours``: neighbours sampled in the whole graph; negatives still from the buffer;
+- ``comet-uniform-negatives``: neighbours in the whole graph and negatives uniform over every node: only the
+  order is COMET's;
+- ``comet-widened``: a remedy that keeps out-of-core reads small: each state's buffer plus ``WIDEN`` x its
+  node count of nodes drawn uniformly from outside it (seeded by sampler seed, epoch and state; out of core
+  their rows would be read by id), neighbours in the subgraph that set induces, negatives from all of it.
+
+The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
+VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
+variant's batches.
+"""
+
+import sys
+from collections.abc import Generator, Sequence
+
+import numpy as np
+
+if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
+    import harness  # noqa: F401
+from loader.sampling.induced import induced_by_ranges, local_in_ranges
+from loader.sampling.link_sampling import sample_link_batch
+from trainer.link import inmemory
+from trainer.link.batches import LinkBatch
+
+__all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "main"]
+
+WIDEN = 0.5
+"""``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
+
+
+class GlobalNeighbours(inmemory.LinkInMemorySource):
+    """COMET's states and negatives; neighbours from the whole graph."""
+
+    uniform_negatives = False
+
+    def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
+        order = self.buffer_epoch(epoch)
+        for state in order.states:
+            if not state.num_batches:
+                continue
+            pool = None if self.uniform_negatives else state.resident_nodes()
+            src, dst = self.train_edges[0, state.order], self.train_edges[1, state.order]
+            first = int(order.state_batches[state.index])
+            for k in range(state.num_batches):
+                begin, end = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
+                _, key = order.batches.batch(first + k)
+                sampled = sample_link_batch(self.data.graph, src[begin:end], dst[begin:end], self.num_nodes,
+                                            self.fanouts, key, negatives_per_positive=self.negatives,
+                                            negative_pool=pool, disjoint=self.disjoint)
+                yield self._link_batch(sampled, end - begin)
+
+
+class UniformNegatives(GlobalNeighbours):
+    """COMET's states (its edge order) only: neighbours from the whole graph, negatives uniform over every node."""
+
+    uniform_negatives = True
+
+
+class Widened(inmemory.LinkInMemorySource):
+    """Each state's buffer plus ``WIDEN`` x its nodes drawn uniformly from outside it: neighbours in the subgraph
+    the union induces, negatives from all of it."""
+
+    def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
+        order = self.buffer_epoch(epoch)
+        n = self.num_nodes
+        for state in order.states:
+            if not state.num_batches:
+                continue
+            resident = np.zeros(n, dtype=bool)
+            resident[state.resident_nodes()] = True
+            outside = np.flatnonzero(~resident)
+            rng = np.random.default_rng([self.seed, epoch, state.index])
+            extra = np.sort(rng.choice(outside, size=min(len(outside), round(WIDEN * resident.sum())),
+                                       replace=False))
+            begin = np.concatenate((state.node_begin, extra))
+            cut = np.argsort(begin, kind="stable")
+            begin, end = begin[cut], np.concatenate((state.node_end, extra + 1))[cut]
+            graph = induced_by_ranges(self.data.graph, begin, end)
+            pool = np.arange(graph.num_nodes, dtype=np.int64)
+            src = local_in_ranges(self.train_edges[0, state.order], begin, end)
+            dst = local_in_ranges(self.train_edges[1, state.order], begin, end)
+            first = int(order.state_batches[state.index])
+            for k in range(state.num_batches):
+                b0, b1 = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
+                _, key = order.batches.batch(first + k)
+                sampled = sample_link_batch(graph, src[b0:b1], dst[b0:b1], graph.num_nodes, self.fanouts, key,
+                                            negatives_per_positive=self.negatives, negative_pool=pool,
+                                            disjoint=self.disjoint)
+                yield self._link_batch(sampled, b1 - b0)
+
+
+VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
+    "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
+    "comet-widened": Widened}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in VARIANTS:
+        print(f"usage: link_variants.py {{{','.join(VARIANTS)}}} TRAINER-ARGS...", file=sys.stderr)
+        return 2
+    from trainer.cli import main as trainer_main
+
+    # the trainer builds its in-memory link source from this module attribute when it runs
+    original = inmemory.LinkInMemorySource
+    inmemory.LinkInMemorySource = VARIANTS[args[0]]  # type: ignore[misc]
+    try:
+        return trainer_main(args[1:])
+    finally:  # called in a process that goes on (a test): the trainer's own source again
+        inmemory.LinkInMemorySource = original  # type: ignore[misc]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

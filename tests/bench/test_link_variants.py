@@ -1,0 +1,57 @@
+"""bench/link_variants.py: COMET's ablations keep its edge order (every training edge once an epoch, state by
+state) and change only where neighbours and negatives come from."""
+
+import numpy as np
+import pytest
+
+from bench.link_bench import parse_args, train_command
+from bench.link_variants import VARIANTS, main
+from loader.format.dataset import open_dataset
+from tests.trainer.test_link_train import link_dataset  # noqa: F401
+from trainer.link import inmemory
+from trainer.link.inmemory import LinkInMemorySource
+
+
+def pairs_and_negatives(source, epoch):
+    """Each batch's positives and negative pairs as dataset ids: ([(2, B)], [(2, B k)])."""
+    positives, negatives = [], []
+    for batch in source.train_batches(epoch):
+        ids = batch.graph.n_id.numpy()
+        pairs = ids[batch.edge_label_index.numpy()]
+        label = batch.edge_label.numpy()
+        positives.append(pairs[:, label == 1])
+        negatives.append(pairs[:, label == 0])
+    return positives, negatives
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_variant_keeps_comets_edge_order(link_dataset, variant):  # noqa: F811
+    dataset = open_dataset(link_dataset)
+    settings = {"batch_size": 32, "fanouts": (3, 3), "seed": 4, "link_order": "comet", "buffer_partitions": 2}
+    comet, other = LinkInMemorySource(dataset, **settings), VARIANTS[variant](dataset, **settings)
+    order = comet.buffer_epoch(1)
+    want, comet_negatives = pairs_and_negatives(comet, 1)
+    got, negatives = pairs_and_negatives(other, 1)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)  # the same positives in the same batches
+    batch_state = np.repeat([s.index for s in order.states], [s.num_batches for s in order.states])
+    resident = {s.index: set(s.resident_nodes().tolist()) for s in order.states}
+    outside = [sum(t not in resident[batch_state[i]] for t in tails[1].tolist()) for i, tails in enumerate(negatives)]
+    assert not any(sum(t not in resident[batch_state[i]] for t in tails[1].tolist())
+                   for i, tails in enumerate(comet_negatives))  # COMET's negatives come from its buffer
+    if variant == "comet-global-neighbours":
+        assert not any(outside)
+    else:
+        assert sum(outside) > 0  # negatives from beyond the buffer
+
+
+def test_a_variant_order_runs_its_source_in_the_trainer(link_dataset, tmp_path, capsys):  # noqa: F811
+    command = train_command(link_dataset, "comet-widened", 0, tmp_path / "o.json", parse_args([]))
+    assert command[1].endswith("bench/link_variants.py") and command[2] == "comet-widened"
+    assert command[-4:] == ["--link-order", "comet", "--buffer-partitions", "8"]
+    code = main(["comet-uniform-negatives", "--mode", "inmemory", "--dataset", str(link_dataset), "--task", "link",
+                 "--hidden", "8", "--batch-size", "128", "--fanouts", "3,3", "--epochs", "1", "--link-order", "comet",
+                 "--buffer-partitions", "2", "-q", "--no-progress"])
+    assert code == 0
+    assert inmemory.LinkInMemorySource is LinkInMemorySource  # put back for whatever runs next in this process
+    assert main(["no-such-variant"]) == 2 and "usage: link_variants.py" in capsys.readouterr().err
