@@ -7,7 +7,7 @@ neighbour sample exactly as the in-memory reference draws them, the neighbours s
 sampler (its neighbour cache and checked reads: ``FullGraphMode.sample``, which gives ``sample_pass``'s
 batch for the same seeds and key), so a full-graph mode's link batches are the reference's, bitwise.
 
-Evaluation embeds the nodes a split's scores need (``HeldOut.nodes``) in node batches of
+Evaluation embeds the nodes a split's scores need (``HeldPairs.nodes``) in node batches of
 ``eval_batch_size`` with the keys of ``eval_split_batches`` on the split's link stream, as the in-memory
 trainer does, and each batch carries its share of the split's positives and their fixed negative tails
 (``HeldOutShares``), as positions into those nodes: the trainer scores them once the stream has ended.
@@ -40,7 +40,6 @@ from loader.format.partition_table import PartitionTable
 from loader.sampling.buffer_order import LinkOrder, buffer_epoch, buffer_plan, resolved_logical
 from loader.sampling.comet import logical_capacity
 from loader.sampling.link_sampling import (
-    HeldOut,
     LinkEpochPlan,
     PassLinkLabels,
     SampledLinkBatch,
@@ -51,6 +50,7 @@ from loader.sampling.link_sampling import (
     sample_link_batch_by,
 )
 from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
+from proto.held_pairs import HeldPairs
 from proto.messages import DatasetInfo
 
 __all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "sample_link_steps", "link_states",
@@ -70,7 +70,7 @@ class LinkServing:
 
     train_edges: np.ndarray
     """(2, P) training positives, source row 0."""
-    held_out: dict[str, HeldOut]
+    held_out: dict[str, HeldPairs]
     """"val", "test" -> the split's positives and fixed negative tails as positions into its nodes."""
     eval_negatives: int
     negatives: int

@@ -56,10 +56,11 @@ from loader.sampling.sampling import (
     sample_pass,
     shuffle,
 )
+from proto.held_pairs import HeldPairs
 
 __all__ = ["STREAM_LINK_SHUFFLE", "STREAM_LINK_TRAIN", "STREAM_LINK_VAL", "STREAM_LINK_TEST", "LinkEpochPlan",
            "SampledLinkBatch", "link_shuffle_key", "link_batch_plan", "link_batch_plan_in_order", "link_eval_plan",
-           "sample_link_batch", "sample_link_batch_by", "SeedSampler", "HeldOut", "held_out_pairs", "link_pass",
+           "sample_link_batch", "sample_link_batch_by", "SeedSampler", "held_out_pairs", "link_pass",
            "PassLinkLabels", "HeldOutShares", "STREAM_LINK_TRAIN_RANK", "link_rank_key"]
 
 # A block of its own: 0-4 are the node streams (``loader.sampling.inmemory``) and 16 the hierarchical
@@ -361,29 +362,11 @@ def sample_link_batch_by(sample: SeedSampler, num_local: int, global_ids: np.nda
                             edge_label_global=nodes[edge_label_index])
 
 
-@dataclass(frozen=True)
-class HeldOut:
-    """One held-out split as positions into ``nodes`` (the nodes its scores need: sorted dataset ids of every
-    positive's endpoints and every negative tail).
-
-    src, dst: int64 (E,) the positives' endpoints; tails: int64 (E, K) each positive's negative tails.
-    """
-
-    nodes: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    tails: np.ndarray
-
-    @property
-    def num_positives(self) -> int:
-        return int(self.src.shape[0])
-
-
-def held_out_pairs(edges: np.ndarray, tails: np.ndarray) -> HeldOut:
-    """A split's positives (int64 (2, E) dataset ids) and negative tails (int64 (E, K)) as ``HeldOut``: the
+def held_out_pairs(edges: np.ndarray, tails: np.ndarray) -> HeldPairs:
+    """A split's positives (int64 (2, E) dataset ids) and negative tails (int64 (E, K)) as ``HeldPairs``: the
     in-memory trainer and the daemon evaluate the same nodes in the same order, so their scores agree."""
     nodes = np.unique(np.concatenate((edges.reshape(-1), tails.reshape(-1))))
-    return HeldOut(nodes, np.searchsorted(nodes, edges[0]), np.searchsorted(nodes, edges[1]),
+    return HeldPairs(nodes, np.searchsorted(nodes, edges[0]), np.searchsorted(nodes, edges[1]),
                    np.searchsorted(nodes, tails))
 
 
@@ -437,7 +420,7 @@ class HeldOutShares:
     batch i carries positives ``[i * E // batches, (i + 1) * E // batches)`` (every positive once, in order);
     ``first``: the stream index of this pass's batch 0."""
 
-    held: HeldOut
+    held: HeldPairs
     batches: int
     first: int = 0
 

@@ -1,32 +1,12 @@
-"""What the link-prediction loop consumes, whichever source made it (in memory or the daemon): the batches, a
-held-out split's pairs and a buffer order's settings. Torch and numpy only: the daemon's source imports no loader
-(it talks to the daemon through ``proto``)."""
+"""What the link-prediction loop consumes, whichever source made it (in memory or the daemon): the batches and a
+buffer order's settings (a held-out split's pairs are ``proto.held_pairs.HeldPairs``). Torch only: the
+daemon's source imports no loader (it talks to the daemon through ``proto``)."""
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-__all__ = ["NodeBatch", "LinkBatch", "HeldPairs", "BufferSettings"]
-
-
-@dataclass(frozen=True)
-class HeldPairs:
-    """One held-out split as positions into ``nodes`` (the nodes its scores need, sorted dataset ids; the
-    trainer's copy of ``loader.sampling.link_sampling.HeldOut``, which the daemon ships as ``pair_index``,
-    ``pair_tails``).
-
-    src, dst: int64 (E,) the positives' endpoints; tails: int64 (E, K) each positive's negative tails.
-    """
-
-    nodes: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    tails: np.ndarray
-
-    @property
-    def num_positives(self) -> int:
-        return int(self.src.shape[0])
+__all__ = ["NodeBatch", "LinkBatch", "BufferSettings"]
 
 
 @dataclass

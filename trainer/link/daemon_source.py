@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from proto.batch_arrays import BatchArrays
+from proto.held_pairs import HeldPairs
 from proto.messages import BatchReady
 from trainer.daemon_source import DaemonError, DaemonSource
-from trainer.link.batches import BufferSettings, HeldPairs, LinkBatch, NodeBatch
+from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
 
 __all__ = ["LinkDaemonSource"]
 

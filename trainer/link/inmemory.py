@@ -54,8 +54,9 @@ from loader.sampling.link_sampling import (
 from loader.sampling.ranks import check_rank
 from loader.sampling.sampling import sample_pass
 from proto.errors import UserError
+from proto.held_pairs import HeldPairs
 from trainer.inmemory_source import checked_fanouts, float32_rows
-from trainer.link.batches import BufferSettings, HeldPairs, LinkBatch, NodeBatch
+from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
 
 __all__ = ["LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
@@ -119,8 +120,7 @@ class LinkInMemorySource:
         self.train_edges = tables.train_edges
         self.held_out: dict[str, HeldPairs] = {}
         for split in HELD_OUT:
-            held = held_out_pairs(tables.held_edges[split], tables.held_tails[split])
-            self.held_out[split] = HeldPairs(held.nodes, held.src, held.dst, held.tails)
+            self.held_out[split] = held_out_pairs(tables.held_edges[split], tables.held_tails[split])
         self.num_nodes = n
         self.num_features = self.data.feat_dim
         self.num_hops = len(self.fanouts)

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from loader.sampling.buffer_order import BufferEpoch
-    from trainer.link.batches import BufferSettings, HeldPairs, LinkBatch, NodeBatch
+    from proto.held_pairs import HeldPairs
+    from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
 
 __all__ = ["LinkSource"]
 
