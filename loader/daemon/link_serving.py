@@ -35,7 +35,7 @@ import numpy as np
 
 from loader.daemon.config import LoaderConfig
 from loader.format.dataset import Dataset
-from loader.format.link import HELD_OUT, read_link_tables
+from loader.format.link import HELD_OUT, read_edge_buckets, read_link_tables
 from loader.format.partition_table import PartitionTable
 from loader.sampling.buffer_order import LinkOrder, buffer_epoch, buffer_plan, resolved_logical
 from loader.sampling.comet import logical_capacity
@@ -209,10 +209,11 @@ def load_link_serving(dataset: Dataset, config: LoaderConfig) -> LinkServing | N
     link = dataset.manifest.link
     if link is None:
         return None
-    tables = read_link_tables(dataset, link, dataset.manifest.num_nodes, dataset.manifest.num_partitions)
+    tables = read_link_tables(dataset, link, dataset.manifest.num_nodes)
     held = {split: held_out_pairs(tables.held_edges[split], tables.held_tails[split]) for split in HELD_OUT}
+    buckets = read_edge_buckets(dataset, link, dataset.manifest.num_partitions)
     return LinkServing(tables.train_edges, held, link.eval_negatives, config.link.negatives, config.link.disjoint,
-                       tables.edge_buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions)
+                       buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions)
 
 
 def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPlan, first: int, last: int,

@@ -30,7 +30,7 @@ from proto.errors import UserError
 __all__ = [
     "TASKS", "HELD_OUT", "RAW_LINK_FILES", "LINK_FILES", "MAX_LINK_PARTITIONS", "DEFAULT_EDGE_SPLIT",
     "LinkSplit", "parse_edge_split", "check_edge_split", "unit_keys", "bucket_keys", "decode_bucket_keys",
-    "bucket_ids", "link_file_problems", "LinkTables", "read_link_tables",
+    "bucket_ids", "link_file_problems", "LinkTables", "read_link_tables", "read_edge_buckets",
 ]
 
 TASKS = ("node", "link")
@@ -245,19 +245,17 @@ class _LinkDataset(Protocol):
 
 @dataclass(frozen=True)
 class LinkTables:
-    """A prepared link dataset's tables, checked against its manifest: ``train_edges`` int64 (2, E_train); per
-    held-out split ``held_edges[split]`` int64 (2, E_split) and ``held_tails[split]`` int64 (E_split, K);
-    ``edge_buckets`` int64 (P*P + 1,), offsets ending at E_train."""
+    """A prepared link dataset's pairs, checked against its manifest: ``train_edges`` int64 (2, E_train); per
+    held-out split ``held_edges[split]`` int64 (2, E_split) and ``held_tails[split]`` int64 (E_split, K)."""
 
     train_edges: np.ndarray
     held_edges: dict[str, np.ndarray]
     held_tails: dict[str, np.ndarray]
-    edge_buckets: np.ndarray
 
 
-def read_link_tables(dataset: _LinkDataset, link: LinkSplit, num_nodes: int, num_partitions: int) -> LinkTables:
-    """The link tables of ``dataset`` (its manifest's ``link``, ``num_nodes`` and ``num_partitions``); UserError
-    naming the file whose shape or node ids disagree with the manifest (one check, for every reader of them)."""
+def read_link_tables(dataset: _LinkDataset, link: LinkSplit, num_nodes: int) -> LinkTables:
+    """The pair tables of ``dataset`` (its manifest's ``link`` and ``num_nodes``); UserError naming the file whose
+    shape or node ids disagree with the manifest (one check, for every reader of them)."""
 
     def read(name: str, shape: tuple[int, int]) -> np.ndarray:
         array = dataset.read(name, np.int64, 2)
@@ -267,12 +265,17 @@ def read_link_tables(dataset: _LinkDataset, link: LinkSplit, num_nodes: int, num
             raise UserError(f"{dataset.file(name)}: node ids outside [0, {num_nodes})")
         return array
 
+    return LinkTables(read("train_edges", (2, link.train)),
+                      {split: read(f"{split}_edges", (2, link.of(split))) for split in HELD_OUT},
+                      {split: read(f"{split}_neg_tails", (link.of(split), link.eval_negatives)) for split in HELD_OUT})
+
+
+def read_edge_buckets(dataset: _LinkDataset, link: LinkSplit, num_partitions: int) -> np.ndarray:
+    """``edge_buckets.npy``: int64 (P*P + 1,) offsets ending at E_train, checked; read only by what trains a buffer
+    order (up to 128 MiB at ``MAX_LINK_PARTITIONS``)."""
     buckets = dataset.read("edge_buckets", np.int64, 1)
     expected = (num_partitions * num_partitions + 1,)
     if buckets.shape != expected or buckets[-1] != link.train:
         raise UserError(f"{dataset.file('edge_buckets')}: shape {buckets.shape}, expected {expected} offsets "
                         f"ending at the {link.train} training positives")
-    return LinkTables(read("train_edges", (2, link.train)),
-                      {split: read(f"{split}_edges", (2, link.of(split))) for split in HELD_OUT},
-                      {split: read(f"{split}_neg_tails", (link.of(split), link.eval_negatives)) for split in HELD_OUT},
-                      buckets)
+    return buckets

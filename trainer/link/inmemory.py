@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from loader.format.dataset import Dataset
-from loader.format.link import HELD_OUT, read_link_tables
+from loader.format.link import HELD_OUT, read_edge_buckets, read_link_tables
 from loader.sampling.buffer_order import (
     LINK_ORDERS,
     BufferEpoch,
@@ -116,7 +116,7 @@ class LinkInMemorySource:
         self.negatives, self.disjoint = negatives, disjoint
         self.data: InMemoryGraph = load_in_memory(dataset)
         n = self.data.num_nodes
-        tables = read_link_tables(dataset, link, n, dataset.manifest.num_partitions)
+        tables = read_link_tables(dataset, link, n)
         self.train_edges = tables.train_edges
         self.held_out: dict[str, HeldPairs] = {}
         for split in HELD_OUT:
@@ -128,7 +128,7 @@ class LinkInMemorySource:
         self._epoch: BufferEpoch | None = None  # the last epoch's order: the loop asks for its plan after it
         if self.buffer is not None:
             self.partitions = dataset.partitions()
-            self.edge_buckets = tables.edge_buckets
+            self.edge_buckets = read_edge_buckets(dataset, link, self.buffer.physical_partitions)
         order = "" if self.buffer is None else f", {link_order} order"
         self.description = f"inmemory {dataset.path} (link{order})"
 

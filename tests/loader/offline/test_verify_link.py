@@ -9,7 +9,7 @@ import pytest
 
 from loader.format.dataset import LINK_FILES, manifest_text, open_dataset
 from loader.format.fileio import file_xxh3
-from loader.format.link import read_link_tables
+from loader.format.link import read_edge_buckets, read_link_tables
 from loader.format.npyio import read_npy, write_npy
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.offline.verify import verify_dataset
@@ -140,15 +140,16 @@ def test_a_pair_of_the_graph_missing_from_the_training_positives(link_dir, tmp_p
 
 
 def tables_of(ds):
+    """The pair tables and the edge buckets, each through its checked reader."""
     dataset = open_dataset(ds)
     m = dataset.manifest
-    return read_link_tables(dataset, m.link, m.num_nodes, m.num_partitions)
+    return read_link_tables(dataset, m.link, m.num_nodes), read_edge_buckets(dataset, m.link, m.num_partitions)
 
 
 def test_the_link_readers_table_check_names_the_file(link_dir, tmp_path):
     # the daemon and the in-memory trainer read the tables through read_link_tables: one check for both
-    tables = tables_of(link_dir)
-    assert tables.train_edges.shape[1] == tables.edge_buckets[-1]
+    tables, buckets = tables_of(link_dir)
+    assert tables.train_edges.shape[1] == buckets[-1]
     assert set(tables.held_edges) == set(tables.held_tails) == {"val", "test"}
     for name, change, message in [
             ("val_edges.npy", lambda a: a[:, :-1], r"val_edges.npy: shape \(2, \d+\), the manifest's link table says"),
