@@ -19,16 +19,16 @@ variant's batches.
 """
 
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
+from loader.sampling.buffer_order import BufferState
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
-from loader.sampling.link_sampling import sample_link_batch
+from loader.sampling.sampling import CSCGraph
 from trainer.link import inmemory
-from trainer.link.batches import LinkBatch
 
 __all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "main"]
 
@@ -41,21 +41,10 @@ class GlobalNeighbours(inmemory.LinkInMemorySource):
 
     uniform_negatives = False
 
-    def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
-        order = self.buffer_epoch(epoch)
-        for state in order.states:
-            if not state.num_batches:
-                continue
-            pool = None if self.uniform_negatives else state.resident_nodes()
-            src, dst = self.train_edges[0, state.order], self.train_edges[1, state.order]
-            first = int(order.state_batches[state.index])
-            for k in range(state.num_batches):
-                begin, end = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
-                _, key = order.batches.batch(first + k)
-                sampled = sample_link_batch(self.data.graph, src[begin:end], dst[begin:end], self.num_nodes,
-                                            self.fanouts, key, negatives_per_positive=self.negatives,
-                                            negative_pool=pool, disjoint=self.disjoint)
-                yield self._link_batch(sampled, end - begin)
+    def _state_view(self, epoch: int, state: BufferState
+                    ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
+        pool = None if self.uniform_negatives else state.resident_nodes()
+        return self.data.graph, self.train_edges[0, state.order], self.train_edges[1, state.order], pool
 
 
 class UniformNegatives(GlobalNeighbours):
@@ -68,33 +57,20 @@ class Widened(inmemory.LinkInMemorySource):
     """Each state's buffer plus ``WIDEN`` x its nodes drawn uniformly from outside it: neighbours in the subgraph
     the union induces, negatives from all of it."""
 
-    def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
-        order = self.buffer_epoch(epoch)
-        n = self.num_nodes
-        for state in order.states:
-            if not state.num_batches:
-                continue
-            resident = np.zeros(n, dtype=bool)
-            resident[state.resident_nodes()] = True
-            outside = np.flatnonzero(~resident)
-            rng = np.random.default_rng([self.seed, epoch, state.index])
-            extra = np.sort(rng.choice(outside, size=min(len(outside), round(WIDEN * resident.sum())),
-                                       replace=False))
-            begin = np.concatenate((state.node_begin, extra))
-            cut = np.argsort(begin, kind="stable")
-            begin, end = begin[cut], np.concatenate((state.node_end, extra + 1))[cut]
-            graph = induced_by_ranges(self.data.graph, begin, end)
-            pool = np.arange(graph.num_nodes, dtype=np.int64)
-            src = local_in_ranges(self.train_edges[0, state.order], begin, end)
-            dst = local_in_ranges(self.train_edges[1, state.order], begin, end)
-            first = int(order.state_batches[state.index])
-            for k in range(state.num_batches):
-                b0, b1 = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
-                _, key = order.batches.batch(first + k)
-                sampled = sample_link_batch(graph, src[b0:b1], dst[b0:b1], graph.num_nodes, self.fanouts, key,
-                                            negatives_per_positive=self.negatives, negative_pool=pool,
-                                            disjoint=self.disjoint)
-                yield self._link_batch(sampled, b1 - b0)
+    def _state_view(self, epoch: int, state: BufferState
+                    ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
+        resident = np.zeros(self.num_nodes, dtype=bool)
+        resident[state.resident_nodes()] = True
+        outside = np.flatnonzero(~resident)
+        rng = np.random.default_rng([self.seed, epoch, state.index])
+        extra = np.sort(rng.choice(outside, size=min(len(outside), round(WIDEN * resident.sum())), replace=False))
+        begin = np.concatenate((state.node_begin, extra))
+        cut = np.argsort(begin, kind="stable")
+        begin, end = begin[cut], np.concatenate((state.node_end, extra + 1))[cut]
+        graph = induced_by_ranges(self.data.graph, begin, end)
+        return (graph, local_in_ranges(self.train_edges[0, state.order], begin, end),
+                local_in_ranges(self.train_edges[1, state.order], begin, end),
+                np.arange(graph.num_nodes, dtype=np.int64))
 
 
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {

@@ -34,6 +34,7 @@ from loader.format.link import HELD_OUT, read_edge_buckets, read_link_tables
 from loader.sampling.buffer_order import (
     LINK_ORDERS,
     BufferEpoch,
+    BufferState,
     LinkOrder,
     buffer_epoch,
     buffer_plan,
@@ -52,7 +53,7 @@ from loader.sampling.link_sampling import (
     sample_link_batch,
 )
 from loader.sampling.ranks import check_rank
-from loader.sampling.sampling import sample_pass
+from loader.sampling.sampling import CSCGraph, sample_pass
 from proto.errors import UserError
 from proto.held_pairs import HeldPairs
 from trainer.inmemory_source import checked_fanouts, float32_rows
@@ -218,11 +219,7 @@ class LinkInMemorySource:
         for state in order.states:
             if not state.num_batches:  # a state that trains nothing builds no subgraph
                 continue
-            graph = induced_by_ranges(self.data.graph, state.node_begin, state.node_end)
-            # every node of the buffer, once: the negatives a state may draw (local ids are 0..M-1 by construction)
-            pool = np.arange(graph.num_nodes, dtype=np.int64)
-            src = local_in_ranges(self.train_edges[0, state.order], state.node_begin, state.node_end)
-            dst = local_in_ranges(self.train_edges[1, state.order], state.node_begin, state.node_end)
+            graph, src, dst, pool = self._state_view(epoch, state)
             first = int(order.state_batches[state.index])
             for k in range(state.num_batches):
                 begin, end = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
@@ -231,6 +228,18 @@ class LinkInMemorySource:
                                             key, negatives_per_positive=self.negatives, negative_pool=pool,
                                             disjoint=self.disjoint)
                 yield self._link_batch(sampled, end - begin)
+
+    def _state_view(self, epoch: int, state: BufferState
+                    ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
+        """What a state's batches are sampled from: (the graph, the state's positives' endpoints as its local ids,
+        the negative pool as its local ids, None for every node of it): the subgraph its buffer induces and every
+        node of the buffer (bench/link_variants.py overrides this to take COMET apart)."""
+        graph = induced_by_ranges(self.data.graph, state.node_begin, state.node_end)
+        # every node of the buffer, once: the negatives a state may draw (local ids are 0..M-1 by construction)
+        pool = np.arange(graph.num_nodes, dtype=np.int64)
+        src = local_in_ranges(self.train_edges[0, state.order], state.node_begin, state.node_end)
+        dst = local_in_ranges(self.train_edges[1, state.order], state.node_begin, state.node_end)
+        return graph, src, dst, pool
 
     def _link_batch(self, sampled: SampledLinkBatch, positives: int, global_positives: int | None = None
                     ) -> LinkBatch:
