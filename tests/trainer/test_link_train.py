@@ -199,7 +199,9 @@ def test_one_rank_of_one_is_the_single_process_and_two_ranks_share_each_global_b
         assert b.global_positives is None
     pieces = [list(LinkInMemorySource(dataset, batch_size=32, seed=3, rank=r, world_size=2).train_batches(0))
               for r in (0, 1)]
-    assert len(pieces[0]) == len(pieces[1]) == single.batches_per_epoch(0)  # one step per global batch on each rank
+    # one step per global batch on each rank
+    assert len(pieces[0]) == len(pieces[1]) == -(-single.train_positives // 64)
+    assert {b.stream_batches for piece in pieces for b in piece} == {len(pieces[0])}
     for whole, first, second in zip(single.train_batches(0), *pieces, strict=True):
         assert first.global_positives == second.global_positives == whole.positives
         assert first.positives + second.positives == whole.positives
@@ -334,7 +336,8 @@ def test_buffer_batches_cover_the_edges_and_stay_in_the_buffer(link_dataset, ord
         states = source.buffer_epoch(epoch).states
         state_of_batch = [state for state in states for _ in range(state.num_batches)]
         batches = list(source.train_batches(epoch))
-        assert len(batches) == len(state_of_batch) == source.batches_per_epoch(epoch)
+        assert len(batches) == len(state_of_batch) == source.buffer_epoch(epoch).num_batches
+        assert [b.stream_batches for b in batches] == [len(batches)] * len(batches)  # the progress bar's total
         pairs: Counter[tuple[int, int]] = Counter()
         for batch, state in zip(batches, state_of_batch):
             resident = set(state.resident_nodes().tolist())
@@ -351,7 +354,7 @@ def test_the_shuffled_order_is_the_loaders_plan_over_the_whole_graph(link_datase
     """--link-order shuffled (the default) samples link_batch_plan's batches on the full graph, as before."""
     dataset = open_dataset(link_dataset)
     source = LinkInMemorySource(dataset, batch_size=64, negatives=2, fanouts=(3, 2), seed=1, link_order="shuffled")
-    assert source.buffer is None and source.batches_per_epoch(1) == -(-source.train_positives // 64)
+    assert source.buffer is None and next(source.train_batches(1)).stream_batches == -(-source.train_positives // 64)
     plan = link_batch_plan(source.train_positives, 64, 1, 2)
     for b, batch in enumerate(source.train_batches(2)):
         positions, key = plan.batch(b)

@@ -40,8 +40,9 @@ class LinkBatch:
     and the pairs: edge_label_index int64 (2, B(1+k)) positions among the seeds, the B positives first;
     edge_label float32 (B(1+k),), 1 for a positive, 0 for a negative; positives: B. global_positives: under
     several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
-    None for a single process). stream_batches: the epoch's batch count as the batch's source announced it
-    (a daemon's ``BatchReady.num_batches``; None where the source does not say)."""
+    None for a single process). stream_batches: the epoch's batch count as the batch's source knows it (the
+    progress bar's total: a buffer order's states cut batches of their own; a daemon's ``BatchReady.num_batches``,
+    None where it does not say)."""
 
     graph: NodeBatch
     edge_label_index: torch.Tensor

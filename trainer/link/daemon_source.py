@@ -70,10 +70,6 @@ class LinkDaemonSource:
         """Held-out positives of ``split`` ("val" or "test")."""
         return self._positives[split]
 
-    def batches_per_epoch(self, epoch: int) -> int | None:
-        # the daemon's mode fixes the count (a buffer order's states cut batches of their own): its batches say it
-        return None
-
     def buffer_epoch(self, epoch: int) -> NoReturn:
         raise ValueError("the daemon's link batches have no buffer order")
 

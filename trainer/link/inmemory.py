@@ -42,7 +42,7 @@ from loader.sampling.buffer_order import (
 )
 from loader.sampling.comet import logical_capacity
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
-from loader.sampling.inmemory import InMemoryGraph, eval_split_batches, load_in_memory, num_batches
+from loader.sampling.inmemory import InMemoryGraph, eval_split_batches, load_in_memory
 from loader.sampling.link_sampling import (
     STREAM_LINK_TEST,
     STREAM_LINK_VAL,
@@ -169,12 +169,6 @@ class LinkInMemorySource:
     def close(self) -> None:
         """Nothing to release (the graph is the process's memory)."""
 
-    def batches_per_epoch(self, epoch: int) -> int:
-        """Training batches of ``epoch``: a buffer order cuts each state's edges on their own, so it may have more."""
-        if self.buffer is None:
-            return num_batches(self.train_positives, self.batch_size * self.world_size)
-        return self.buffer_epoch(epoch).num_batches
-
     def buffer_epoch(self, epoch: int) -> BufferEpoch:
         """Epoch ``epoch`` in the buffer order (the last one asked for is kept: the loop asks again after it)."""
         if self.buffer is None:
@@ -193,25 +187,26 @@ class LinkInMemorySource:
             return
         size, rank, several = self.batch_size, self.rank, self.world_size > 1
         plan = link_batch_plan(self.train_positives, size * self.world_size, self.seed, epoch)
-        for b in range(plan.num_batches):
+        total = plan.num_batches
+        for b in range(total):
             positions, key = plan.batch(b)
             whole = len(positions) if several else None
             piece = positions[rank * size:(rank + 1) * size]  # all of it for a single process
             if not len(piece):
-                yield self._empty_link_batch(whole)  # DDP's all-reduce needs this rank's step too
+                yield self._empty_link_batch(whole, total)  # DDP's all-reduce needs this rank's step too
                 continue
             sampled = sample_link_batch(self.data.graph, self.train_edges[0, piece], self.train_edges[1, piece],
                                         self.num_nodes, self.fanouts, link_rank_key(self.seed, epoch, rank, b, key),
                                         negatives_per_positive=self.negatives, disjoint=self.disjoint)
-            yield self._link_batch(sampled, len(piece), whole)
+            yield self._link_batch(sampled, len(piece), total, whole)
 
-    def _empty_link_batch(self, global_positives: int | None) -> LinkBatch:
+    def _empty_link_batch(self, global_positives: int | None, stream_batches: int) -> LinkBatch:
         hops = len(self.fanouts)
         no_edges = torch.zeros((2, 0), dtype=torch.long)
         graph = NodeBatch(torch.zeros((0, self.num_features), dtype=torch.float32), no_edges, [0] * (hops + 1),
                           [0] * hops, torch.zeros(0, dtype=torch.long))
         return LinkBatch(graph, torch.zeros((2, 0), dtype=torch.long), torch.zeros(0, dtype=torch.float32), 0,
-                         global_positives)
+                         global_positives, stream_batches)
 
     def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
         """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer."""
@@ -227,7 +222,7 @@ class LinkInMemorySource:
                 sampled = sample_link_batch(graph, src[begin:end], dst[begin:end], graph.num_nodes, self.fanouts,
                                             key, negatives_per_positive=self.negatives, negative_pool=pool,
                                             disjoint=self.disjoint)
-                yield self._link_batch(sampled, end - begin)
+                yield self._link_batch(sampled, end - begin, order.num_batches)
 
     def _state_view(self, epoch: int, state: BufferState
                     ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -241,14 +236,14 @@ class LinkInMemorySource:
         dst = local_in_ranges(self.train_edges[1, state.order], state.node_begin, state.node_end)
         return graph, src, dst, pool
 
-    def _link_batch(self, sampled: SampledLinkBatch, positives: int, global_positives: int | None = None
-                    ) -> LinkBatch:
+    def _link_batch(self, sampled: SampledLinkBatch, positives: int, stream_batches: int,
+                    global_positives: int | None = None) -> LinkBatch:
         # rows by dataset id (``nodes``): in a buffer's subgraph the sampler's local ids are not the dataset's
         graph = NodeBatch(self._rows(sampled.nodes), torch.from_numpy(sampled.edge_index),
                           [int(v) for v in sampled.num_sampled_nodes], [int(v) for v in sampled.num_sampled_edges],
                           torch.from_numpy(sampled.nodes))
         return LinkBatch(graph, torch.from_numpy(sampled.edge_label_index), torch.from_numpy(sampled.edge_label),
-                         positives, global_positives)
+                         positives, global_positives, stream_batches)
 
     def eval_batches(self, split: str) -> Iterator[NodeBatch]:
         """Node batches over ``held_out[split].nodes`` in order: batch b's seeds are its nodes

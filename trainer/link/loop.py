@@ -145,7 +145,6 @@ class _LinkRun:
         total_loss, pairs, positives, batches = 0.0, 0, 0, 0
         wait_s = step_s = 0.0
         started = time.perf_counter()
-        total = self.source.batches_per_epoch(epoch)
         with (EpochProgress(epoch, self.cfg.train.epochs, enabled=self.progress,
                             interval_s=self.progress_interval) as bar,
               contextlib.closing(self.source.train_batches(epoch)) as stream):
@@ -182,8 +181,7 @@ class _LinkRun:
                 wait_s, step_s = wait_s + waited, step_s + step
                 if self.metrics is not None:
                     self.metrics.observe_batch(waited, step, batch.positives)
-                bar.update(batch.stream_batches if batch.stream_batches is not None else total, batch.positives,
-                           waited, step)
+                bar.update(batch.stream_batches, batch.positives, waited, step)
                 self.steps += 1
                 max_steps = self.cfg.train.max_steps
                 if max_steps is not None and self.steps >= max_steps:
