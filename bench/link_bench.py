@@ -67,11 +67,11 @@ SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
 VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened")
 """COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of."""
-ORDERS = ("shuffled", "comet", "beta", "daemon", *VARIANT_ORDERS)
-"""``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the
-trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise).
-The variant orders are not in the default ``--orders``."""
 DEFAULT_ORDERS = ("shuffled", "comet", "beta", "daemon")
+"""``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the
+trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise)."""
+ORDERS = (*DEFAULT_ORDERS, *VARIANT_ORDERS)
+"""Every order ``--orders`` takes; the variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
