@@ -33,6 +33,8 @@ holds; ``--feature-ratio auto`` leaves the daemon's "auto" (on every shared grap
           every neighbour's mean
     HBW   (not run by default; issue 28's label-prior remedy) HB with ``[hierarchy] label_prior_loss``: each seed's
           loss weighed by its class's epoch share over its mega-batch's
+    HBC   (not run by default; issue 28's COMET-style remedy) HB with ``[hierarchy] formation = "comet"``: a buffer
+          of logical partitions, one swapped at a time, each training node in a random state that holds it
     HBAGG (not run by default; issue 32) HB with the daemon serving that cache (``[sampler] aggregation_cache``),
           at the fraction of ``--feature-ratio``
     HB2   (not run by default) HB trained by 2 DDP ranks (--nproc-per-node 2, gloo) through the one
@@ -129,7 +131,7 @@ DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs
 TomlValue = str | int | float | bool | list[int]
 """What the bench's daemon configs hold."""
 MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2", "NS16", "HB16", "NSAGG",
-         "HBAGG", "HBW")
+         "HBAGG", "HBW", "HBC")
 # HB25 is HB at the default ratio 4; the exact-semantics modes cost no run unless --train-exact
 DEFAULT_MODES = ("NS", "HB", *EXACT_MODES, "FULL")
 DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
@@ -139,20 +141,21 @@ DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
     "HB25r": {"hierarchy": {"megabatch_fraction": 0.25, "schedule": "random"}},
     "HB25s": {"hierarchy": {"megabatch_fraction": 0.25, "static_cache": False}},
     "HB50": {"hierarchy": {"megabatch_fraction": 0.5}}, "HB2": {"memory": {"budget": "3G"}}, "HB16": {},
-    "HBAGG": {"sampler": {"aggregation_cache": True}}, "HBW": {"hierarchy": {"label_prior_loss": True}}}
+    "HBAGG": {"sampler": {"aggregation_cache": True}}, "HBW": {"hierarchy": {"label_prior_loss": True}},
+    "HBC": {"hierarchy": {"formation": "comet"}}}
 """What each daemon mode adds to the default config (the fraction of ``--feature-ratio`` comes on top where
 the mode sets none: ``daemon_tables``)."""
 DEFAULT_DAEMON_MODE = ModeConfig().mode
 """The daemon mode HB runs (its config sets no [loader] mode): its row of compare.json times HB."""
 RANKS = {"HB2": 2}
+"""Daemon modes trained by several DDP ranks (the others: one trainer)."""
 FLOAT16 = {"NS16", "HB16"}
+"""Modes run on the graph prepared with float16 features (``prepare --feat-dtype float16``)."""
 AGGREGATED = {"NSAGG", "HBAGG"}
 """Modes that read the graph's mean aggregation cache (built once per prepared graph where it lacks one)."""
-"""Modes run on the graph prepared with float16 features (``prepare --feat-dtype float16``)."""
 BYTES_PER_FEATURE = {"HB16": 2}
 """How many times fewer bytes a feature row takes in the mode (float16: 2): at the same --feature-ratio in bytes
 its mega-batch holds that many times the partitions."""
-"""Daemon modes trained by several DDP ranks (the others: one trainer)."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
 SKEW = re.compile(r"neighbour coverage [0-9.]+, label skew ([0-9.]+)")
 

@@ -19,7 +19,7 @@ from proto.errors import UserError
 from proto.sizes import parse_size
 
 __all__ = [
-    "RENAMED_TABLES", "SCHEDULES", "DatasetConfig", "ModeConfig", "FullGraphConfig",
+    "RENAMED_TABLES", "SCHEDULES", "FORMATIONS", "DatasetConfig", "ModeConfig", "FullGraphConfig",
     "MemoryConfig", "HierarchyConfig", "SamplerConfig", "LinkConfig", "IOConfig", "PublisherConfig",
     "ServerConfig", "MetricsConfig", "LogConfig", "LoaderConfig", "load_config", "config_from_mapping",
 ]
@@ -41,6 +41,9 @@ LINK_BUFFER_ORDERS = ("comet", "beta")
 
 SCHEDULES = ("balanced", "random")
 """How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
+
+FORMATIONS = ("groups", "comet")
+"""How the hierarchical mode's mega-batches follow one another (``loader.daemon.hierarchical.swap_schedule``)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,13 @@ class HierarchyConfig:
     """Passes over each mega-batch (p >= 1), or None for "auto" (from load vs train time; default 1)."""
     max_passes: int = 4
     """Cap for ``passes = "auto"`` (default 4)."""
+    formation: str = "groups"
+    """How mega-batches follow one another in a node task (default "groups"): "groups" replaces the whole
+    mega-batch each time (HierBatching; the partitions grouped by ``schedule``); "comet" is MariusGNN's
+    node-classification policy: the partitions are grouped into logical partitions (by ``schedule``), the buffer
+    holds a few of them and swaps one at a time until every one has been resident, and each training node is
+    trained in a state drawn at random among those that hold it (docs/CONFIG.md). A link dataset follows
+    ``[link] order`` instead."""
     label_prior_loss: bool = False
     """Training batches carry ``class_weight``: per class, the epoch's share of training labels over the
     mega-batch's (capped at ``CLASS_WEIGHT_CAP``), which the trainer's loss weighs each seed by, so a skewed
@@ -348,7 +358,11 @@ def _hierarchy(t: Mapping[str, Any]) -> HierarchyConfig:
     schedule = t.get("schedule", d.schedule)
     if schedule not in SCHEDULES:
         raise _fail("hierarchy", "schedule", f"expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    formation = t.get("formation", d.formation)
+    if formation not in FORMATIONS:
+        raise _fail("hierarchy", "formation", f"expected one of {', '.join(FORMATIONS)}, got {formation!r}")
     return HierarchyConfig(megabatch_fraction=None if fraction is None else float(fraction), schedule=schedule,
+                           formation=formation,
                            static_cache=_static_cache(t.get("static_cache", "auto")),
                            passes=passes, max_passes=max_passes,
                            label_prior_loss=_bool("hierarchy", "label_prior_loss",

@@ -3,7 +3,8 @@
 Local ids: the mega-batch's nodes first, partition by partition in schedule order (so their feature
 rows sit where the reader put them), then the static nodes outside the mega-batch. Training
 seeds are mega-batch nodes only: a static node is trained on in the mega-batch of its own
-partition, which keeps "each training node once per pass" exact.
+partition, which keeps "each training node once per pass" exact; a buffer state of
+``formation = "comet"`` trains only the training nodes drawn for it (``ScheduledMegaBatch.train_nodes``).
 """
 
 import time
@@ -114,6 +115,10 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
 
     labels = resident.labels[global_ids]
     train_seeds = np.flatnonzero(resident.is_train[global_ids[:n_mb]]).astype(np.int64)
+    if scheduled.train_nodes is not None:  # a buffer state trains only the nodes drawn for it (swap_schedule)
+        wanted = scheduled.train_nodes
+        at = np.minimum(np.searchsorted(wanted, global_ids[train_seeds]), max(len(wanted) - 1, 0))
+        train_seeds = train_seeds[wanted[at] == global_ids[train_seeds]] if len(wanted) else train_seeds[:0]
     graph = CSCGraph(indptr=indptr, indices=indices, global_ids=global_ids)
     return MegaBatch(scheduled, buf, graph, row_offsets, labels, full_degree, train_seeds, len(extra),
                      loaded.bytes_read, loaded.seconds + time.perf_counter() - t0, aggregate_offsets)

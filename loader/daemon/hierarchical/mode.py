@@ -22,6 +22,7 @@ from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, 
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
 from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
+from loader.daemon.hierarchical.swap_schedule import swap_refusal
 from loader.daemon.link_serving import LINK_PASS_BATCHES, check_buffer
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.read_metrics import STARTUP
@@ -111,6 +112,8 @@ class HierarchicalMode(TrainingMode):
         link = self.context.link
         if link is not None and per < total:
             return f"link prediction in {link.order} order, a buffer of {per} of {total} partitions"
+        if self.context.config.hierarchy.formation == "comet" and per < total:
+            return f"{total} partitions, a buffer of {per} swapping one logical partition at a time"
         return f"{total} partitions, {per} per mega-batch"
 
     def start_pipeline(self, start_epoch: int, local: LocalRanks) -> TrainPipeline:
@@ -174,6 +177,10 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
         resident = replace(resident, static=static)
     else:
         plan = plan_for(static.num_nodes, len(static.indices))
+    if setup.serving.link is None and cfg.hierarchy.formation == "comet":
+        problem = swap_refusal(m.num_partitions, plan.buffer.partitions)
+        if problem is not None:
+            raise UserError(problem)
     static_share = static_cut_share(int(static_cut.sum()), cut_edges)
     expected = expected_edge_coverage(cut, m.num_partitions, plan.buffer.partitions, static_share)
     # an estimate, not a verdict: slot coverage (measured per epoch, and warned about) is higher where degrees

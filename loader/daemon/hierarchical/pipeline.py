@@ -34,6 +34,7 @@ from loader.daemon.hierarchical.coverage import (
 )
 from loader.daemon.hierarchical.reader import LoadedMegaBatch, PartitionReader
 from loader.daemon.hierarchical.schedule import LabelMix, ScheduledMegaBatch, schedule_epoch
+from loader.daemon.hierarchical.swap_schedule import swap_schedule
 from loader.daemon.link_serving import LINK_PASS_BATCHES, LinkServing, link_states, sample_link_state
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
@@ -75,6 +76,21 @@ class PipelineContext:
         """``label_counts`` with the epoch's totals summed once, not per mega-batch."""
         return LabelMix(self.label_counts)
 
+    @functools.cached_property
+    def train_partition(self) -> np.ndarray:
+        """int64: the partition of each training node (``resident.split_ids["train"]``'s order)."""
+        return self.resident.partitions.partition_of(self.resident.split_ids["train"]).astype(np.int64, copy=False)
+
+    def schedule(self, epoch: int) -> list[ScheduledMegaBatch]:
+        """A node task's mega-batches of ``epoch``, by ``[hierarchy] formation`` and ``schedule``."""
+        cfg = self.config
+        balanced = self.label_counts if cfg.hierarchy.schedule == "balanced" else None
+        num_partitions = len(self.resident.partitions)
+        if cfg.hierarchy.formation == "comet":
+            return swap_schedule(num_partitions, self.partitions_per_megabatch, cfg.sampler.seed, epoch,
+                                 self.resident.split_ids["train"], self.train_partition, balanced)
+        return schedule_epoch(num_partitions, self.partitions_per_megabatch, cfg.sampler.seed, epoch, balanced)
+
 
 def epoch_batch_count(resident: ResidentData, schedule: list[ScheduledMegaBatch], batch_size: int, passes: int,
                       world_size: int = 1) -> int:
@@ -84,8 +100,11 @@ def epoch_batch_count(resident: ResidentData, schedule: list[ScheduledMegaBatch]
     total = 0
     train_sorted = resident.split_ids["train"]
     for scheduled in schedule:
-        per_part = parts.take(scheduled.partitions).count_in(train_sorted)
-        total += num_steps(int(per_part.sum()), batch_size, world_size)
+        if scheduled.train_nodes is not None:
+            seeds = len(scheduled.train_nodes)
+        else:
+            seeds = int(parts.take(scheduled.partitions).count_in(train_sorted).sum())
+        total += num_steps(seeds, batch_size, world_size)
     return total * passes
 
 
@@ -108,9 +127,7 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, local: LocalRanks,
             for index, (partitions, work) in enumerate(states):
                 await schedule_queue.put(ScheduledMegaBatch(epoch, index, len(states), partitions, total, work))
             continue
-        balanced = ctx.label_counts if cfg.hierarchy.schedule == "balanced" else None
-        schedule = schedule_epoch(len(ctx.resident.partitions), ctx.partitions_per_megabatch, cfg.sampler.seed, epoch,
-                                  balanced)
+        schedule = ctx.schedule(epoch)
         if cfg.hierarchy.passes is not None:
             total = epoch_batch_count(ctx.resident, schedule, cfg.sampler.batch_size, cfg.hierarchy.passes,
                                       local.world_size)

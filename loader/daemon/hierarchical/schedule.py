@@ -44,6 +44,9 @@ class ScheduledMegaBatch:
     """Batches the whole epoch will publish, or -1 when not known ahead (``passes = "auto"``)."""
     link: LinkStateWork | None = None
     """A link dataset's mega-batch (a buffer state): the training edges it trains (``link_serving.link_states``)."""
+    train_nodes: np.ndarray | None = None
+    """int64 dataset ids, ascending: the training nodes this mega-batch trains, a subset of its partitions' (a
+    buffer state of ``formation = "comet"``, ``swap_schedule``); None: all of them."""
 
     def __post_init__(self) -> None:
         parts = np.ascontiguousarray(self.partitions, dtype=np.int64)
@@ -52,6 +55,8 @@ class ScheduledMegaBatch:
         if not 0 <= self.index < self.count:
             raise ValueError(f"ScheduledMegaBatch.index {self.index} outside [0, {self.count})")
         object.__setattr__(self, "partitions", parts)
+        if self.train_nodes is not None:
+            object.__setattr__(self, "train_nodes", np.ascontiguousarray(self.train_nodes, dtype=np.int64))
 
     @property
     def is_last(self) -> bool:

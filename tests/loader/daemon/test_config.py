@@ -88,7 +88,8 @@ def test_auto_values():
     default = config_from_mapping(base())
     assert default.hierarchy.megabatch_fraction is None and default.hierarchy.schedule == "balanced"
     assert default.publisher.slots is None and default.server.max_clients is None
-    assert default.hierarchy.static_cache is None
+    assert default.hierarchy.static_cache is None and default.hierarchy.formation == "groups"
+    assert config_from_mapping(base(hierarchy={"formation": "comet"})).hierarchy.formation == "comet"
     assert config_from_mapping(base(hierarchy={"static_cache": "auto"})).hierarchy.static_cache is None
     assert config_from_mapping(base(hierarchy={"static_cache": False})).hierarchy.static_cache is False
     explicit = config_from_mapping(base(publisher={"slots": 3}, server={"max_clients": 2},
@@ -103,6 +104,7 @@ def test_auto_values():
     ({"sampler": {"eval_fanouts": [5]}}, "[sampler] eval_fanouts: needs one entry per hop"),
     ({"sampler": {"batch_size": 0}}, "[sampler] batch_size: must be >= 1"),
     ({"hierarchy": {"schedule": "sorted"}}, "[hierarchy] schedule: expected one of balanced, random"),
+    ({"hierarchy": {"formation": "swap"}}, "[hierarchy] formation: expected one of groups, comet"),
     ({"publisher": {"slots": "many"}}, "[publisher] slots: expected an integer"),
     ({"server": {"max_clients": 0}}, "[server] max_clients: must be >= 1"),
     ({"sampler": {"batch_size": True}}, "[sampler] batch_size: expected an integer"),
