@@ -7,8 +7,8 @@ the same way (``schedule``: "balanced" or "random") into l *logical* partitions 
 ones, with l the least for which two of them fit the mega-batch (``comet.default_logical``: MariusGNN's
 l = 2p/c; "random" is ``comet.logical_groups``, "balanced" deals the shuffle as ``schedule_epoch`` does, so
 each logical partition's training labels mix like the epoch's). The buffer holds c_l logical partitions
-(as many of the largest as fit the mega-batch's N_d physical ones); each next state swaps one resident logical partition, drawn at random, for the next
-one not yet seen (a seeded permutation: without replacement), until every one has been resident:
+(as many of the largest as fit the mega-batch's N_d physical ones); each next state swaps one resident
+logical partition, drawn at random, for the next one not yet seen (a seeded permutation: without replacement), until every one has been resident:
 l - c_l + 1 states, the first read whole and each later one reading only its incoming partition (the
 reader copies the rest from the buffer before), so an epoch reads the graph once, as with groups.
 
