@@ -2,15 +2,16 @@
 mega-batches (EuroSys '23, "Replacement Policy for Node Classification"; issue 28's COMET-style remedy).
 
 ``schedule_epoch`` replaces the whole mega-batch each time: its groups of partitions are disjoint, and a
-training node is trained with the partitions of its group only. Here the epoch's partitions are grouped
-the same way (``schedule``: "balanced" or "random") into l *logical* partitions of ceil(p / l) physical
-ones, with l the least for which two of them fit the mega-batch (``comet.default_logical``: MariusGNN's
-l = 2p/c; "random" is ``comet.logical_groups``, "balanced" deals the shuffle as ``schedule_epoch`` does, so
-each logical partition's training labels mix like the epoch's). The buffer holds c_l logical partitions
-(as many of the largest as fit the mega-batch's N_d physical ones); each next state swaps one resident
-logical partition, drawn at random, for the next one not yet seen (a seeded permutation: without replacement), until every one has been resident:
-l - c_l + 1 states, the first read whole and each later one reading only its incoming partition (the
-reader copies the rest from the buffer before), so an epoch reads the graph once, as with groups.
+training node is trained with the partitions of its group only. Here the epoch's partitions are grouped the
+same way (``schedule``: "balanced" or "random") into l *logical* partitions of ceil(p / l) physical ones,
+with l the least for which two of them fit the mega-batch (``comet.default_logical``: MariusGNN's l = 2p/c;
+"random" is ``comet.logical_groups``, "balanced" deals the shuffle as ``schedule_epoch`` does, so each
+logical partition's training labels mix like the epoch's). The buffer holds c_l logical partitions (as many
+of the largest as fit the mega-batch's N_d physical ones); each next state swaps one resident logical
+partition, drawn at random, for the next one not yet seen (a seeded permutation: without replacement), until
+every one has been resident: l - c_l + 1 states, the first read whole and each later one reading only its
+incoming partition (the reader copies the rest from the buffer before), so an epoch reads the graph once, as
+with groups.
 
 A logical partition is resident in a contiguous run of states; each of its training nodes is trained
 in one of them, drawn uniformly and independently per node, so a state's seeds come from every
