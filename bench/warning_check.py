@@ -93,7 +93,7 @@ def replay(dataset_dir: Path, ratio: float, seeds: list[int], epochs: int) -> tu
         for epoch in range(epochs):
             quality = EpochQuality()
             for scheduled in schedule_epoch(num_parts, per, seed, epoch, counts):
-                quality.add(NeighbourSlots(0, 0), mix.of(scheduled.partitions),
+                quality.add(NeighbourSlots(0, 0), mix.of(mix.group_counts(scheduled.partitions)),
                             int(seeds_per_part[scheduled.partitions].sum()))
             verdicts.append(EpochVerdict(seed, epoch, quality.skew, quality.chance, quality.excess,
                                          "skew" in quality.warnings()))

@@ -42,7 +42,8 @@ def test_replay_is_the_daemons_epoch_quality(tmp_path):
     parts = ds.partitions()
     train = np.sort(ds.read("train", np.int64, 1))
     counts = train_label_counts(parts, train, ds.read("labels", np.int64, 1))
-    groups = [LabelMix(counts).of(s.partitions) for s in schedule_epoch(16, 4, 1, 1, counts)]
+    mix = LabelMix(counts)
+    groups = [mix.of(mix.group_counts(s.partitions)) for s in schedule_epoch(16, 4, 1, 1, counts)]
     want = sum(g.skew * g.seeds for g in groups) / sum(g.seeds for g in groups)
     assert abs(epochs[4].skew - want) < 1e-9
     assert all(e.chance >= 0.0 and 0.0 <= e.excess <= e.skew for e in epochs)

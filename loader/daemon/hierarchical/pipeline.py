@@ -164,13 +164,21 @@ async def _assembler(ctx: PipelineContext, loaded: "asyncio.Queue[LoadedMegaBatc
         await ready.put(mb)
 
 
+def seed_labels(ctx: PipelineContext, mb: MegaBatch) -> np.ndarray:
+    """float64 (C,): the training labels a mega-batch trains, per class: its partitions' (counted once per
+    run), or, for a buffer state that trains a subset of them (``formation = "comet"``), its seeds'."""
+    if mb.scheduled.train_nodes is None:
+        return ctx.label_mix.group_counts(mb.scheduled.partitions)
+    return ctx.label_mix.seed_counts(mb.labels[mb.train_seeds])
+
+
 def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
     """Rows of a mega-batch's batches: gathered from the arena (its buffer and the static region, and its
     partitions' x_agg rows where it holds them); with ``[hierarchy] label_prior_loss``, the class weights of its
     partitions' label mix."""
     arena = ctx.arena
     static = ctx.resident.static.features
-    weight = ctx.label_mix.class_weight(mb.scheduled.partitions) if ctx.config.hierarchy.label_prior_loss else None
+    weight = ctx.label_mix.class_weight(seed_labels(ctx, mb)) if ctx.config.hierarchy.label_prior_loss else None
     held = None if mb.aggregate_offsets is None else OffsetRows(arena.data, arena.row_bytes, mb.aggregate_offsets)
     return SlotSource(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), mb.labels, mb.graph.global_ids,
                       int(static.shape[1]), static.dtype, class_weight=weight, aggregates=held)
@@ -269,7 +277,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
                                         mb.full_degree if pass_index == 0 else None)
             sampled, n_batches = dealt.sampled, dealt.steps
             if slots is not None:
-                skew = ctx.label_mix.of(mb.scheduled.partitions)
+                skew = ctx.label_mix.of(seed_labels(ctx, mb))
                 quality.add(slots, skew, len(seeds))
                 ctx.metrics.mb_coverage.set(slots.filled / slots.full if slots.full else 1.0)
                 ctx.metrics.mb_label_skew.set(skew.skew)

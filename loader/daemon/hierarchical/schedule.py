@@ -99,7 +99,8 @@ def label_skew(label_counts: np.ndarray, partitions: np.ndarray) -> float:
     0 when the group's labels are mixed exactly as the epoch's, 1 when they share no class; 0 for a
     group without training nodes (it trains nothing).
     """
-    return LabelMix(label_counts).of(partitions).skew
+    mix = LabelMix(label_counts)
+    return mix.of(mix.group_counts(partitions)).skew
 
 
 def binomial_mean_abs_deviation(n: int, p: float) -> float:
@@ -166,11 +167,20 @@ class LabelMix:
         self.population = int(round(float(self.total.sum())))
         self.prior = self.total / self.total.sum() if self.population > 0 else self.total
 
-    def class_weight(self, partitions: np.ndarray) -> np.ndarray:
-        """float32 (C,): per class, the epoch's share of training labels over the group's, capped at
-        ``CLASS_WEIGHT_CAP`` (0 for a class the group lacks: no seed of it to weigh). A loss weighing each seed
-        by its class's weight has, over the group's seeds, the expectation of the epoch's label mix."""
-        group = self.counts[partitions].sum(axis=0)
+    def group_counts(self, partitions: np.ndarray) -> np.ndarray:
+        """float64 (C,): the training labels of ``partitions``, per class."""
+        return self.counts[partitions].sum(axis=0)
+
+    def seed_counts(self, labels: np.ndarray) -> np.ndarray:
+        """float64 (C,): ``labels`` (a group's training seeds' labels; -1, unlabelled, left out), per class."""
+        labels = np.asarray(labels, dtype=np.int64)
+        return np.bincount(labels[labels >= 0], minlength=self.counts.shape[1]).astype(np.float64)
+
+    def class_weight(self, group: np.ndarray) -> np.ndarray:
+        """float32 (C,): per class, the epoch's share of training labels over the group's (``group``: its labels
+        per class, ``group_counts`` or ``seed_counts``), capped at ``CLASS_WEIGHT_CAP`` (0 for a class the group
+        lacks: no seed of it to weigh). A loss weighing each seed by its class's weight has, over the group's
+        seeds, the expectation of the epoch's label mix."""
         seeds = float(group.sum())
         weight = np.zeros(len(group), dtype=np.float64)
         present = group > 0
@@ -178,9 +188,9 @@ class LabelMix:
             weight[present] = np.minimum(self.prior[present] / (group[present] / seeds), CLASS_WEIGHT_CAP)
         return weight.astype(np.float32)
 
-    def of(self, partitions: np.ndarray) -> GroupSkew:
-        """``partitions``' skew against the whole (0 for a group without labelled training nodes)."""
-        group = self.counts[partitions].sum(axis=0)
+    def of(self, group: np.ndarray) -> GroupSkew:
+        """A group's skew against the whole (``group``: its labels per class; 0 for a group without labelled
+        training nodes)."""
         seeds = int(round(float(group.sum())))
         if seeds <= 0 or self.population <= 0:
             return GroupSkew(0.0, 0.0, 0)

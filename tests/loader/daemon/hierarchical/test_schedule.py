@@ -137,13 +137,17 @@ def test_chance_skew_is_what_random_groups_measure():
 def test_label_mix_splits_skew_into_chance_and_excess():
     counts = np.array([[30.0, 0.0], [0.0, 30.0], [15.0, 15.0]])
     mix = LabelMix(counts)
-    whole = mix.of(np.array([0, 1, 2]))
+    whole = mix.of(mix.group_counts(np.array([0, 1, 2])))
     assert whole.skew == 0.0 and whole.chance == 0.0 and whole.excess == 0.0
-    one = mix.of(np.array([0]))
+    one = mix.of(mix.group_counts(np.array([0])))
     assert one.skew == 0.5 and one.seeds == 30 and 0 < one.chance < 0.5
     assert math.isclose(one.excess, 0.5 - one.chance)
-    assert mix.of(np.array([2])).excess == 0.0  # mixed exactly as the whole: skew 0, never below 0
-    assert LabelMix(np.zeros((2, 3))).of(np.array([0])).seeds == 0
+    assert mix.of(mix.group_counts(np.array([2]))).excess == 0.0  # mixed exactly as the whole: skew 0, never below 0
+    # a group's seeds' labels count as its partitions' do (unlabelled seeds, -1, left out)
+    seeds = np.array([0] * 30 + [-1] * 4)
+    assert mix.seed_counts(seeds).tolist() == mix.group_counts(np.array([0])).tolist()
+    empty = LabelMix(np.zeros((2, 3)))
+    assert empty.of(empty.group_counts(np.array([0]))).seeds == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -155,7 +159,7 @@ def test_class_weights_make_a_groups_seeds_weigh_like_the_epochs_label_mix(parts
     counts = rng.integers(0, 40, (parts, classes)).astype(np.float64)
     mix = LabelMix(counts)
     group = rng.choice(parts, rng.integers(1, parts + 1), replace=False)
-    weight = mix.class_weight(group)
+    weight = mix.class_weight(mix.group_counts(group))
     have = counts[group].sum(axis=0)
     assert weight.dtype == np.float32 and weight.shape == (classes,)
     assert (weight[have == 0] == 0).all() and (weight <= CLASS_WEIGHT_CAP).all()
