@@ -296,8 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--partitioner", choices=("metis", "stream", "random"), default="metis")
     prep.add_argument("--memory-budget", default="1G", help="peak data memory (default 1G)")
     prep.add_argument("--static-ratio", type=float, default=0.01, help="static cache fraction (default 0.01)")
-    prep.add_argument("--feat-dtype", choices=("float32", "float16"), default=None,
-                      help="store features as (default: the raw dtype)")
+    prep.add_argument("--feat-dtype", choices=("float32", "float16", "uint8"), default=None,
+                      help="store features as (default: the raw dtype); uint8: per-column 8-bit codes, a quarter of "
+                           "float32's bytes, decoded to float32 in every batch (docs/FORMAT.md, \"Feature codes\")")
     prep.add_argument("--seed", type=int, default=0, help="partitioner seed (default 0)")
     prep.add_argument("--aggregation-cache", choices=AGGREGATION_KINDS, default=None, metavar="KIND",
                       help="also build BatchGNN's aggregation cache of this kind (mean, sum or gcn; what 'megabatch "

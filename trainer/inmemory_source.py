@@ -47,9 +47,8 @@ def checked_fanouts(name: str, values: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
-def float32_rows(matrix: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
-    """``matrix[nodes]`` as a float32 tensor (float16 rows widened; the model's weights are float32)."""
-    rows = matrix[nodes]
+def float32_rows(rows: np.ndarray) -> torch.Tensor:
+    """``rows`` as a float32 tensor (float16 rows widened; the model's weights are float32)."""
     return torch.from_numpy(rows if rows.dtype == np.float32 else rows.astype(np.float32))
 
 
@@ -62,7 +61,7 @@ class InMemorySource(BatchSource):
     (default 1024). seed: sampler and shuffle seed (default 0). chunk_batches: batches per
     sampler call (default 256). rank, world_size: the share of the epoch this source yields
     (default 0 of 1: all of it); ``batch_size`` is then per rank.
-    Features stored as float16 are widened to float32 per batch.
+    Features stored as float16 are widened to float32 per batch, 8-bit codes decoded to float32.
     aggregation (default False): read the dataset's aggregation cache (``megabatch aggregate``): training
     batches sample one hop fewer and carry ``x_agg``, every node's features aggregated over all its
     neighbours, for the model's first layer (BatchGNN); eval_aggregation (default True): evaluation batches
@@ -167,8 +166,8 @@ class InMemorySource(BatchSource):
                   aggregated: bool = False) -> Batch:
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
-        x_agg = float32_rows(self.aggregates, nodes) if aggregated and self.aggregates is not None else None
-        return Batch(x=float32_rows(self.data.features, nodes),
+        x_agg = float32_rows(self.aggregates[nodes]) if aggregated and self.aggregates is not None else None
+        return Batch(x=float32_rows(self.data.feature_rows(nodes)),
                      y=torch.from_numpy(self.data.labels[nodes[:num_seeds]]),
                      edge_index=torch.from_numpy(sampled.edge_index),
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),

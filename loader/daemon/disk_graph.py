@@ -32,7 +32,7 @@ from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.read_metrics import EVAL, STARTUP
 from loader.daemon.row_reads import read_rows_counted
 from loader.daemon.serving import ServingContext
-from loader.daemon.slot_source import RowSource, SlotSource
+from loader.daemon.slot_source import RowSource
 from loader.format.checksum_kernels import PAGE_BYTES
 from loader.format.dataset import Dataset
 from loader.format.partition_table import row_offsets_for
@@ -158,7 +158,7 @@ class DiskRows(RowSource):
 
 def disk_eval(graph: DiskGraph, serving: ServingContext) -> EvalAccess:
     """An evaluation stream's access through ``graph``: its sampler, every row read (local ids are dataset ids)."""
-    source = SlotSource(DiskRows(graph, EVAL), serving.labels, None, serving.feat_dim, serving.feat_dtype)
+    source = serving.slot_source(DiskRows(graph, EVAL), serving.labels, None)
     return ModeEval(source, functools.partial(graph.sample, purpose=EVAL))
 
 

@@ -56,5 +56,5 @@ def prepare_setup(config: LoaderConfig, metrics: DaemonMetrics, cpu_pool: Thread
     if cache is not None and config.sampler.aggregation_cache:
         aggregates = AggregateRows(dataset, cache, config.io, metrics)
     serving = ServingContext(config, metrics, cpu_pool, resident.labels, resident.split_ids, m.feat_dim,
-                             np.dtype(m.feat_dtype.value), aggregates, estimate, link)
+                             np.dtype(m.feat_dtype.value), aggregates, estimate, link, dataset.feature_codec())
     return ModeSetup(dataset, resident, sessions, pilot, serving)

@@ -552,9 +552,9 @@ class Daemon:
         assert info is not None
         # a job's ranks share one stream, whose batches go to several clients: no client cache is planned
         asked = 0 if _in_job(hello) else hello.feature_cache_bytes
-        rows = accepted_rows(asked, info.num_nodes, serving.feat_dim, serving.feat_dtype)
+        rows = accepted_rows(asked, info.num_nodes, serving.feat_dim, serving.value_dtype)
         if rows:
-            trainer_cache = TrainerCache(info.num_nodes, rows, serving.feat_dim, serving.feat_dtype)
+            trainer_cache = TrainerCache(info.num_nodes, rows, serving.feat_dim, serving.value_dtype)
             # not charged to [memory] budget (docs/CONFIG.md): 4 bytes per node per session with a cache
             log.info("session %d: planning a client feature cache of %s rows (%s asked; planner scratch %s)",
                      self.state.next_session, f"{rows:,}", format_size(hello.feature_cache_bytes),

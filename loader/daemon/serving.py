@@ -6,6 +6,7 @@ only publishes batches, samples evaluation batches and counts, so it sees just t
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,8 @@ from loader.daemon.config import LoaderConfig
 from loader.daemon.link_serving import LinkServing
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.read_metrics import purpose_of
+from loader.daemon.slot_source import RowSource, SlotSource, coded_rows
+from loader.format.feature_codec import FeatureCodec
 
 __all__ = ["ServingContext"]
 
@@ -38,6 +41,20 @@ class ServingContext:
     """The cache's cost model from the startup pilot, where the dataset has a cache (on or off)."""
     link: LinkServing | None = None
     """A link-prediction dataset's splits (``loader.daemon.link_serving``); None: node classification."""
+    codec: FeatureCodec | None = None
+    """8-bit feature codes' column ranges (``feat_dtype`` uint8): rows are kept and read as codes (``feat_dtype``)
+    and decoded as a slot is written; None: rows are shipped as stored."""
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        """What a batch's ``x`` holds: ``feat_dtype``, or float32 for codes."""
+        return self.feat_dtype if self.codec is None else np.dtype(np.float32)
+
+    def slot_source(self, rows: RowSource, label_of: np.ndarray, id_of: np.ndarray | None, **extra: Any
+                    ) -> SlotSource:
+        """A pass's ``SlotSource`` over ``rows`` (stored rows; decoded as written where the dataset holds codes)."""
+        return SlotSource(coded_rows(rows, self.codec, self.feat_dim), label_of, id_of, self.feat_dim,
+                          self.value_dtype, **extra)
 
     def close(self) -> None:
         """Close what the context opened (the aggregate reader); the pool is the caller's."""

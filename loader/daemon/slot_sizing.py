@@ -218,7 +218,7 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
         seeds = min(batch_size if bound.seeds is None else bound.seeds, bound.nodes)
         pairs = "" if not bound.pairs else "train" if training else "eval"
         shape = BatchShape(bound.nodes, seeds, bound.edges, len(fanouts), m.feat_dim,
-                           np.dtype(m.feat_dtype.value), shipped_rows=bound.nodes if training else None,
+                           m.value_dtype, shipped_rows=bound.nodes if training else None,
                            num_updates=bound.nodes if training else 0, aggregated=aggregated,
                            num_classes=m.num_classes if training and class_weights else 0, seed_groups=training,
                            pairs=pairs, num_pairs=bound.pairs, num_tails=bound.tails)

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.daemon.gather_kernels import gather_rows
+from loader.format.feature_codec import FeatureCodec
 from loader.format.partition_table import row_offsets_for
 from loader.sampling.link_sampling import HeldOutShares, PassLinkLabels
 
-__all__ = ["RowSource", "GatheredRows", "DenseRows", "FileRows", "OffsetRows", "SlotSource"]
+__all__ = ["RowSource", "GatheredRows", "DenseRows", "FileRows", "OffsetRows", "DecodedRows", "coded_rows",
+           "SlotSource"]
 
 
 class RowSource(ABC):
@@ -77,6 +79,29 @@ class OffsetRows(GatheredRows):
 
     def offsets(self, nodes: np.ndarray) -> np.ndarray:
         return self.row_offsets[nodes]
+
+
+class DecodedRows(RowSource):
+    """Rows stored as 8-bit codes (``prepare --feat-dtype uint8``), decoded to float32 as they are written: every
+    cache, buffer and read holds codes (a quarter of float32's bytes), and a batch carries values."""
+
+    def __init__(self, codes: RowSource, codec: FeatureCodec) -> None:
+        self.codes, self.codec = codes, codec
+        self.fills_any_subset = codes.fills_any_subset
+
+    def fill(self, b: int, nodes: np.ndarray, x: np.ndarray) -> None:
+        codes = np.empty((len(nodes), self.codec.dim), dtype=np.uint8)  # a batch's codes: a quarter of its x
+        self.codes.fill(b, nodes, codes)
+        self.codec.decode(codes, out=x)
+
+
+def coded_rows(rows: RowSource, codec: FeatureCodec | None, feat_dim: int) -> RowSource:
+    """``rows``, decoded by ``codec`` where the dataset stores codes."""
+    if codec is None:
+        return rows
+    if codec.dim != feat_dim:
+        raise ValueError(f"feature codes of {codec.dim} columns for rows of {feat_dim}")
+    return DecodedRows(rows, codec)
 
 
 @dataclass(frozen=True)

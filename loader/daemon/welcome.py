@@ -33,7 +33,7 @@ def dataset_info(dataset: Dataset, resident: ResidentData, config: LoaderConfig,
     positives = [] if link is None else [link.train_positives, link.held_out["val"].num_positives,
                                          link.held_out["test"].num_positives]
     return DatasetInfo(name=dataset.path.name, num_nodes=m.num_nodes, num_features=m.feat_dim,
-                       feature_dtype=m.feat_dtype.value, num_classes=m.num_classes, num_hops=len(s.fanouts),
+                       feature_dtype=m.value_dtype.name, num_classes=m.num_classes, num_hops=len(s.fanouts),
                        fanouts=list(s.fanouts), eval_fanouts=list(s.eval_fanouts), batch_size=s.batch_size,
                        train_nodes=len(resident.split_ids["train"]), val_nodes=len(resident.split_ids["val"]),
                        test_nodes=len(resident.split_ids["test"]), mode=config.loader.mode,

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from loader.format.feature_codec import RANGE_FILE, FeatureCodec
 from loader.format.fileio import file_xxh3
 from loader.format.link import LINK_FILES, TASKS, LinkSplit
 from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
@@ -25,7 +26,8 @@ from proto.errors import UserError
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "FeatureDtype", "IndexDtype",
-    "FileEntry", "Manifest", "Dataset", "open_dataset", "manifest_text", "manifest_checksum", "FILES", "CHECK_FILES",
+    "FileEntry", "Manifest", "Dataset", "open_dataset", "manifest_text", "manifest_checksum", "FILES", "CODEC_FILES",
+    "CHECK_FILES", "STORED_DTYPES",
     "FEATURE_PAGES_1_1", "check_file_sizes", "LINK_FORMAT_VERSION", "LINK_FILES",
 ]
 
@@ -45,6 +47,8 @@ FILES = {
 }
 """Logical name -> file name of every data file in a v1 dataset."""
 
+CODEC_FILES = {"feature_range": RANGE_FILE}
+"""Files a dataset has only with 8-bit feature codes (``feat_dtype`` uint8)."""
 CHECK_FILES = {
     "partition_checksums": "partition_checksums.npy", "feature_blocks": "feature_blocks.npy",
     "index_pages": "index_pages.npy",
@@ -58,6 +62,12 @@ FEATURE_PAGES_1_1 = "feature_pages.npy"
 class FeatureDtype(enum.Enum):
     FLOAT32 = "float32"
     FLOAT16 = "float16"
+    UINT8 = "uint8"
+    """Per-column 8-bit codes (``loader.format.feature_codec``), with ``feature_range.npy``."""
+
+
+STORED_DTYPES = tuple(dtype.value for dtype in FeatureDtype)
+"""``prepare --feat-dtype`` values: how ``features.bin`` stores a row."""
 
 
 class IndexDtype(enum.Enum):
@@ -107,7 +117,14 @@ class Manifest:
 
     @property
     def row_bytes(self) -> int:
+        """Bytes of a stored row (``features.bin``)."""
         return self.feat_dim * np.dtype(self.feat_dtype.value).itemsize
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        """The dtype a row's values have once read: the stored one, but float32 for 8-bit codes (what a batch's
+        ``x`` carries)."""
+        return np.dtype(np.float32 if self.feat_dtype is FeatureDtype.UINT8 else self.feat_dtype.value)
 
     @property
     def has_read_checks(self) -> bool:
@@ -185,6 +202,8 @@ class Manifest:
             raise UserError(f"{path}: missing field {err.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{path}: malformed field ({err})") from None
+        if manifest.feat_dtype is FeatureDtype.UINT8 and RANGE_FILE not in manifest.files:
+            raise UserError(f"{path}: features of dtype uint8 need {RANGE_FILE} in files (the codes' column ranges)")
         block = manifest.feature_check_block
         if block is not None and (block < 512 or block > 4096 or block & (block - 1)):
             raise UserError(f"{path}: features.check_block must be a power of two in [512, 4096], got {block}")
@@ -217,8 +236,25 @@ class Dataset:
     manifest: Manifest
 
     def file(self, name: str) -> Path:
-        """Path of logical file ``name`` (a key of ``FILES``, or of ``LINK_FILES`` in a link dataset)."""
-        return self.path / (FILES[name] if name in FILES else LINK_FILES[name])
+        """Path of logical file ``name`` (a key of ``FILES``, of ``CODEC_FILES`` or of ``LINK_FILES`` in a link
+        dataset)."""
+        if name in FILES:
+            return self.path / FILES[name]
+        return self.path / (CODEC_FILES[name] if name in CODEC_FILES else LINK_FILES[name])
+
+    def feature_codec(self) -> FeatureCodec | None:
+        """The 8-bit codes' column ranges of a ``uint8`` dataset (checked against the manifest), else None."""
+        if self.manifest.feat_dtype is not FeatureDtype.UINT8:
+            return None
+        table = self.read("feature_range", np.float32, 2)
+        try:
+            codec = FeatureCodec.from_table(table)
+        except ValueError as err:
+            raise UserError(f"{self.file('feature_range')}: {err}; run 'megabatch verify'") from None
+        if codec.dim != self.manifest.feat_dim:
+            raise UserError(f"{self.file('feature_range')}: {codec.dim} columns, the manifest says "
+                            f"{self.manifest.feat_dim}; run 'megabatch verify'")
+        return codec
 
     def partitions(self) -> PartitionTable:
         """``partitions.npy``, by column name."""

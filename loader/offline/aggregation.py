@@ -48,6 +48,9 @@ def build_aggregation_cache(path: Path | str, kind: str, memory_budget: int, *, 
         raise UserError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     dataset = open_dataset(path)
     m = dataset.manifest
+    if dataset.feature_codec() is not None:
+        raise UserError(f"{dataset.path}: features stored as 8-bit codes (uint8) cannot be aggregated into the "
+                        f"cache's rows of the same dtype; prepare with --feat-dtype float32 or float16 for it")
     dtype = np.dtype(m.feat_dtype.value)
     dim, n = m.feat_dim, m.num_nodes
     indptr = dataset.read("indptr", np.int64, 1)

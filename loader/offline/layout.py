@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from loader.format.dataset import FEATURE_ALIGNMENT
+from loader.format.feature_codec import FeatureCodec
 from loader.format.fileio import write_all
 from loader.format.npyio import NpyReader, NpyWriter, rows_per_chunk, write_npy
 from loader.format.raw import RawDataset, iter_edge_chunks
@@ -95,13 +96,17 @@ def feature_offsets(node_begin: np.ndarray, node_end: np.ndarray, row_bytes: int
 
 
 def write_features(raw: RawDataset, renumbering: Renumbering, static_nodes: np.ndarray, out_dir: Path,
-                   scratch: Path, budget: int, out_dtype: np.dtype, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+                   scratch: Path, budget: int, out_dtype: np.dtype, progress: bool,
+                   codec: FeatureCodec | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Write ``features.bin`` and ``static_features.npy``; return per-partition (offset, nbytes).
 
     Pass 1 streams the raw rows in original order and appends each to the bucket file of its
     new-id range; pass 2 loads one bucket at a time, orders it, and writes it in place.
-    Rows are cast to ``out_dtype``; a float16 overflow is an error, not a silent inf.
+    Rows are cast to ``out_dtype``; a float16 overflow is an error, not a silent inf. With ``codec``
+    (``out_dtype`` uint8) rows are written as its 8-bit codes.
     """
+    if (codec is None) != (np.dtype(out_dtype) != np.uint8):
+        raise ValueError("uint8 features are written with a codec, and only they")
     n, dim = raw.header.num_nodes, raw.header.feat_dim
     in_dtype = np.dtype(raw.header.feat_dtype)
     in_row = dim * in_dtype.itemsize
@@ -109,7 +114,9 @@ def write_features(raw: RawDataset, renumbering: Renumbering, static_nodes: np.n
     offsets, nbytes, total = feature_offsets(renumbering.node_begin, renumbering.node_end, out_row)
     # each row costs its input bytes twice (chunk + reordered copy) plus id bookkeeping
     chunk_rows = rows_per_chunk(2 * in_row + 32, budget, minimum=64)
-    bucket_rows = rows_per_chunk(in_row + out_row + 24, budget, minimum=64)
+    # encoding holds two float32 copies of a bucket's rows (scaled, rounded) beside them
+    coding = 0 if codec is None else 2 * dim * 4
+    bucket_rows = rows_per_chunk(in_row + out_row + coding + 24, budget, minimum=64)
     num_buckets = -(-n // bucket_rows)
     id_paths = [scratch / f"feat-{b:06d}.ids" for b in range(num_buckets)]
     row_paths = [scratch / f"feat-{b:06d}.rows" for b in range(num_buckets)]
@@ -141,9 +148,9 @@ def write_features(raw: RawDataset, renumbering: Renumbering, static_nodes: np.n
                     id_paths[b].unlink()
                     row_paths[b].unlink()
                     block = np.empty((hi - lo, dim), dtype=out_dtype)
-                    block[ids - lo] = rows
+                    block[ids - lo] = rows if codec is None else codec.encode(rows)
                     del rows, ids
-                    if out_dtype != in_dtype and not np.isfinite(block).all():
+                    if codec is None and out_dtype != in_dtype and not np.isfinite(block).all():
                         _raise_overflow(block, lo, renumbering, out_dtype)
                     _place_block(fd, block, lo, renumbering, offsets, out_row)
                     in_block = static_nodes[(static_nodes >= lo) & (static_nodes < hi)]

@@ -21,11 +21,13 @@ import numpy as np
 import loader
 from loader.format.dataset import (
     CHECK_FILES,
+    CODEC_FILES,
     FEATURE_ALIGNMENT,
     FILES,
     FORMAT_VERSION,
     LINK_FILES,
     LINK_FORMAT_VERSION,
+    STORED_DTYPES,
     Dataset,
     FeatureDtype,
     FileEntry,
@@ -34,10 +36,11 @@ from loader.format.dataset import (
     manifest_text,
     open_dataset,
 )
+from loader.format.feature_codec import RANGE_FILE, ColumnRange, FeatureCodec
 from loader.format.fileio import file_xxh3, write_all
 from loader.format.link import MAX_LINK_PARTITIONS
 from loader.format.manifest_tables import EdgeCut, NeighborRankInfo, PartitionerInfo, SplitSizes, StaticCacheInfo
-from loader.format.npyio import NpyWriter, read_npy, rows_per_chunk, write_npy
+from loader.format.npyio import NpyReader, NpyWriter, read_npy, rows_per_chunk, write_npy
 from loader.format.partition_count import auto_partitions
 from loader.format.partition_table import PartitionTable
 from loader.format.raw import SPLIT_NAMES, RawDataset, iter_edge_chunks, open_raw, read_split_ids, validate_raw
@@ -75,8 +78,9 @@ class PrepareOptions:
     num_partitions: P (>= 1, <= N); None (the default): ``auto_partitions`` of the graph.
     partitioner: ``metis`` (default), ``stream`` or ``random``.
     memory_budget: bytes for data (default 1 GiB); the interpreter's fixed overhead comes on top.
-    static_ratio: fraction of nodes in the static cache (default 0.01). feat_dtype: ``float32``
-    or ``float16``; None keeps the raw dtype. seed: partitioner seed (default 0).
+    static_ratio: fraction of nodes in the static cache (default 0.01). feat_dtype: ``float32``,
+    ``float16`` or ``uint8`` (per-column 8-bit codes, ``loader.format.feature_codec``); None keeps the raw
+    dtype. seed: partitioner seed (default 0).
     """
 
     num_partitions: int | None = None
@@ -92,8 +96,8 @@ class PrepareOptions:
             raise UserError(f"--partitions must be >= 1, got {self.num_partitions}")
         if not 0.0 <= self.static_ratio <= 1.0:
             raise UserError(f"--static-ratio must lie in [0, 1], got {self.static_ratio}")
-        if self.feat_dtype not in (None, "float32", "float16"):
-            raise UserError(f"--feat-dtype must be float32 or float16, got {self.feat_dtype!r}")
+        if self.feat_dtype not in (None, *STORED_DTYPES):
+            raise UserError(f"--feat-dtype must be one of {', '.join(STORED_DTYPES)}, got {self.feat_dtype!r}")
         make_partitioner(self.partitioner)
 
 
@@ -154,8 +158,12 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             del in_new, out_new
             cut_edges = write_structure(raw, renumbering, indptr, static_nodes, tmp, scratch, budget, index_dtype,
                                         options.progress)
+            codec = None
+            if out_dtype == np.uint8:
+                codec = column_range(raw, budget, options.progress)
+                write_npy(tmp / RANGE_FILE, codec.table())
             offsets, nbytes = write_features(raw, renumbering, static_nodes, tmp, scratch, budget, out_dtype,
-                                             options.progress)
+                                             options.progress, codec)
             if head.link is not None:
                 write_link_files(raw, renumbering, tmp, scratch, budget, options.progress)
             scratch.rmdir()
@@ -169,7 +177,7 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
             splits = _write_labels_and_splits(raw, renumbering, tmp)
             feature_block = write_read_checks(tmp, partitions, FILES, row_bytes=head.feat_dim * out_dtype.itemsize,
                                               progress=options.progress)
-            files = _checksums(tmp, options.progress, link=head.link is not None)
+            files = _checksums(tmp, options.progress, link=head.link is not None, coded=codec is not None)
             manifest = Manifest(
                 version=FORMAT_VERSION if head.link is None else LINK_FORMAT_VERSION, num_nodes=n,
                 num_edges=head.num_edges,
@@ -194,6 +202,19 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
     except OSError as err:
         raise io_error(err, f"preparing {out}") from err
     return open_dataset(out)
+
+
+def column_range(raw: RawDataset, budget: int, progress: bool) -> FeatureCodec:
+    """The 8-bit codes' column ranges: one streaming pass over the raw features (``feat_dtype`` uint8)."""
+    head = raw.header
+    span = ColumnRange(head.feat_dim)
+    row = head.feat_dim * np.dtype(head.feat_dtype).itemsize
+    with NpyReader(raw.features) as reader, Progress("features: column ranges", head.num_nodes, "rows",
+                                                      enabled=progress) as bar:
+        for start, rows in reader.chunks(rows_per_chunk(2 * row + 8, budget, minimum=64)):
+            span.add(rows, start)
+            bar.update(len(rows))
+    return span.codec()
 
 
 def _degrees(raw: RawDataset, budget: int) -> tuple[np.ndarray, np.ndarray]:
@@ -266,9 +287,10 @@ def _write_labels_and_splits(raw: RawDataset, renumbering: Renumbering, tmp: Pat
     return SplitSizes(train, val, test, generated)
 
 
-def _checksums(tmp: Path, progress: bool, *, link: bool) -> dict[str, FileEntry]:
+def _checksums(tmp: Path, progress: bool, *, link: bool, coded: bool = False) -> dict[str, FileEntry]:
     files: dict[str, FileEntry] = {}
-    names = sorted([*FILES.values(), *CHECK_FILES.values(), *(LINK_FILES.values() if link else ())])
+    names = sorted([*FILES.values(), *CHECK_FILES.values(), *(LINK_FILES.values() if link else ()),
+                    *(CODEC_FILES.values() if coded else ())])
     with Progress("checksums", len(names), "files", enabled=progress) as bar:
         for name in names:
             path = tmp / name

@@ -14,6 +14,7 @@ import numpy as np
 import xxhash
 
 from loader.format.dataset import Dataset
+from loader.format.feature_codec import FeatureCodec
 from loader.format.feature_layout import RangeCheck, read_feature_layout
 from loader.format.partition_table import PartitionTable
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, CorruptData, ReadChecks, load_read_checks
@@ -47,8 +48,8 @@ class InMemoryGraph:
     """A prepared dataset loaded whole.
 
     ``graph`` is the full in-neighbour CSC with ``global_ids = arange(N)`` (local id = dataset id).
-    ``features`` is dense (N, D) in the stored dtype (float32 or float16). ``labels`` int64 (N,),
-    -1 for unlabeled. ``splits`` maps "train", "val", "test" to sorted int64 dataset ids.
+    ``features`` is dense (N, D) in the stored dtype (float32, float16, or uint8 codes with ``codec``).
+    ``labels`` int64 (N,), -1 for unlabeled. ``splits`` maps "train", "val", "test" to sorted int64 dataset ids.
     """
 
     graph: CSCGraph
@@ -56,6 +57,13 @@ class InMemoryGraph:
     labels: np.ndarray
     splits: dict[str, np.ndarray]
     num_classes: int
+    codec: FeatureCodec | None = None
+    """8-bit feature codes' column ranges (``feat_dtype`` uint8); None: ``features`` hold values."""
+
+    def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """The rows of ``nodes`` as values: the stored rows, or float32 decoded from codes."""
+        rows = self.features[nodes]
+        return rows if self.codec is None else self.codec.decode(rows)
 
     @property
     def num_nodes(self) -> int:
@@ -123,7 +131,7 @@ def load_in_memory(dataset: Dataset) -> InMemoryGraph:
             raise UserError(f"{dataset.file(name)}: node ids outside [0, {n})")
     graph = CSCGraph(indptr=indptr, indices=indices, global_ids=np.arange(n, dtype=np.int64))
     return InMemoryGraph(graph=graph, features=_read_features(dataset, partitions), labels=labels,
-                         splits=splits, num_classes=manifest.num_classes)
+                         splits=splits, num_classes=manifest.num_classes, codec=dataset.feature_codec())
 
 
 def num_batches(num_seeds: int, batch_size: int) -> int:

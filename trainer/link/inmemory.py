@@ -264,4 +264,4 @@ class LinkInMemorySource:
                                 torch.from_numpy(self.data.graph.global_ids[batch.nodes]))
 
     def _rows(self, nodes: np.ndarray) -> torch.Tensor:
-        return float32_rows(self.data.features, nodes)
+        return float32_rows(self.data.feature_rows(nodes))

@@ -101,7 +101,7 @@ class FullGraphMode(TrainingMode):
     def slot_source(self, rows: RowSource) -> SlotSource:
         """A source over dataset ids (local id = dataset id in the full-graph modes)."""
         s = self.serving
-        return SlotSource(rows, s.labels, None, s.feat_dim, s.feat_dtype)
+        return s.slot_source(rows, s.labels, None)
 
 
 RowsFor = Callable[[SampledBatches], RowSource]

@@ -89,7 +89,8 @@ class QualityKnobs:
     advised_partitions: int
     """``prepare --partitions auto``'s count for this graph (``loader.format.partition_count``)."""
     float32_features: bool = False
-    """Features stored as float32: ``prepare --feat-dtype float16`` would fit twice the partitions in a mega-batch."""
+    """Features stored as float32: ``prepare --feat-dtype float16`` (or ``uint8``) would fit twice (four times) the
+    partitions in a mega-batch."""
 
     def for_coverage(self) -> list[str]:
         knobs = []
@@ -111,8 +112,9 @@ class QualityKnobs:
         if not self.whole_graph:
             knobs.append("raise [memory] budget" if self.fraction_auto else "raise [hierarchy] megabatch_fraction")
             if self.float32_features:
-                knobs.append("prepare with --feat-dtype float16 (twice the partitions in a mega-batch at the same "
-                             "budget; docs/PERFORMANCE.md, \"Remedy: float16 features\")")
+                knobs.append("prepare with --feat-dtype float16 or uint8 (two or four times the partitions in a "
+                             "mega-batch at the same budget; docs/PERFORMANCE.md, \"Remedy: float16 features\" and "
+                             "\"Remedy: 8-bit feature codes\")")
         knobs.append("use [loader] mode = \"staged\" or \"exact\"")
         return knobs
 

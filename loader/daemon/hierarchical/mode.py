@@ -103,7 +103,7 @@ class HierarchicalMode(TrainingMode):
                              float32_features=m.feat_dtype.value == "float32")
         self.context = PipelineContext(cfg, resident, arena, reader, serving.metrics, serving.cpu_pool,
                                        plan.buffer.partitions, train_label_counts(parts, train, resident.labels),
-                                       knobs, link=serving.link)
+                                       knobs, link=serving.link, codec=serving.codec)
         serving.metrics.static_nodes.set(static_rows)
         serving.metrics.static_bytes.set(arena.static_bytes)
 

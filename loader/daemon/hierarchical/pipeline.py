@@ -38,8 +38,9 @@ from loader.daemon.hierarchical.swap_schedule import swap_schedule
 from loader.daemon.link_serving import LINK_PASS_BATCHES, LinkServing, link_states, sample_link_state
 from loader.daemon.metrics import DaemonMetrics
 from loader.daemon.resident import ResidentData
-from loader.daemon.slot_source import OffsetRows, SlotSource
+from loader.daemon.slot_source import OffsetRows, SlotSource, coded_rows
 from loader.daemon.stages import EpochDone, SampledWork, TrainPipeline, run_timed
+from loader.format.feature_codec import FeatureCodec
 from loader.sampling.ranks import LocalRanks, deal_pieces, even_batch_size, num_steps, piece_keys, sample_pieces
 from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
 from proto.sizes import counted
@@ -68,6 +69,8 @@ class PipelineContext:
     """Where the settings a quality warning could name stand (it names only those not set)."""
     link: LinkServing | None = None
     """A link dataset: mega-batches are the states of its buffer order (``link_serving.link_states``)."""
+    codec: FeatureCodec | None = None
+    """8-bit feature codes: the arena holds codes, decoded as a slot is written (``ServingContext.codec``)."""
     warning_streaks: WarningStreaks = field(default_factory=WarningStreaks)
     """The one mutable member: which quality warnings are logged, across the pipelines of the daemon's life."""
 
@@ -180,8 +183,10 @@ def megabatch_source(ctx: PipelineContext, mb: MegaBatch) -> SlotSource:
     static = ctx.resident.static.features
     weight = ctx.label_mix.class_weight(seed_labels(ctx, mb)) if ctx.config.hierarchy.label_prior_loss else None
     held = None if mb.aggregate_offsets is None else OffsetRows(arena.data, arena.row_bytes, mb.aggregate_offsets)
-    return SlotSource(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), mb.labels, mb.graph.global_ids,
-                      int(static.shape[1]), static.dtype, class_weight=weight, aggregates=held)
+    rows = coded_rows(OffsetRows(arena.data, arena.row_bytes, mb.row_offsets), ctx.codec, int(static.shape[1]))
+    return SlotSource(rows, mb.labels, mb.graph.global_ids, int(static.shape[1]),
+                      static.dtype if ctx.codec is None else np.dtype(np.float32), class_weight=weight,
+                      aggregates=held)
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,13 @@ def test_a_changed_or_cut_cache_file_is_refused_when_read_whole(own_dataset, whe
     path.write_bytes(bytes(data))
     with pytest.raises(UserError, match="aggregates-mean.bin: (not the file the manifest records|truncated)"):
         read_aggregates(open_dataset(own_dataset))
+
+
+def test_a_dataset_of_feature_codes_is_refused_in_one_line(tmp_path):
+    from tests.daemon_harness import small_dataset
+
+    path = small_dataset(tmp_path, nodes=300, partitions=2, feat_dtype="uint8")
+    before = sorted(p.name for p in path.iterdir())
+    with pytest.raises(UserError, match="8-bit codes \\(uint8\\) cannot be aggregated"):
+        build_aggregation_cache(path, "mean", 1 << 20)
+    assert sorted(p.name for p in path.iterdir()) == before

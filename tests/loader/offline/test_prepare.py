@@ -208,3 +208,45 @@ def test_prepare_picks_many_small_partitions_by_default(tmp_path):
     write_raw(tmp_path / "raw", src, dst, features, labels, 3)
     dataset = prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(progress=False))
     assert dataset.manifest.num_partitions == auto_partitions(1_000, features.nbytes) == 1_000 // 16
+
+
+def test_uint8_codes_round_trip_within_half_a_step_and_verify(tmp_path):
+    from loader.offline.verify import verify_dataset
+    from loader.sampling.inmemory import load_in_memory
+
+    rng = np.random.default_rng(3)
+    src, dst, features, labels = random_graph(rng, 400, 4000, 6)
+    features[:, 5] = (features[:, 5] > 0).astype(np.float32)  # a 0/1 column: exact
+    write_raw(tmp_path / "raw", src, dst, features, labels, 3)
+    dataset = prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(
+        num_partitions=4, feat_dtype="uint8", static_ratio=0.05, memory_budget=64 << 20, progress=False))
+    m = dataset.manifest
+    assert m.feat_dtype.value == "uint8" and m.row_bytes == 6 and m.value_dtype == np.float32
+    assert "feature_range.npy" in m.files  # checksummed like every file
+    codec = dataset.feature_codec()
+    assert codec is not None
+    np.testing.assert_array_equal(codec.low, features.min(axis=0))
+    np.testing.assert_array_equal(codec.high, features.max(axis=0))
+    new_to_orig = read_npy(dataset.file("new_to_orig"))
+    values = codec.decode(read_features(dataset))
+    assert (np.abs(values - features[new_to_orig]) <= codec.max_error * 1.01 + 1e-6).all()
+    np.testing.assert_array_equal(values[:, 5], features[new_to_orig, 5])
+    static = read_npy(dataset.file("static_nodes"))
+    np.testing.assert_array_equal(read_npy(dataset.file("static_features")), read_features(dataset)[static])
+    # the in-memory reference decodes them too, and verify checks the range file like any other
+    graph = load_in_memory(dataset)
+    np.testing.assert_array_equal(graph.feature_rows(np.arange(10)), values[:10])
+    assert verify_dataset(dataset.path, progress=False).problems == []
+    (dataset.path / "feature_range.npy").write_bytes((dataset.path / "feature_range.npy").read_bytes()[:-4] + b"\0" * 4)
+    assert any("feature_range.npy" in p for p in verify_dataset(dataset.path, progress=False).problems)
+
+
+def test_uint8_codes_refuse_non_finite_features(tmp_path):
+    rng = np.random.default_rng(4)
+    src, dst, features, labels = random_graph(rng, 100, 400, 3)
+    features[7, 1] = np.inf
+    write_raw(tmp_path / "raw", src, dst, features, labels, 3)
+    with pytest.raises(UserError):
+        prepare_dataset(tmp_path / "raw", tmp_path / "ds", PrepareOptions(num_partitions=2, feat_dtype="uint8",
+                                                                          progress=False))
+    assert not (tmp_path / "ds").exists()
