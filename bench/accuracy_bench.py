@@ -28,6 +28,8 @@ holds; ``--feature-ratio auto`` leaves the daemon's "auto" (on every shared grap
           ``--feat-dtype float16``. HB16's mega-batch holds twice the partitions at the same bytes: its fraction
           is 2/R (the features are still R times what a mega-batch holds, in bytes); NS16 is float16's own
           accuracy cost, and HB16 is judged against NS (float32), as a user switching would be
+    NS8, HB8 (not run by default; the 8-bit codes remedy): the same with ``--feat-dtype uint8`` (per-column codes, a
+          quarter of float32's bytes): HB8's fraction is 4/R (at R = 4 the whole graph)
     NSAGG (not run by default; issue 32) NS with BatchGNN's aggregation cache (``megabatch aggregate --kind mean``
           once per prepared graph, then ``--aggregation-cache``): one hop fewer sampled, the first layer over
           every neighbour's mean
@@ -131,7 +133,7 @@ DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs
 TomlValue = str | int | float | bool | list[int]
 """What the bench's daemon configs hold."""
 MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2", "NS16", "HB16", "NSAGG",
-         "HBAGG", "HBW", "HBC")
+         "HBAGG", "HBW", "HBC", "NS8", "HB8")
 # HB25 is HB at the default ratio 4; the exact-semantics modes cost no run unless --train-exact
 DEFAULT_MODES = ("NS", "HB", *EXACT_MODES, "FULL")
 DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
@@ -142,20 +144,20 @@ DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
     "HB25s": {"hierarchy": {"megabatch_fraction": 0.25, "static_cache": False}},
     "HB50": {"hierarchy": {"megabatch_fraction": 0.5}}, "HB2": {"memory": {"budget": "3G"}}, "HB16": {},
     "HBAGG": {"sampler": {"aggregation_cache": True}}, "HBW": {"hierarchy": {"label_prior_loss": True}},
-    "HBC": {"hierarchy": {"formation": "comet"}}}
+    "HBC": {"hierarchy": {"formation": "comet"}}, "HB8": {}}
 """What each daemon mode adds to the default config (the fraction of ``--feature-ratio`` comes on top where
 the mode sets none: ``daemon_tables``)."""
 DEFAULT_DAEMON_MODE = ModeConfig().mode
 """The daemon mode HB runs (its config sets no [loader] mode): its row of compare.json times HB."""
 RANKS = {"HB2": 2}
 """Daemon modes trained by several DDP ranks (the others: one trainer)."""
-FLOAT16 = {"NS16", "HB16"}
-"""Modes run on the graph prepared with float16 features (``prepare --feat-dtype float16``)."""
+STORED_AS = {"NS16": "float16", "HB16": "float16", "NS8": "uint8", "HB8": "uint8"}
+"""Modes run on a copy of the graph prepared with another feature dtype (``prepare --feat-dtype``)."""
 AGGREGATED = {"NSAGG", "HBAGG"}
 """Modes that read the graph's mean aggregation cache (built once per prepared graph where it lacks one)."""
-BYTES_PER_FEATURE = {"HB16": 2}
-"""How many times fewer bytes a feature row takes in the mode (float16: 2): at the same --feature-ratio in bytes
-its mega-batch holds that many times the partitions."""
+BYTES_PER_FEATURE = {"HB16": 2, "HB8": 4}
+"""How many times fewer bytes a feature row takes in the mode (float16: 2, uint8 codes: 4): at the same
+--feature-ratio in bytes its mega-batch holds that many times the partitions."""
 COVERAGE = re.compile(r"neighbour coverage ([0-9.]+)")
 SKEW = re.compile(r"neighbour coverage [0-9.]+, label skew ([0-9.]+)")
 
@@ -278,13 +280,17 @@ def _build(out: Path, command: Callable[[Path], list[str]]) -> None:
     partial.rename(out)
 
 
-def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis", float16: bool = False) -> Path:
-    """``work/data/NAME-pP[-PARTITIONER][-f16]``: NAME imported and prepared (``float16``: with float16 features),
-    each step skipped when already done."""
+DTYPE_SUFFIX = {"float16": "-f16", "uint8": "-u8"}
+
+
+def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis", feat_dtype: str | None = None
+            ) -> Path:
+    """``work/data/NAME-pP[-PARTITIONER][-f16|-u8]``: NAME imported and prepared (``feat_dtype``: stored as float16
+    or as 8-bit codes), each step skipped when already done."""
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    suffix = ("" if partitioner == "metis" else f"-{partitioner}") + ("-f16" if float16 else "")
-    dtype = ["--feat-dtype", "float16"] if float16 else []
+    suffix = ("" if partitioner == "metis" else f"-{partitioner}") + DTYPE_SUFFIX.get(feat_dtype or "", "")
+    dtype = ["--feat-dtype", feat_dtype] if feat_dtype else []
     raw, out = data / f"{name}-raw", data / f"{name}-p{partitions}{suffix}"
     if not raw.exists():
         _build(raw, lambda to: [PY, "-m", "loader.cli", "-q", "import", str(SHARED / f"{name}.npz"), str(to),
@@ -438,7 +444,7 @@ def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> d
     for mode in args.modes:
         if reused(mode, args):
             continue
-        dataset = prepare(name, dirs["work"], args.partitions, args.partitioner, float16=mode in FLOAT16)
+        dataset = prepare(name, dirs["work"], args.partitions, args.partitioner, feat_dtype=STORED_AS.get(mode))
         cache = dataset_cache(open_dataset(dataset)) if mode in AGGREGATED else None
         if mode in AGGREGATED and (cache is None or cache.kind != "mean"):
             sh([PY, "-m", "loader.cli", "-q", "aggregate", str(dataset), "--kind", "mean"])

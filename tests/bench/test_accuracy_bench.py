@@ -83,3 +83,8 @@ def test_float16_modes_run_on_their_own_prepared_copy():
     args = parse_args(["--modes", "HB16", "--feature-ratio", "1.5"])
     config = tomllib.loads(daemon_config("HB16", Path("/d"), Path("/s.sock"), 1, args))
     assert config["hierarchy"]["megabatch_fraction"] == 1.0  # half of 1.5 in bytes: the whole graph, not more
+    # 8-bit codes: a quarter of the bytes, four times the partitions at the same ratio in bytes
+    args = parse_args(["--modes", "NS8,HB8", "--feature-ratio", "8"])
+    assert len({run_stem("g", mode, 0, args) for mode in ("NS", "NS16", "NS8", "HB", "HB16", "HB8")}) == 6
+    config = tomllib.loads(daemon_config("HB8", Path("/d"), Path("/s.sock"), 1, args))
+    assert config["hierarchy"]["megabatch_fraction"] == 0.5
