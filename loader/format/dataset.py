@@ -3,7 +3,8 @@
 The format is specified in docs/FORMAT.md. Readers accept any 1.x manifest, refuse other
 major versions, and keep unknown manifest keys (``Manifest.extra``) rather than dropping them.
 A link-prediction dataset (``task: "link"``, format 1.3) adds the ``link`` table and the files of
-``LINK_FILES``; a node-classification dataset is written as 1.2, exactly as before.
+``LINK_FILES``; a node-classification dataset is written as 1.2, exactly as before. A dataset of 8-bit feature
+codes (``feat_dtype`` uint8, format 1.4) adds ``feature_range.npy`` (``CODEC_FILES``).
 """
 
 import enum
@@ -28,13 +29,17 @@ __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "FEATURE_ALIGNMENT", "FeatureDtype", "IndexDtype",
     "FileEntry", "Manifest", "Dataset", "open_dataset", "manifest_text", "manifest_checksum", "FILES", "CODEC_FILES",
     "CHECK_FILES", "STORED_DTYPES",
-    "FEATURE_PAGES_1_1", "check_file_sizes", "LINK_FORMAT_VERSION", "LINK_FILES",
+    "FEATURE_PAGES_1_1", "check_file_sizes", "LINK_FORMAT_VERSION", "CODES_FORMAT_VERSION",
+    "LINK_FILES",
 ]
 
 FORMAT_NAME = "megabatch-dataset"
 FORMAT_VERSION = "1.2"
 """The version ``prepare`` writes for a node-classification dataset (and, with its major, what readers accept)."""
 LINK_FORMAT_VERSION = "1.3"
+CODES_FORMAT_VERSION = "1.4"
+"""A dataset of 8-bit feature codes (``feat_dtype`` uint8 and ``feature_range.npy``), node or link task: a 1.3
+reader refuses its dtype in one line rather than misread it."""
 """The version ``prepare`` writes for a link-prediction dataset: 1.2 plus the ``link`` table and files."""
 
 

@@ -22,6 +22,7 @@ import loader
 from loader.format.dataset import (
     CHECK_FILES,
     CODEC_FILES,
+    CODES_FORMAT_VERSION,
     FEATURE_ALIGNMENT,
     FILES,
     FORMAT_VERSION,
@@ -179,7 +180,8 @@ def prepare_dataset(raw_path: Path | str, out: Path | str, options: PrepareOptio
                                               progress=options.progress)
             files = _checksums(tmp, options.progress, link=head.link is not None, coded=codec is not None)
             manifest = Manifest(
-                version=FORMAT_VERSION if head.link is None else LINK_FORMAT_VERSION, num_nodes=n,
+                version=CODES_FORMAT_VERSION if codec is not None else FORMAT_VERSION if head.link is None
+                else LINK_FORMAT_VERSION, num_nodes=n,
                 num_edges=head.num_edges,
                 num_partitions=num_partitions, num_classes=head.num_classes, feat_dim=head.feat_dim,
                 feat_dtype=FeatureDtype(out_dtype.name), index_dtype=IndexDtype(index_dtype.name),

@@ -222,6 +222,7 @@ def test_uint8_codes_round_trip_within_half_a_step_and_verify(tmp_path):
         num_partitions=4, feat_dtype="uint8", static_ratio=0.05, memory_budget=64 << 20, progress=False))
     m = dataset.manifest
     assert m.feat_dtype.value == "uint8" and m.row_bytes == 6 and m.value_dtype == np.float32
+    assert m.version == "1.4"  # a 1.3 reader refuses the dtype in one line
     assert "feature_range.npy" in m.files  # checksummed like every file
     codec = dataset.feature_codec()
     assert codec is not None
