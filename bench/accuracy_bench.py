@@ -107,6 +107,7 @@ if not __package__:  # run as python bench/x.py: bench/harness.py puts the repos
     import harness  # noqa: F401
 from bench.accuracy_report import (
     EXACT_MODES,
+    IN_MEMORY_MODES,
     CompareEpochs,
     DatasetReport,
     EpochPoint,
@@ -132,8 +133,8 @@ SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo", "coauthor-cs", "coauthor-physics")
 TomlValue = str | int | float | bool | list[int]
 """What the bench's daemon configs hold."""
-MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2", "NS16", "HB16", "NSAGG",
-         "HBAGG", "HBW", "HBC", "NS8", "HB8")
+MODES = ("NS", "HB", "HB25", *EXACT_MODES, "FULL", "HB25r", "HB25s", "HB50", "HB2", "NS16", "HB16", "NS8", "HB8",
+         "NSAGG", "HBAGG", "HBW", "HBC")
 # HB25 is HB at the default ratio 4; the exact-semantics modes cost no run unless --train-exact
 DEFAULT_MODES = ("NS", "HB", *EXACT_MODES, "FULL")
 DAEMON_EXTRA: dict[str, dict[str, dict[str, TomlValue]]] = {
@@ -380,7 +381,7 @@ def one_run(name: str, dataset: Path, mode: str, seed: int, dirs: dict[str, Path
     out.unlink(missing_ok=True)
     trainer_log.unlink(missing_ok=True)
     started = time.monotonic()
-    if mode in ("NS", "NS16", "NSAGG"):
+    if mode in IN_MEMORY_MODES:
         cache = ["--aggregation-cache"] if mode == "NSAGG" else []
         run_logged([PY, "-m", "trainer", "--mode", "inmemory", "--dataset", str(dataset), "--batch-size",
                     str(args.batch_size), "--fanouts", args.fanouts, "--eval-fanouts", args.fanouts,

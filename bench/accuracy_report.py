@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EXACT_MODES", "EPOCHS_BAR", "POINTS_BAR", "CURVE_EPOCHS", "TARGET_MARGIN", "EpochPoint", "Run",
+__all__ = ["EXACT_MODES", "IN_MEMORY_MODES", "EPOCHS_BAR", "POINTS_BAR", "CURVE_EPOCHS", "TARGET_MARGIN", "EpochPoint",
+           "Run",
            "ModeSummary", "BudgetGap", "DatasetReport", "ScaleEpoch", "CompareEpochs", "compare_run", "read_compare",
            "mean", "mean_reached", "epochs_ratio", "time_at_scale", "bars", "analyse", "dataset_markdown",
            "scale_markdown", "scale_header", "plot_curves"]
@@ -35,6 +36,8 @@ __all__ = ["EXACT_MODES", "EPOCHS_BAR", "POINTS_BAR", "CURVE_EPOCHS", "TARGET_MA
 EXACT_MODES: dict[str, str] = {"EX": "exact", "STAGED": "staged", "HYBRID": "hybrid", "STATIC": "static",
                                "MMAP": "mmap"}
 """Bench modes whose batches are bitwise NS's, and the daemon's ``[loader] mode`` (and compare.py row) of each."""
+IN_MEMORY_MODES = ("NS", "NS16", "NS8", "NSAGG")
+"""The bench modes that train ``--mode inmemory`` (NS on another stored dtype or with the aggregation cache)."""
 EPOCHS_BAR = 1.25
 """The largest epochs-to-target ratio to NS that passes (issue 28: no more than 1.25x NS's epochs)."""
 POINTS_BAR = 1.0
@@ -199,7 +202,7 @@ def compare_run(mode: str, default_mode: str) -> str | None:
     The HB variants differ in their fraction, grouping or static cache, and compare ran the mode with
     ``megabatch_fraction = "auto"``: with one pass an epoch reads every partition once whatever the fraction,
     so the rate carries over."""
-    if mode in ("NS", "NS16", "NSAGG"):  # compare ran float32 features without a cache: the rate is NS's
+    if mode in IN_MEMORY_MODES:  # compare ran float32 features without a cache: the rate is NS's
         return "inmemory"
     if mode in EXACT_MODES:
         return EXACT_MODES[mode]
