@@ -22,8 +22,13 @@ subgraph the order's batches are defined on). A state's partitions that the prev
 from the other buffer and only the swapped-in ones are read (``megabatch_partitions_loaded{source}``), so an
 epoch reads what MariusGNN's I/O model says: one logical partition per swap.
 
+A training job of several ranks (DDP) is served by the full-graph modes as the in-memory trainer deals it: epoch
+e's plan over global batches of ``batch_size`` x W positives, rank r's piece the r-th ``batch_size`` of each, sampled
+with ``link_rank_key`` (``sample_link_steps``), every batch published to its rank with the global batch's positives
+(``BatchReady.global_seeds``) that scale its loss. The hierarchical mode's buffer orders train one rank.
+
 What is not served yet: mode staged (its memory plan charges spilled superbatches, which link batches are
-not), the aggregation cache and training jobs of several ranks. Each is refused in one line
+not), the aggregation cache and jobs of several ranks in the hierarchical mode. Each is refused in one line
 (``link_problem``, the handshake).
 """
 
@@ -46,14 +51,17 @@ from loader.sampling.link_sampling import (
     held_out_pairs,
     link_batch_plan,
     link_pass,
+    link_rank_key,
     sample_link_batch,
     sample_link_batch_by,
 )
+from loader.sampling.ranks import SINGLE_RANK, LocalRanks
 from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
 from proto.held_pairs import HeldPairs
 from proto.messages import DatasetInfo
 
-__all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "sample_link_steps", "link_states",
+__all__ = ["LinkServing", "LinkStateWork", "load_link_serving", "link_problem", "LinkSteps", "sample_link_steps",
+           "link_states",
            "check_buffer", "sample_link_state", "task_refusal", "LINK_MODES", "LINK_PASS_BATCHES"]
 
 LINK_MODES = ("hierarchical", "exact", "static", "hybrid", "mmap", "inmemory")
@@ -199,8 +207,9 @@ def task_refusal(served: DatasetInfo, task: str, world_size: int) -> str | None:
     if task != served.task:
         return (f"this daemon serves {what[served.task]} ({served.name}); the client trains {what.get(task, task)} "
                 f"(megabatch train --task {served.task})")
-    if served.task == "link" and world_size > 1:
-        return "link prediction through the daemon trains one rank so far (a job of several ranks trains in memory)"
+    if served.task == "link" and world_size > 1 and served.mode == "hierarchical":
+        return ("the hierarchical mode's buffer orders train link prediction on one rank; a job of several ranks "
+                "trains the shuffled order through a full-graph mode ([loader] mode = \"exact\", ...) or in memory")
     return None
 
 
@@ -216,20 +225,47 @@ def load_link_serving(dataset: Dataset, config: LoaderConfig) -> LinkServing | N
                        buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions)
 
 
+@dataclass(frozen=True)
+class LinkSteps:
+    """Global batches ``first:last`` of an epoch's plan, sampled for ``local``'s ranks: its batches step-major (each
+    global batch's pieces in ``local.ranks`` order), and per batch the rank (position in ``local.ranks``) and the
+    global batch's positives (both None for a lone trainer)."""
+
+    sampled: SampledPass
+    labels: PassLinkLabels
+    member: np.ndarray | None
+    global_size: np.ndarray | None
+
+
 def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPlan, first: int, last: int,
-                      num_nodes: int, fanouts: tuple[int, ...]) -> tuple[SampledPass, PassLinkLabels]:
-    """Batches ``first:last`` of ``plan`` sampled through ``sample`` (a full-graph mode's: dataset ids are local
-    ids), as one pass and its pairs: batch by batch, since each has its own seeds (a loop over batches, not
-    nodes)."""
+                      num_nodes: int, fanouts: tuple[int, ...], batch_size: int, local: LocalRanks = SINGLE_RANK,
+                      seed: int = 0, epoch: int = 0) -> LinkSteps:
+    """Global batches ``first:last`` of ``plan`` (over batches of ``batch_size`` x W positives, W the job's world size:
+    ``batch_size`` is per rank) sampled through ``sample`` (a full-graph mode's: dataset ids are local ids) as
+    one pass: rank r's piece of a global batch is its positives ``[r * batch_size, (r + 1) * batch_size)``,
+    sampled with ``link_rank_key(seed, epoch, r, b, key)`` (the batch's own key for rank 0, so a lone trainer's
+    batches are the plan's), as ``LinkInMemorySource(rank=r, world_size=W)`` draws it. A rank whose piece is
+    empty gets an empty batch (DDP's all-reduce needs its step too). Batch by batch, since each has its own
+    seeds (a loop over batches, not nodes)."""
     hops = len(fanouts)
 
     def seeds_sampled(seeds: np.ndarray, key: int) -> SampledBatch:
         return sample(seeds, len(seeds), fanouts, np.array([key], dtype=np.uint64)).batch(0)
 
     batches: list[SampledLinkBatch] = []
+    member: list[int] = []
+    global_size: list[int] = []
     for b in range(first, last):
         positions, key = plan.batch(b)
-        batches.append(sample_link_batch_by(seeds_sampled, num_nodes, None, link.train_edges[0, positions],
-                                            link.train_edges[1, positions], num_nodes, hops, key,
-                                            negatives_per_positive=link.negatives, disjoint=link.disjoint))
-    return link_pass(batches, hops)
+        for index, rank in enumerate(local.ranks):
+            piece = positions[rank * batch_size:(rank + 1) * batch_size]
+            batches.append(sample_link_batch_by(seeds_sampled, num_nodes, None, link.train_edges[0, piece],
+                                                link.train_edges[1, piece], num_nodes, hops,
+                                                link_rank_key(seed, epoch, rank, b, key),
+                                                negatives_per_positive=link.negatives, disjoint=link.disjoint))
+            member.append(index)
+            global_size.append(len(positions))
+    sampled, labels = link_pass(batches, hops)
+    if not local.several:
+        return LinkSteps(sampled, labels, None, None)
+    return LinkSteps(sampled, labels, np.array(member, dtype=np.int64), np.array(global_size, dtype=np.int64))

@@ -349,8 +349,9 @@ class Session:
             else:  # the nodes the split's scores need, on its link stream: the in-memory trainer's batches
                 plan = eval_split_batches(link.held_out[split].nodes, cfg.eval_batch_size, cfg.seed,
                                           _LINK_EVAL_STREAMS[split])
-            if self.job is not None and self.job.job.world_size > 1:
-                # each rank evaluates its share (whole batches, round-robin); the trainer pools the counts
+            if link is None and self.job is not None and self.job.job.world_size > 1:
+                # each rank evaluates its share (whole batches, round-robin); the trainer pools the counts. A link
+                # rank embeds the whole split (its scores rank each positive among the split's nodes), as in memory
                 plan = deal_eval(plan, cfg.eval_batch_size, self.job.rank, self.job.job.world_size)
             total = len(plan.keys)
             source = access.source

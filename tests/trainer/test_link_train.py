@@ -153,7 +153,6 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--socket", "s", "--task", "link", "--negatives", "2"], "--negatives: not with --task link through the daemon"),
-    (["--socket", "s", "--task", "link", "--nproc-per-node", "2"], "through the daemon trains one rank so far"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--nproc-per-node", "2", "--link-order", "comet",
       "--buffer-partitions", "2"], "with several ranks trains the shuffled order so far"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--metric", "accuracy"],
@@ -377,3 +376,31 @@ def test_the_shuffled_order_is_the_loaders_plan_over_the_whole_graph(link_datase
 def test_a_buffer_the_dataset_cannot_take_is_one_line(link_dataset, capsys, extra, fragment):
     code, _, err = in_process(capsys, *link_args(link_dataset, "--epochs", 1, *extra))
     assert code == 1 and len(err) == 1 and fragment in err[0], err
+
+
+def test_two_ranks_through_the_daemon_train_what_two_ranks_in_memory_train(link_dataset, tmp_path):
+    # the exact mode deals each rank the in-memory rank's pieces (tests/loader/daemon/test_link_serving.py): the
+    # same steps, so the same losses and scores
+    from tests.daemon_harness import daemon_config, running_daemon
+
+    common = ["--task", "link", "--hidden", "16", "--epochs", "2", "-q", "--no-progress", "--device", "cpu",
+              "--nproc-per-node", "2"]
+    config = daemon_config(link_dataset, tmp_path / "s.sock", loader={"mode": "exact"},
+                           sampler={"batch_size": 64, "fanouts": [5, 5], "eval_fanouts": [5, 5],
+                                    "eval_batch_size": 1024, "seed": 0})
+    results = {}
+    runs = (("daemon", ["--socket", str(config.server.socket)]),
+            ("memory", ["--mode", "inmemory", "--dataset", str(link_dataset), "--batch-size", "64", "--fanouts",
+                        "5,5"]))
+    with running_daemon(config):
+        for name, source in runs:
+            out = tmp_path / f"{name}.json"
+            done = subprocess.run([sys.executable, "-m", "trainer", *source, *common, "--json-out", str(out)],
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+            results[name] = json.loads(out.read_text())["epochs"]
+    daemon, memory = results["daemon"], results["memory"]
+    assert [(e["samples"], e["batches"]) for e in daemon] == [(e["samples"], e["batches"]) for e in memory]
+    for mine, reference in zip(daemon, memory, strict=True):
+        for key in ("loss", "val_score"):
+            assert mine[key] == pytest.approx(reference[key], abs=1e-5), key

@@ -9,8 +9,10 @@ as its sampler settings are. This source gives the loop (``trainer.link.loop``) 
 ``LinkInMemorySource`` gives it; a split's ``held_out`` is known once its evaluation stream has ended.
 
 Each batch is copied out of its slot and the slot handed back at once (the link loop holds no slot across a
-step): a copy of the feature rows per batch, which the zero-copy node path avoids; one rank; no buffer
-order (the daemon serves the shuffled order only so far).
+step): a copy of the feature rows per batch, which the zero-copy node path avoids. A rank of a job of several
+(``ranks``) joins the job on the daemon, which deals it its piece of every global batch and says how many
+positives the global batch has (``BatchReady.global_seeds``: the loss scale), as ``LinkInMemorySource(rank,
+world_size)`` does. The hierarchical mode's buffer order serves one rank (the daemon refuses a job there).
 """
 
 from collections.abc import Callable, Generator, Iterator
@@ -24,6 +26,7 @@ from proto.held_pairs import HeldPairs
 from proto.messages import BatchReady
 from trainer.daemon_source import DaemonError, DaemonSource
 from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
+from trainer.ranks import SINGLE, Ranks
 
 __all__ = ["LinkDaemonSource"]
 
@@ -41,16 +44,17 @@ def _node_batch(arrays: BatchArrays) -> NodeBatch:
 
 
 class LinkDaemonSource:
-    """A link-prediction session with ``megabatch serve`` at ``socket_path`` (``connect_timeout``, ``on_queued``
-    and ``timeout`` as ``DaemonSource``'s)."""
+    """A link-prediction session with ``megabatch serve`` at ``socket_path`` (``connect_timeout``, ``on_queued``,
+    ``timeout`` and ``ranks`` as ``DaemonSource``'s)."""
 
     buffer: BufferSettings | None = None
     """The daemon trains the shuffled order (no partition buffer)."""
 
     def __init__(self, socket_path: str, *, connect_timeout: float = 0.0, timeout: float | None = 60.0,
-                 on_queued: Callable[[bool], None] | None = None) -> None:
+                 on_queued: Callable[[bool], None] | None = None, ranks: Ranks = SINGLE) -> None:
         self._daemon = DaemonSource(socket_path, timeout=timeout, connect_timeout=connect_timeout,
-                                    on_queued=on_queued, pin_slots=False, task="link")
+                                    on_queued=on_queued, pin_slots=False, task="link", ranks=ranks)
+        self._distributed = ranks.distributed
         d = self._daemon.dataset
         if len(d.link_positives) != 3 or d.link_negatives < 1:
             self._daemon.close()
@@ -80,7 +84,8 @@ class LinkDaemonSource:
                 raise DaemonError(f"train batch seq {ready.seq} carries no edge_label_index (not a link batch)")
             positives = int(np.count_nonzero(arrays.edge_label))
             return LinkBatch(_node_batch(arrays), _tensor(arrays.edge_label_index), _tensor(arrays.edge_label),
-                             positives, stream_batches=ready.num_batches if ready.num_batches >= 0 else None)
+                             positives, global_positives=ready.global_seeds if self._distributed else None,
+                             stream_batches=ready.num_batches if ready.num_batches >= 0 else None)
         finally:
             release()
 

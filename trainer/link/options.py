@@ -76,9 +76,6 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                                           ("--feature-cache", args.feature_cache or None)) if value is not None]
         if given:
             error(f"{', '.join(given)}: {DAEMON_REFUSAL}")
-        if args.nproc_per_node > 1:
-            error(f"--nproc-per-node {args.nproc_per_node}: link prediction through the daemon trains one rank so "
-                  f"far (several ranks train with --mode inmemory)")
     if args.nproc_per_node > 1 and args.link_order not in (None, "shuffled"):
         error(RANKS_REFUSAL)
     node_only = [flag for flag, value in (("--micro-batches", args.micro_batches),

@@ -51,12 +51,13 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     if dataset is None:  # the daemon's: its [link] config sets the negatives and disjoint, as [sampler] the batches
         from trainer.link.daemon_source import LinkDaemonSource
 
-        daemon = LinkDaemonSource(args.socket, connect_timeout=args.connect_timeout, on_queued=stop.queued)
+        daemon = LinkDaemonSource(args.socket, connect_timeout=args.connect_timeout, on_queued=stop.queued,
+                                  ranks=ranks)
         source = daemon
-        negatives, disjoint = daemon.negatives, daemon.disjoint
+        negatives, disjoint, per_rank = daemon.negatives, daemon.disjoint, daemon.batch_size
     else:
         assert sampler is not None
-        negatives, disjoint = args.negatives or 1, bool(args.disjoint)
+        negatives, disjoint, per_rank = args.negatives or 1, bool(args.disjoint), sampler.batch_size
     cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=negatives, disjoint=disjoint,
                      metric=args.metric, link_order=args.link_order or "shuffled",
                      buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions)
@@ -82,10 +83,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                      source.eval_negatives)
             with contextlib.ExitStack() as group:
                 if ranks.distributed:
-                    assert sampler is not None  # several ranks train in memory (the daemon refuses a job)
                     group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
-                    log.info("%d ranks, %d training positives per rank and step", ranks.world_size,
-                             sampler.batch_size)
+                    log.info("%d ranks, %d training positives per rank and step", ranks.world_size, per_rank)
                 result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
                                     metrics=metrics, control=control, ranks=ranks, log=epoch_printer(args))
         finally:

@@ -148,24 +148,28 @@ async def _sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, l
         await out.put(EpochDone(epoch, total, 1))
 
 
-async def _link_sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, tokens: asyncio.Semaphore,
-                        out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
-    """A link dataset's training stream: epoch e's ``link_batch_plan`` over the training positives, ``superbatch``
-    batches at a time, sampled through the mode (``link_serving.sample_link_steps``); one trainer (the handshake
-    refuses a job of several ranks)."""
+async def _link_sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: int, local: LocalRanks,
+                        tokens: asyncio.Semaphore, out: "asyncio.Queue[SampledSuperbatch | EpochDone]") -> None:
+    """A link dataset's training stream: epoch e's ``link_batch_plan`` over the training positives in global
+    batches of ``batch_size`` x W, ``superbatch`` of them at a time, each rank's piece sampled through the mode
+    (``link_serving.sample_link_steps``)."""
     link = ctx.link
     assert link is not None
     cfg = ctx.config.sampler
     num_nodes = len(ctx.labels)
     for epoch in itertools.count(start_epoch):
-        plan = link_batch_plan(link.train_positives, cfg.batch_size, cfg.seed, epoch)
+        plan = link_batch_plan(link.train_positives, cfg.batch_size * local.world_size, cfg.seed, epoch)
         total = plan.num_batches
-        for first in range(0, total, mode.superbatch):
-            last = min(total, first + mode.superbatch)
+        # a superbatch's batches, all ranks' pieces together, stay within what the memory plan charges
+        steps = max(1, mode.superbatch // local.count)
+        for first in range(0, total, steps):
+            last = min(total, first + steps)
             await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
-            sampled, labels = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_link_steps, mode.sample,
-                                              link, plan, first, last, num_nodes, cfg.sampled_fanouts)
-            await out.put(SampledSuperbatch(epoch, first, total, sampled, None, None, labels))
+            done = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_link_steps, mode.sample, link, plan,
+                                   first, last, num_nodes, cfg.sampled_fanouts, cfg.batch_size, local, cfg.seed,
+                                   epoch)
+            await out.put(SampledSuperbatch(epoch, first, total, done.sampled, done.member, done.global_size,
+                                            done.labels))
         await out.put(EpochDone(epoch, total, 1))
 
 
@@ -205,7 +209,7 @@ def start_fullgraph_pipeline(ctx: ServingContext, mode: FullGraphMode, start_epo
     if ctx.link is None:
         pipeline.add_stage("sampler", _sampler(ctx, mode, start_epoch, local, tokens, sampled))
     else:
-        pipeline.add_stage("sampler", _link_sampler(ctx, mode, start_epoch, tokens, sampled))
+        pipeline.add_stage("sampler", _link_sampler(ctx, mode, start_epoch, local, tokens, sampled))
     pipeline.add_stage("planner", _planner(ctx, mode, rows_for, tokens, sampled, output))
     return pipeline
 

@@ -3,6 +3,8 @@ in-memory reference's (``sample_link_batch`` over the whole graph), bitwise; eva
 held-out nodes in order and carry every held-out positive once; what cannot serve a link dataset is refused in
 one line."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -19,9 +21,9 @@ from loader.sampling.link_sampling import (
     sample_link_batch,
 )
 from loader.sampling.sampling import sample_pass
-from proto.client import ControlClient
+from proto.client import ControlClient, JobMember
 from proto.errors import RemoteError, UserError
-from proto.messages import EpochEnd, EvalEnd, EvalRequest, StartEpoch
+from proto.messages import Credit, EpochEnd, EvalEnd, EvalRequest, StartEpoch
 from tests.daemon_harness import consume, daemon_config, running_daemon
 from tests.graphs import link_input_graph, link_raw
 from tests.loader.daemon.fullgraph.test_fullgraph_modes import credited_client
@@ -84,6 +86,46 @@ def test_training_batches_are_the_in_memory_reference(link_ds, tmp_path, mode):
             np.testing.assert_array_equal(arrays["edge_label"], want.edge_label)
             assert arrays["x"].tobytes() == data.features[want.nodes].tobytes()
             assert "pair_index" not in arrays
+
+
+def join_link(config, rank: int, world: int) -> ControlClient:
+    client = ControlClient.connect(str(config.server.socket), client=f"rank {rank}", timeout=30, task="link",
+                                   job=JobMember("j", rank, world, world))
+    client.send(Credit(count=client.welcome.slots.count))
+    return client
+
+
+def test_a_job_of_two_ranks_gets_the_in_memory_ranks_pieces(link_ds, tmp_path):
+    path, _, dataset = link_ds
+    config = link_config(path, tmp_path / "s.sock", "exact", link={"negatives": 2})
+    with running_daemon(config):
+        clients = [join_link(config, rank, 2) for rank in (0, 1)]
+        try:
+            with ThreadPoolExecutor(2) as pool:  # a job's ranks are published in lockstep: served at once
+                streams = list(pool.map(lambda c: consume(c, StartEpoch(epoch=1), EpochEnd), clients))
+        finally:
+            for client in clients:
+                client.close()
+    trained = 0
+    for rank, (batches, end) in enumerate(streams):
+        reference = list(LinkInMemorySource(dataset, batch_size=BATCH, negatives=2, fanouts=FANOUTS, rank=rank,
+                                            world_size=2).train_batches(1))
+        assert end.batches == len(batches) == len(reference)
+        for (ready, arrays), want in zip(batches, reference, strict=True):
+            assert ready.num_batches == len(reference) and ready.global_seeds == want.global_positives
+            np.testing.assert_array_equal(arrays["n_id"], want.graph.n_id.numpy())
+            np.testing.assert_array_equal(arrays["edge_index"], want.graph.edge_index.numpy())
+            np.testing.assert_array_equal(arrays["edge_label_index"], want.edge_label_index.numpy())
+            np.testing.assert_array_equal(arrays["edge_label"], want.edge_label.numpy())
+            trained += want.positives
+    assert trained == dataset.read("train_edges", np.int64, 2).shape[1]  # every positive once over the ranks
+
+
+def test_a_job_of_several_ranks_is_refused_by_the_buffer_order(link_ds, tmp_path):
+    path, _, _ = link_ds
+    config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5})
+    with running_daemon(config), pytest.raises(RemoteError, match="buffer orders train link prediction on one rank"):
+        join_link(config, 0, 2)
 
 
 def test_evaluation_embeds_the_split_nodes_and_carries_each_positive_once(link_ds, tmp_path):
