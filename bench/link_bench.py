@@ -127,6 +127,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"comma-separated subset of {','.join(ORDERS)}")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--partitions", type=int, default=32, help="prepare --partitions P (default 32)")
+    parser.add_argument("--partitioner", choices=("metis", "random", "stream"), default="metis",
+                        help="prepare --partitioner (default metis; MariusGNN partitions at random)")
     parser.add_argument("--buffer-partitions", type=int, default=None, help="C (default P/4)")
     parser.add_argument("--logical-partitions", type=int, default=None, help="COMET's L (default MariusGNN's)")
     parser.add_argument("--max-epochs", type=int, default=100)
@@ -156,7 +158,8 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     buffer = "" if order in ("shuffled", "daemon") else f"-c{args.buffer_partitions}"
     if order.startswith("comet") and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
-    return f"{name}-p{args.partitions}-{order}{buffer}-b{args.batch_size}-seed{seed}"
+    partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
+    return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}-seed{seed}"
 
 
 def daemon_config(dataset: Path, socket: Path, seed: int, args: argparse.Namespace) -> str:
@@ -272,17 +275,19 @@ def _build(out: Path, command: Callable[[Path], list[str]]) -> None:
     partial.rename(out)
 
 
-def prepare(name: str, work: Path, partitions: int) -> Path:
-    """``work/data/NAME-link-pP``: NAME imported for link prediction and prepared, each step skipped when done."""
+def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis") -> Path:
+    """``work/data/NAME-link-pP[-PARTITIONER]``: NAME imported for link prediction and prepared, each step skipped
+    when done."""
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    raw, out = data / f"{name}-link-raw", data / f"{name}-link-p{partitions}"
+    suffix = "" if partitioner == "metis" else f"-{partitioner}"
+    raw, out = data / f"{name}-link-raw", data / f"{name}-link-p{partitions}{suffix}"
     if not raw.exists():
         _build(raw, lambda to: [PY, "-m", "loader.cli", "-q", "import", str(SHARED / f"{name}.npz"), str(to),
                                 "--format", "npz", "--task", "link"])
     if not out.exists():
         _build(out, lambda to: [PY, "-m", "loader.cli", "-q", "prepare", str(raw), str(to), "--partitions",
-                                str(partitions), "--partitioner", "metis", "--memory-budget", "2G"])
+                                str(partitions), "--partitioner", partitioner, "--memory-budget", "2G"])
     return out
 
 
@@ -340,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in dirs.values():
             path.mkdir(parents=True, exist_ok=True)
         for name in args.datasets:
-            dataset = prepare(name, work, args.partitions)
+            dataset = prepare(name, work, args.partitions, args.partitioner)
             runs: dict[str, list[LinkRun]] = {}
             buffer = f"buffer of C = {args.buffer_partitions} of {args.partitions} partitions"
             for order in args.orders:
