@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loader.format.codec_kernels import decode_codes
 from proto.errors import UserError
 
 __all__ = ["RANGE_FILE", "LEVELS", "FeatureCodec", "ColumnRange"]
@@ -76,9 +77,8 @@ class FeatureCodec:
         if out is None:
             out = np.empty(codes.shape, dtype=np.float32)
         # code / 255 first: 255 / 255 is exactly 1, so a column's high decodes to low + (high - low)
-        np.divide(codes, np.float32(LEVELS), out=out, dtype=np.float32)
-        out *= self.high - self.low
-        out += self.low
+        decode_codes(np.ascontiguousarray(codes, dtype=np.uint8), self.low, self.high - self.low, np.float32(LEVELS),
+                     out)
         return out
 
 

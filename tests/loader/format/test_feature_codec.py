@@ -83,3 +83,14 @@ def test_a_column_wider_than_float32_is_refused():
     span.add(np.array([[-3e38, 0.0], [3e38, 1.0]], dtype=np.float32), 0)
     with pytest.raises(UserError, match="feature column 0 spans more than float32 holds"):
         span.codec()
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.uint8, st.tuples(st.integers(0, 30), st.integers(1, 9))), st.integers(0, 2**32 - 1))
+def test_the_decode_kernel_is_the_numpy_expression_bitwise(codes, seed):
+    rng = np.random.default_rng(seed)
+    low = rng.normal(size=codes.shape[1]).astype(np.float32)
+    high = low + rng.random(codes.shape[1]).astype(np.float32) * 10
+    codec = FeatureCodec(low, high)
+    plain = np.divide(codes, np.float32(LEVELS), dtype=np.float32) * (high - low) + low
+    assert codec.decode(codes).tobytes() == plain.astype(np.float32).tobytes()
