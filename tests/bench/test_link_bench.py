@@ -43,7 +43,8 @@ def test_defaults_and_commands():
     # shuffled does not depend on the buffer, nor beta on L: 1 + 3 + 2
     assert names == {"cora-p32-shuffled-b256-seed0", "cora-p32-comet-c8-b256-seed0", "cora-p32-comet-c4-b256-seed0",
                      "cora-p32-comet-c8-l16-b256-seed0", "cora-p32-beta-c8-b256-seed0", "cora-p32-beta-c4-b256-seed0"}
-    assert run_stem("cora", "comet", 0, parse_args(["--partitioner", "random"])) == "cora-p32-random-comet-c8-b256-seed0"
+    random = parse_args(["--partitioner", "random"])
+    assert run_stem("cora", "comet", 0, random) == "cora-p32-random-comet-c8-b256-seed0"
 
 
 @pytest.mark.parametrize("argv, message", [(["--orders", "comet,marius"], "unknown marius"),
