@@ -11,7 +11,10 @@ one or two of the others, so the difference to COMET says what that part costs:
   order is COMET's;
 - ``comet-widened``: a remedy that keeps out-of-core reads small: each state's buffer plus ``WIDEN`` x its
   node count of nodes drawn uniformly from outside it (seeded by sampler seed, epoch and state; out of core
-  their rows would be read by id), neighbours in the subgraph that set induces, negatives from all of it.
+  their rows would be read by id), neighbours in the subgraph that set induces, negatives from all of it;
+- ``comet-hybrid-negatives``: the remedy a daemon could serve beside the buffer through the exact path: negatives
+  uniform over every node; a resident node's neighbours are its resident ones (COMET's), a node outside the
+  buffer has all of its neighbours (out of core its list and row would be read from disk, checked, by id).
 
 The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
 VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
@@ -30,7 +33,7 @@ from loader.sampling.induced import induced_by_ranges, local_in_ranges
 from loader.sampling.sampling import CSCGraph
 from trainer.link import inmemory
 
-__all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "main"]
+__all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives", "main"]
 
 WIDEN = 0.5
 """``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
@@ -73,9 +76,26 @@ class Widened(inmemory.LinkInMemorySource):
                 np.arange(graph.num_nodes, dtype=np.int64))
 
 
+class HybridNegatives(inmemory.LinkInMemorySource):
+    """COMET's states and resident neighbourhoods; negatives uniform over every node, and a node outside the buffer
+    with its whole in-list (the graph over every node with each resident node's in-list cut to resident sources)."""
+
+    def _state_view(self, epoch: int, state: BufferState
+                    ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
+        full = self.data.graph
+        resident = np.zeros(self.num_nodes, dtype=bool)
+        resident[state.resident_nodes()] = True
+        target = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(full.indptr))
+        keep = ~resident[target] | resident[full.indices]
+        indptr = np.zeros(self.num_nodes + 1, dtype=np.int64)
+        np.cumsum(np.bincount(target[keep], minlength=self.num_nodes), out=indptr[1:])
+        graph = CSCGraph(indptr=indptr, indices=full.indices[keep], global_ids=full.global_ids)
+        return graph, self.train_edges[0, state.order], self.train_edges[1, state.order], None
+
+
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
     "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
-    "comet-widened": Widened}
+    "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,6 +43,12 @@ def test_a_variant_keeps_comets_edge_order(link_dataset, variant):  # noqa: F811
         assert not any(outside)
     else:
         assert sum(outside) > 0  # negatives from beyond the buffer
+    if variant == "comet-hybrid-negatives":  # a resident node's sampled neighbours are resident ones
+        for i, batch in enumerate(other.train_batches(1)):
+            ids, edges = batch.graph.n_id.numpy(), batch.graph.edge_index.numpy()
+            src, dst = ids[edges[0]], ids[edges[1]]
+            inside = np.array([int(d) in resident[batch_state[i]] for d in dst], dtype=bool)
+            assert all(int(s) in resident[batch_state[i]] for s in src[inside])
 
 
 def test_a_variant_order_runs_its_source_in_the_trainer(link_dataset, tmp_path, capsys):  # noqa: F811
