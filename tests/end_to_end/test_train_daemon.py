@@ -4,6 +4,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import torch
 
@@ -164,20 +165,25 @@ def test_two_trainers_both_finish_every_epoch_whoever_arrives_while_the_other_tr
     assert any("place 1 in its queue, session 1 is training" in line for line in queued.lines), queued.lines
 
 
-@pytest.mark.parametrize("cache", [0, 64 << 10])
-def test_float16_features_train_through_the_daemon(tmp_path, cache):
-    # the slots carry float16 rows (half the bytes); the model widens them on the training device
-    dataset = small_dataset(tmp_path, nodes=1500, partitions=8, feat_dim=16, feat_dtype="float16")
-    config = daemon_config(dataset, tmp_path / "s.sock", sampler={"batch_size": 128, "fanouts": [10, 5]},
-                           memory={"budget": "512M"})
+@pytest.mark.parametrize("feat_dtype, mode, cache, shipped", [
+    ("float16", "hierarchical", 0, "float16"), ("float16", "hierarchical", 64 << 10, "float16"),
+    # 8-bit codes are decoded as the slot is written; with a client feature cache the exact mode gathers whole
+    # batches into scratch first: of decoded rows
+    ("uint8", "hierarchical", 0, "float32"), ("uint8", "exact", 64 << 10, "float32")])
+def test_stored_feature_dtypes_train_through_the_daemon(tmp_path, feat_dtype, mode, cache, shipped):
+    # float16 slots carry half the bytes and the model widens them on the training device
+    dataset = small_dataset(tmp_path, nodes=1500, partitions=8, feat_dim=16, feat_dtype=feat_dtype)
+    config = daemon_config(dataset, tmp_path / "s.sock", loader={"mode": mode},
+                           sampler={"batch_size": 128, "fanouts": [10, 5]}, memory={"budget": "512M"})
     with running_daemon(config):
         source = DaemonSource(str(config.server.socket), feature_cache_bytes=cache)
         try:
-            assert source.info.feature_dtype == "float16"
+            assert source.info.feature_dtype == shipped
             result = train(source, TrainConfig(hidden=32, epochs=2, seed=0, device="cpu"), log=lambda line: None)
         finally:
             source.close()
     assert len(result.epochs) == 2 and result.test_acc_at_best is not None
+    assert np.isfinite(result.epochs[-1].loss)
     assert result.epochs[-1].loss < result.epochs[0].loss * 1.5  # finite and training, not NaN
 
 

@@ -1,6 +1,6 @@
 """A dataset of 8-bit feature codes (``prepare --feat-dtype uint8``) through every mode: the daemon holds and
-reads codes, and every batch's ``x``, training and evaluation, with and without a client feature cache, is the
-float32 the in-memory reference decodes for its nodes."""
+reads codes, and every batch's ``x``, training and evaluation, is the float32 the in-memory reference decodes for
+its nodes (training on codes, with a client feature cache too: tests/end_to_end/test_train_daemon.py)."""
 
 import numpy as np
 import pytest
@@ -32,23 +32,3 @@ def test_every_batch_carries_the_decoded_values(coded, tmp_path, mode):
     for _, arrays in train + val:
         assert arrays["x"].dtype == np.float32
         np.testing.assert_array_equal(arrays["x"], reference.feature_rows(arrays["n_id"]))
-
-
-@pytest.mark.parametrize("mode, cache", [("hierarchical", 0), ("exact", 64 << 10)])
-def test_a_model_trains_on_codes_through_the_daemon(coded, tmp_path, mode, cache):
-    # with a client feature cache the exact mode gathers whole batches into scratch first: of decoded rows
-    from trainer.daemon_source import DaemonSource
-    from trainer.loop import TrainConfig, train
-
-    path, _ = coded
-    config = daemon_config(path, tmp_path / "s.sock", loader={"mode": mode}, memory={"budget": "512M"},
-                           sampler={"batch_size": 128, "fanouts": [10, 5]})
-    with running_daemon(config):
-        source = DaemonSource(str(config.server.socket), feature_cache_bytes=cache)
-        try:
-            assert source.info.feature_dtype == "float32"
-            result = train(source, TrainConfig(hidden=32, epochs=2, seed=0, device="cpu"), log=lambda line: None)
-        finally:
-            source.close()
-    assert len(result.epochs) == 2 and result.test_acc_at_best is not None
-    assert np.isfinite(result.epochs[-1].loss) and result.epochs[-1].loss < result.epochs[0].loss * 1.5
