@@ -25,10 +25,11 @@ epoch reads what MariusGNN's I/O model says: one logical partition per swap.
 A training job of several ranks (DDP) is served by the full-graph modes as the in-memory trainer deals it: epoch
 e's plan over global batches of ``batch_size`` x W positives, rank r's piece the r-th ``batch_size`` of each, sampled
 with ``link_rank_key`` (``sample_link_steps``), every batch published to its rank with the global batch's positives
-(``BatchReady.global_seeds``) that scale its loss. The hierarchical mode's buffer orders train one rank.
+(``BatchReady.global_seeds``) that scale its loss. The hierarchical mode deals its buffer states' batches the same
+way: each state's edges are cut into global batches, so every rank trains the same states in lockstep.
 
 What is not served yet: mode staged (its memory plan charges spilled superbatches, which link batches are
-not), the aggregation cache and jobs of several ranks in the hierarchical mode. Each is refused in one line
+not) and the aggregation cache. Each is refused in one line
 (``link_problem``, the handshake).
 """
 
@@ -132,19 +133,21 @@ trains thousands of batches; its memory plan charges passes of this size)."""
 
 
 def link_states(link: LinkServing, partitions: PartitionTable, capacity: int, batch_size: int, seed: int,
-                epoch: int) -> tuple[list[tuple[np.ndarray, LinkStateWork]], int]:
+                epoch: int, world_size: int = 1) -> tuple[list[tuple[np.ndarray, LinkStateWork]], int]:
     """Epoch ``epoch`` of the hierarchical mode for a link dataset: (the resident partitions and the work of each
-    state that trains something, in order; the epoch's batches). With ``capacity`` below the P partitions, the
+    state that trains something, in order; the epoch's steps). With ``capacity`` below the P partitions, the
     states of ``buffer_epoch`` (MariusGNN's order, as ``megabatch train --mode inmemory --link-order`` trains it);
-    with every partition resident, one state, the shuffled order over the whole graph."""
+    with every partition resident, one state, the shuffled order over the whole graph. Batches are global
+    batches of ``batch_size`` x ``world_size`` positives (``sample_link_state`` deals them to the ranks)."""
     p = len(partitions)
+    global_size = batch_size * world_size
     if capacity >= p:
-        plan = link_batch_plan(link.train_positives, batch_size, seed, epoch)
+        plan = link_batch_plan(link.train_positives, global_size, seed, epoch)
         work = LinkStateWork(plan.order, plan.batch_ptr, plan.keys, 0, pool=False)
         return [(np.arange(p, dtype=np.int64), work)], plan.num_batches
     logical = None if link.order == "beta" else resolved_logical(link.order, p, capacity, link.logical_partitions)
     epoch_order = buffer_epoch(buffer_plan(link.order, p, capacity, logical, seed, epoch), link.edge_buckets,
-                               partitions, batch_size)
+                               partitions, global_size)
     states = []
     for state in epoch_order.states:
         if not state.num_batches:  # a state that trains nothing is not loaded
@@ -171,20 +174,33 @@ def check_buffer(link: LinkServing, num_partitions: int, capacity: int) -> str |
     return None
 
 
-def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, fanouts: tuple[int, ...]
-                      ) -> tuple[SampledPass, PassLinkLabels]:
+def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, fanouts: tuple[int, ...],
+                      batch_size: int, local: LocalRanks = SINGLE_RANK, seed: int = 0, epoch: int = 0) -> "LinkSteps":
     """A mega-batch's link batches over its subgraph ``graph`` (local ids; ``global_ids`` ascending: ascending
-    partitions, no static node joined), as ``trainer/link/inmemory.py`` samples a buffer state's, bitwise."""
+    partitions, no static node joined), as ``trainer/link/inmemory.py`` samples a buffer state's, bitwise: each
+    global batch of ``work`` dealt to ``local``'s ranks as the full-graph modes deal the shuffled order (rank r's
+    piece its positives ``[r * batch_size, (r + 1) * batch_size)``, keyed by ``link_rank_key``), step-major."""
     pool = np.arange(graph.num_nodes, dtype=np.int64) if work.pool else None
     src = np.searchsorted(graph.global_ids, link.train_edges[0, work.order])
     dst = np.searchsorted(graph.global_ids, link.train_edges[1, work.order])
     batches: list[SampledLinkBatch] = []
+    member: list[int] = []
+    global_size: list[int] = []
     for k in range(work.num_batches):
         begin, end = int(work.batch_ptr[k]), int(work.batch_ptr[k + 1])
-        batches.append(sample_link_batch(graph, src[begin:end], dst[begin:end], graph.num_nodes, fanouts,
-                                         int(work.keys[k]), negatives_per_positive=link.negatives,
-                                         negative_pool=pool, disjoint=link.disjoint))
-    return link_pass(batches, len(fanouts))
+        step = work.first_batch + k
+        for index, rank in enumerate(local.ranks):
+            lo, hi = min(end, begin + rank * batch_size), min(end, begin + (rank + 1) * batch_size)
+            batches.append(sample_link_batch(graph, src[lo:hi], dst[lo:hi], graph.num_nodes, fanouts,
+                                             link_rank_key(seed, epoch, rank, step, int(work.keys[k])),
+                                             negatives_per_positive=link.negatives, negative_pool=pool,
+                                             disjoint=link.disjoint))
+            member.append(index)
+            global_size.append(end - begin)
+    sampled, labels = link_pass(batches, len(fanouts))
+    if not local.several:
+        return LinkSteps(sampled, labels, None, None)
+    return LinkSteps(sampled, labels, np.array(member, dtype=np.int64), np.array(global_size, dtype=np.int64))
 
 
 def link_problem(dataset: Dataset, config: LoaderConfig) -> str | None:
@@ -200,16 +216,13 @@ def link_problem(dataset: Dataset, config: LoaderConfig) -> str | None:
     return None
 
 
-def task_refusal(served: DatasetInfo, task: str, world_size: int) -> str | None:
-    """Why a client that trains ``task`` in a job of ``world_size`` ranks cannot use a daemon serving ``served``
-    (one line, for its ``Error("bad_request")``), or None."""
+def task_refusal(served: DatasetInfo, task: str) -> str | None:
+    """Why a client that trains ``task`` cannot use a daemon serving ``served`` (one line, for its
+    ``Error("bad_request")``), or None."""
     what = {"node": "node classification", "link": "link prediction"}
     if task != served.task:
         return (f"this daemon serves {what[served.task]} ({served.name}); the client trains {what.get(task, task)} "
                 f"(megabatch train --task {served.task})")
-    if served.task == "link" and world_size > 1 and served.mode == "hierarchical":
-        return ("the hierarchical mode's buffer orders train link prediction on one rank; a job of several ranks "
-                "trains the shuffled order through a full-graph mode ([loader] mode = \"exact\", ...) or in memory")
     return None
 
 

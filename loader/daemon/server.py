@@ -448,7 +448,7 @@ class Daemon:
                                "client does not read (an older trainer); upgrade it or turn the cache off")
             return
         assert self._welcome_info is not None
-        problem = task_refusal(self._welcome_info, hello.task, hello.world_size)
+        problem = task_refusal(self._welcome_info, hello.task)
         if problem is not None:
             self.metrics.refused_connections.labels("task").inc()
             await self._refuse(conn, ErrorCode.BAD_REQUEST, problem)

@@ -153,8 +153,6 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--socket", "s", "--task", "link", "--negatives", "2"], "--negatives: not with --task link through the daemon"),
-    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--nproc-per-node", "2", "--link-order", "comet",
-      "--buffer-partitions", "2"], "with several ranks trains the shuffled order so far"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--metric", "accuracy"],
      "--metric accuracy: not a link-prediction metric"),
     (["--mode", "inmemory", "--dataset", "x", "--metric", "mrr"], "--metric mrr: a link-prediction metric"),
@@ -378,20 +376,26 @@ def test_a_buffer_the_dataset_cannot_take_is_one_line(link_dataset, capsys, extr
     assert code == 1 and len(err) == 1 and fragment in err[0], err
 
 
-def test_two_ranks_through_the_daemon_train_what_two_ranks_in_memory_train(link_dataset, tmp_path):
-    # the exact mode deals each rank the in-memory rank's pieces (tests/loader/daemon/test_link_serving.py): the
-    # same steps, so the same losses and scores
+@pytest.mark.parametrize("served, order", [
+    ({"loader": {"mode": "exact"}}, ()),
+    ({"loader": {"mode": "hierarchical"}, "hierarchy": {"megabatch_fraction": 0.5}, "link": {"order": "comet"}},
+     ("--link-order", "comet", "--buffer-partitions", "2")),
+])
+def test_two_ranks_through_the_daemon_train_what_two_ranks_in_memory_train(link_dataset, tmp_path, served, order):
+    # the daemon deals each rank the in-memory rank's pieces, in the shuffled order (exact) and in COMET's
+    # (hierarchical, a buffer of 2 of 4 partitions; tests/loader/daemon/test_link_serving.py): the same steps, so
+    # the same losses and scores
     from tests.daemon_harness import daemon_config, running_daemon
 
     common = ["--task", "link", "--hidden", "16", "--epochs", "2", "-q", "--no-progress", "--device", "cpu",
               "--nproc-per-node", "2"]
-    config = daemon_config(link_dataset, tmp_path / "s.sock", loader={"mode": "exact"},
+    config = daemon_config(link_dataset, tmp_path / "s.sock",
                            sampler={"batch_size": 64, "fanouts": [5, 5], "eval_fanouts": [5, 5],
-                                    "eval_batch_size": 1024, "seed": 0})
+                                    "eval_batch_size": 1024, "seed": 0}, **served)
     results = {}
     runs = (("daemon", ["--socket", str(config.server.socket)]),
             ("memory", ["--mode", "inmemory", "--dataset", str(link_dataset), "--batch-size", "64", "--fanouts",
-                        "5,5"]))
+                        "5,5", *order]))
     with running_daemon(config):
         for name, source in runs:
             out = tmp_path / f"{name}.json"

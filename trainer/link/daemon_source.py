@@ -12,7 +12,7 @@ Each batch is copied out of its slot and the slot handed back at once (the link 
 step): a copy of the feature rows per batch, which the zero-copy node path avoids. A rank of a job of several
 (``ranks``) joins the job on the daemon, which deals it its piece of every global batch and says how many
 positives the global batch has (``BatchReady.global_seeds``: the loss scale), as ``LinkInMemorySource(rank,
-world_size)`` does. The hierarchical mode's buffer order serves one rank (the daemon refuses a job there).
+world_size)`` does, in the shuffled order and in the hierarchical mode's buffer orders alike.
 """
 
 from collections.abc import Callable, Generator, Iterator

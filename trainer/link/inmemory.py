@@ -77,8 +77,9 @@ class LinkInMemorySource:
     needs buffer_partitions C (2 <= C < the dataset's partitions) and, for COMET, takes logical_partitions
     (None: MariusGNN's default). rank, world_size (default 0 of 1): this process's share under several
     ranks: global training batches of ``batch_size`` x world_size positives, of which rank r trains the r-th
-    ``batch_size`` (an empty piece where a last batch is short; rank 0 of 1 is the single process exactly);
-    shuffled order only. A dataset that is not a link dataset, or whose link files do not fit its manifest,
+    ``batch_size`` (an empty piece where a last batch is short; rank 0 of 1 is the single process exactly), in
+    a buffer order too: its states are cut into global batches, so every rank steps through the same states.
+    A dataset that is not a link dataset, or whose link files do not fit its manifest,
     and a buffer the dataset's partitions do not allow, are UserErrors.
     """
 
@@ -109,9 +110,6 @@ class LinkInMemorySource:
         self.rank, self.world_size = rank, world_size
         # before the dataset is read: a buffer it cannot take is refused at once
         self.buffer = self._buffer_settings(dataset, link_order, buffer_partitions, logical_partitions)
-        if self.buffer is not None and world_size > 1:
-            raise UserError(f"--link-order {link_order}: one process only so far (several ranks train the shuffled "
-                            f"order)")
         self.link_order = cast(LinkOrder, link_order)  # one of LINK_ORDERS: _buffer_settings refuses the others
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.negatives, self.disjoint = negatives, disjoint
@@ -177,7 +175,8 @@ class LinkInMemorySource:
             plan = buffer_plan(self.link_order, self.buffer.physical_partitions, self.buffer.capacity,
                                None if self.link_order == "beta" else self.buffer.logical_partitions, self.seed,
                                epoch)
-            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size)
+            # cut into global batches: rank r trains the r-th batch_size of each (_buffer_batches)
+            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size)
         return self._epoch
 
     def train_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
@@ -209,8 +208,10 @@ class LinkInMemorySource:
                          global_positives, stream_batches)
 
     def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
-        """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer."""
+        """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer: this
+        rank's piece of each global batch, as the shuffled order deals them (``link_rank_key``)."""
         order = self.buffer_epoch(epoch)
+        size, rank, several = self.batch_size, self.rank, self.world_size > 1
         for state in order.states:
             if not state.num_batches:  # a state that trains nothing builds no subgraph
                 continue
@@ -219,10 +220,16 @@ class LinkInMemorySource:
             for k in range(state.num_batches):
                 begin, end = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
                 _, key = order.batches.batch(first + k)
-                sampled = sample_link_batch(graph, src[begin:end], dst[begin:end], graph.num_nodes, self.fanouts,
-                                            key, negatives_per_positive=self.negatives, negative_pool=pool,
+                whole = end - begin if several else None
+                lo, hi = min(end, begin + rank * size), min(end, begin + (rank + 1) * size)
+                if lo == hi:
+                    yield self._empty_link_batch(whole, order.num_batches)  # DDP's all-reduce needs this step too
+                    continue
+                sampled = sample_link_batch(graph, src[lo:hi], dst[lo:hi], graph.num_nodes, self.fanouts,
+                                            link_rank_key(self.seed, epoch, rank, first + k, key),
+                                            negatives_per_positive=self.negatives, negative_pool=pool,
                                             disjoint=self.disjoint)
-                yield self._link_batch(sampled, end - begin, order.num_batches)
+                yield self._link_batch(sampled, hi - lo, order.num_batches, whole)
 
     def _state_view(self, epoch: int, state: BufferState
                     ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:

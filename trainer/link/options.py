@@ -13,7 +13,7 @@ from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
 __all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "add_arguments", "check_arguments",
-           "DAEMON_REFUSAL", "RANKS_REFUSAL"]
+           "DAEMON_REFUSAL"]
 
 TASKS = ("node", "link")
 DECODERS = ("dot", "mlp")
@@ -25,8 +25,6 @@ ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name n
 
 DAEMON_REFUSAL = ("not with --task link through the daemon (its [link] config sets the negatives and disjoint; it "
                   "trains the shuffled order, without a trainer feature cache)")
-RANKS_REFUSAL = ("--task link with several ranks trains the shuffled order so far (--link-order comet and beta run "
-                 "in one process)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,8 +74,6 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                                           ("--feature-cache", args.feature_cache or None)) if value is not None]
         if given:
             error(f"{', '.join(given)}: {DAEMON_REFUSAL}")
-    if args.nproc_per_node > 1 and args.link_order not in (None, "shuffled"):
-        error(RANKS_REFUSAL)
     node_only = [flag for flag, value in (("--micro-batches", args.micro_batches),
                                           ("--device-memory", args.device_memory),
                                           ("--aggregation-cache", args.aggregation_cache or None))

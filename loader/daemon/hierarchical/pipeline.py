@@ -125,7 +125,7 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, local: LocalRanks,
         t0 = time.perf_counter()
         if ctx.link is not None:
             states, total = link_states(ctx.link, ctx.resident.partitions, ctx.partitions_per_megabatch,
-                                        cfg.sampler.batch_size, cfg.sampler.seed, epoch)
+                                        cfg.sampler.batch_size, cfg.sampler.seed, epoch, local.world_size)
             ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
             for index, (partitions, work) in enumerate(states):
                 await schedule_queue.put(ScheduledMegaBatch(epoch, index, len(states), partitions, total, work))
@@ -259,15 +259,19 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
         work = mb.scheduled.link
         if work is not None:  # a buffer state: its edge buckets' batches (each edge once an epoch), in passes
             assert ctx.link is not None
-            for pass_index, begin in enumerate(range(0, work.num_batches, LINK_PASS_BATCHES)):
-                chunk = work.chunk(begin, min(work.num_batches, begin + LINK_PASS_BATCHES))
-                last = begin + LINK_PASS_BATCHES >= work.num_batches
-                sampled, labels = await _timed(ctx, "sampler", sample_link_state, mb.graph, ctx.link, chunk,
-                                               cfg.sampler.sampled_fanouts)
-                await output.put(SampledWork(source=dataclasses.replace(source, link_labels=labels),
+            # a pass's batches, every local rank's pieces together, stay within what the memory plan charges
+            steps = max(1, LINK_PASS_BATCHES // local.count)
+            for pass_index, begin in enumerate(range(0, work.num_batches, steps)):
+                chunk = work.chunk(begin, min(work.num_batches, begin + steps))
+                last = begin + steps >= work.num_batches
+                link_steps = await _timed(ctx, "sampler", sample_link_state, mb.graph, ctx.link, chunk,
+                                     cfg.sampler.sampled_fanouts, batch_size, local, cfg.sampler.seed, epoch)
+                await output.put(SampledWork(source=dataclasses.replace(source, link_labels=link_steps.labels),
                                              release=functools.partial(release, mb.buffer) if last else None,
-                                             pass_index=pass_index, sampled=sampled, first_batch=chunk.first_batch,
-                                             epoch_batches=epoch_batches, last_pass=last))
+                                             pass_index=pass_index, sampled=link_steps.sampled,
+                                             first_batch=chunk.first_batch, epoch_batches=epoch_batches,
+                                             last_pass=last, member=link_steps.member,
+                                             global_size=link_steps.global_size))
             if mb.scheduled.is_last:
                 await output.put(EpochDone(epoch, epoch_batches, mb.scheduled.count))
                 epoch += 1

@@ -95,21 +95,22 @@ def join_link(config, rank: int, world: int) -> ControlClient:
     return client
 
 
-def test_a_job_of_two_ranks_gets_the_in_memory_ranks_pieces(link_ds, tmp_path):
-    path, _, dataset = link_ds
-    config = link_config(path, tmp_path / "s.sock", "exact", link={"negatives": 2})
+def two_rank_streams(config, epoch):
     with running_daemon(config):
         clients = [join_link(config, rank, 2) for rank in (0, 1)]
         try:
             with ThreadPoolExecutor(2) as pool:  # a job's ranks are published in lockstep: served at once
-                streams = list(pool.map(lambda c: consume(c, StartEpoch(epoch=1), EpochEnd), clients))
+                return list(pool.map(lambda c: consume(c, StartEpoch(epoch=epoch), EpochEnd), clients))
         finally:
             for client in clients:
                 client.close()
+
+
+def assert_ranks_pieces(streams, dataset, epoch, **source):
     trained = 0
     for rank, (batches, end) in enumerate(streams):
-        reference = list(LinkInMemorySource(dataset, batch_size=BATCH, negatives=2, fanouts=FANOUTS, rank=rank,
-                                            world_size=2).train_batches(1))
+        reference = list(LinkInMemorySource(dataset, batch_size=BATCH, fanouts=FANOUTS, rank=rank, world_size=2,
+                                            **source).train_batches(epoch))
         assert end.batches == len(batches) == len(reference)
         for (ready, arrays), want in zip(batches, reference, strict=True):
             assert ready.num_batches == len(reference) and ready.global_seeds == want.global_positives
@@ -117,15 +118,30 @@ def test_a_job_of_two_ranks_gets_the_in_memory_ranks_pieces(link_ds, tmp_path):
             np.testing.assert_array_equal(arrays["edge_index"], want.graph.edge_index.numpy())
             np.testing.assert_array_equal(arrays["edge_label_index"], want.edge_label_index.numpy())
             np.testing.assert_array_equal(arrays["edge_label"], want.edge_label.numpy())
+            assert arrays["x"].tobytes() == want.graph.x.numpy().tobytes()
             trained += want.positives
     assert trained == dataset.read("train_edges", np.int64, 2).shape[1]  # every positive once over the ranks
 
 
-def test_a_job_of_several_ranks_is_refused_by_the_buffer_order(link_ds, tmp_path):
-    path, _, _ = link_ds
-    config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5})
-    with running_daemon(config), pytest.raises(RemoteError, match="buffer orders train link prediction on one rank"):
-        join_link(config, 0, 2)
+def test_a_job_of_two_ranks_gets_the_in_memory_ranks_pieces(link_ds, tmp_path):
+    path, _, dataset = link_ds
+    config = link_config(path, tmp_path / "s.sock", "exact", link={"negatives": 2})
+    assert_ranks_pieces(two_rank_streams(config, 1), dataset, 1, negatives=2)
+
+
+@pytest.mark.parametrize("order", ["comet", "beta"])
+def test_a_job_of_two_ranks_trains_the_buffer_order_as_two_ranks_in_memory(link_ds, tmp_path, order, monkeypatch):
+    # passes of 3 batches: one step of the two ranks' pieces each (a pass holds whole steps)
+    monkeypatch.setattr(pipeline, "LINK_PASS_BATCHES", 3)
+    path, _, dataset = link_ds
+    config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5},
+                         link={"order": order, "negatives": 2})
+    streams = two_rank_streams(config, 2)
+    assert_ranks_pieces(streams, dataset, 2, negatives=2, link_order=order, buffer_partitions=4)
+    # the same states on both ranks, each global batch of 2 x BATCH cut once: as many steps as one rank of
+    # 2 x BATCH trains
+    alone = LinkInMemorySource(dataset, batch_size=2 * BATCH, fanouts=FANOUTS, link_order=order, buffer_partitions=4)
+    assert len(streams[0][0]) == alone.buffer_epoch(2).num_batches
 
 
 def test_evaluation_embeds_the_split_nodes_and_carries_each_positive_once(link_ds, tmp_path):
