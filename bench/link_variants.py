@@ -16,6 +16,12 @@ one or two of the others, so the difference to COMET says what that part costs:
   uniform over every node; a resident node's neighbours are its resident ones (COMET's), a node outside the
   buffer has all of its neighbours (out of core its list and row would be read from disk, checked, by id).
 
+- ``comet-weighted-negatives``: COMET's batches, each negative's loss weighted so that, over the buffer's
+  draws, negatives in the source's own partition weigh what they would among uniform negatives (the buffer
+  over-represents them: a node's partition is always resident with it): ``N_R / N`` for one in the source's
+  partition, ``(1 - n_s / N) / (1 - n_s / N_R)`` for the others (N nodes, N_R resident, n_s in the source's
+  partition), 1 in expectation. No read beyond COMET's.
+
 The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
 VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
 variant's batches.
@@ -25,15 +31,19 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
 from loader.sampling.buffer_order import BufferState
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
+from loader.sampling.link_sampling import SampledLinkBatch
 from loader.sampling.sampling import CSCGraph
 from trainer.link import inmemory
+from trainer.link.batches import LinkBatch
 
-__all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives", "main"]
+__all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives",
+           "WeightedNegatives", "main"]
 
 WIDEN = 0.5
 """``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
@@ -93,9 +103,33 @@ class HybridNegatives(inmemory.LinkInMemorySource):
         return graph, self.train_edges[0, state.order], self.train_edges[1, state.order], None
 
 
+class WeightedNegatives(inmemory.LinkInMemorySource):
+    """COMET's batches, each negative weighted by whether it shares the source's partition (module docstring)."""
+
+    def _state_view(self, epoch: int, state: BufferState
+                    ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
+        view = super()._state_view(epoch, state)
+        self._resident = int(view[0].num_nodes)
+        return view
+
+    def _link_batch(self, sampled: SampledLinkBatch, positives: int, stream_batches: int,
+                    global_positives: int | None = None) -> LinkBatch:
+        batch = super()._link_batch(sampled, positives, stream_batches, global_positives)
+        pairs = sampled.nodes[sampled.edge_label_index]  # dataset ids
+        source_part = self.partitions.partition_of(pairs[0])
+        same = source_part == self.partitions.partition_of(pairs[1])
+        sizes = self.partitions.num_nodes[source_part].astype(np.float64)
+        n, resident = float(self.num_nodes), float(self._resident)
+        weight = np.where(same, resident / n, (1 - sizes / n) / (1 - sizes / resident))
+        weight[:positives] = 1.0
+        batch.edge_weight = torch.from_numpy(weight.astype(np.float32))
+        return batch
+
+
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
     "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
-    "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives}
+    "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives,
+    "comet-weighted-negatives": WeightedNegatives}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

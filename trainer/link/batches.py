@@ -42,7 +42,7 @@ class LinkBatch:
     several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
     None for a single process). stream_batches: the epoch's batch count as the batch's source knows it (the
     progress bar's total: a buffer order's states cut batches of their own; a daemon's ``BatchReady.num_batches``,
-    None where it does not say)."""
+    None where it does not say). edge_weight: float32 (B(1+k),), each pair's weight in the loss (None: all 1)."""
 
     graph: NodeBatch
     edge_label_index: torch.Tensor
@@ -50,12 +50,14 @@ class LinkBatch:
     positives: int
     global_positives: int | None = None
     stream_batches: int | None = None
+    edge_weight: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> "LinkBatch":
         if self.graph.x.device == device:
             return self
+        weight = None if self.edge_weight is None else self.edge_weight.to(device)
         return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
-                         self.positives, self.global_positives, self.stream_batches)
+                         self.positives, self.global_positives, self.stream_batches, weight)
 
 
 @dataclass(frozen=True)

@@ -166,10 +166,11 @@ class _LinkRun:
                 labelled = int(batch.edge_label.numel())
                 summed: torch.Tensor | None = None
                 if batch.global_positives is None:
-                    loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label)
+                    loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label, weight=batch.edge_weight)
                 else:
                     # a piece's summed loss times W over the global batch's pairs: DDP divides the ranks' sum by W
-                    summed = F.binary_cross_entropy_with_logits(logits, batch.edge_label, reduction="sum")
+                    summed = F.binary_cross_entropy_with_logits(logits, batch.edge_label, weight=batch.edge_weight,
+                                                                reduction="sum")
                     pairs_global = batch.global_positives * (1 + self.source.negatives)
                     loss = summed * (self.ranks.world_size / max(1, pairs_global))
                 loss.backward()
