@@ -456,7 +456,8 @@ def run_dataset(name: str, dirs: dict[str, Path], args: argparse.Namespace) -> d
             coverage = f", coverage {mean(run.coverage):.3f}" if run.coverage else ""
             print(f"{name} {mode} seed {seed}: test {best.test_acc:.4f} at best val {best.val_acc:.4f} (epoch "
                   f"{best.epoch} of {run.epochs[-1].epoch}{', stopped early' if run.stopped_early else ''}), "
-                  f"{run.wall_seconds:.0f} s{coverage}", flush=True)
+                  f"{'reused' if math.isnan(run.wall_seconds) else f'{run.wall_seconds:.0f} s'}{coverage}",
+                  flush=True)
     # the reused modes take NS's runs wherever they stand in --modes, so the report keeps that order
     return {mode: [replace(r, mode=mode, wall_seconds=float("nan"), reused_from="NS") for r in runs["NS"]]
             if reused(mode, args) else runs[mode] for mode in args.modes}
