@@ -66,7 +66,7 @@ PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
 VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened", "comet-hybrid-negatives",
-                  "comet-weighted-negatives")
+                  "comet-weighted-negatives", "comet-pair-weighted-negatives")
 """COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of."""
 DEFAULT_ORDERS = ("shuffled", "comet", "beta", "daemon")
 """``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the

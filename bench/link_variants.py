@@ -21,6 +21,8 @@ one or two of the others, so the difference to COMET says what that part costs:
   over-represents them: a node's partition is always resident with it): ``N_R / N`` for one in the source's
   partition, ``(1 - n_s / N) / (1 - n_s / N_R)`` for the others (N nodes, N_R resident, n_s in the source's
   partition), 1 in expectation. No read beyond COMET's.
+- ``comet-pair-weighted-negatives``: the same with the source's and the positive's target's partitions together
+  (both are always resident in the state that trains the pair, so both are over-represented among its negatives).
 
 The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
 VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
@@ -43,7 +45,7 @@ from trainer.link import inmemory
 from trainer.link.batches import LinkBatch
 
 __all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives",
-           "WeightedNegatives", "main"]
+           "WeightedNegatives", "PairWeightedNegatives", "main"]
 
 WIDEN = 0.5
 """``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
@@ -106,6 +108,9 @@ class HybridNegatives(inmemory.LinkInMemorySource):
 class WeightedNegatives(inmemory.LinkInMemorySource):
     """COMET's batches, each negative weighted by whether it shares the source's partition (module docstring)."""
 
+    pair = False
+    """Weigh the positive's target's partition with the source's (``comet-pair-weighted-negatives``)."""
+
     def _state_view(self, epoch: int, state: BufferState
                     ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
         view = super()._state_view(epoch, state)
@@ -116,20 +121,32 @@ class WeightedNegatives(inmemory.LinkInMemorySource):
                     global_positives: int | None = None) -> LinkBatch:
         batch = super()._link_batch(sampled, positives, stream_batches, global_positives)
         pairs = sampled.nodes[sampled.edge_label_index]  # dataset ids
-        source_part = self.partitions.partition_of(pairs[0])
-        same = source_part == self.partitions.partition_of(pairs[1])
-        sizes = self.partitions.num_nodes[source_part].astype(np.float64)
+        parts = self.partitions.partition_of(pairs)
+        source, tail = parts[0], parts[1]
+        sizes = self.partitions.num_nodes[source].astype(np.float64)
+        near = tail == source
+        if self.pair and positives:
+            # negative m = j * B + i corrupts positive i: its target's partition
+            target = np.tile(parts[1, :positives], len(tail) // positives)
+            near |= tail == target
+            sizes = np.where(target == source, sizes, sizes + self.partitions.num_nodes[target])
         n, resident = float(self.num_nodes), float(self._resident)
-        weight = np.where(same, resident / n, (1 - sizes / n) / (1 - sizes / resident))
+        weight = np.where(near, resident / n, (1 - sizes / n) / (1 - sizes / resident))
         weight[:positives] = 1.0
         batch.edge_weight = torch.from_numpy(weight.astype(np.float32))
         return batch
 
 
+class PairWeightedNegatives(WeightedNegatives):
+    """``WeightedNegatives`` over the source's and the target's partitions together."""
+
+    pair = True
+
+
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
     "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
     "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives,
-    "comet-weighted-negatives": WeightedNegatives}
+    "comet-weighted-negatives": WeightedNegatives, "comet-pair-weighted-negatives": PairWeightedNegatives}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

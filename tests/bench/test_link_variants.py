@@ -39,7 +39,7 @@ def test_a_variant_keeps_comets_edge_order(link_dataset, variant):  # noqa: F811
     outside = [sum(t not in resident[batch_state[i]] for t in tails[1].tolist()) for i, tails in enumerate(negatives)]
     assert not any(sum(t not in resident[batch_state[i]] for t in tails[1].tolist())
                    for i, tails in enumerate(comet_negatives))  # COMET's negatives come from its buffer
-    if variant in ("comet-global-neighbours", "comet-weighted-negatives"):
+    if variant in ("comet-global-neighbours", "comet-weighted-negatives", "comet-pair-weighted-negatives"):
         assert not any(outside)
     else:
         assert sum(outside) > 0  # negatives from beyond the buffer
@@ -63,10 +63,11 @@ def test_a_variant_order_runs_its_source_in_the_trainer(link_dataset, tmp_path, 
     assert main(["no-such-variant"]) == 2 and "usage: link_variants.py" in capsys.readouterr().err
 
 
-def test_weighted_negatives_weigh_the_sources_partition_as_uniform_draws_would(link_dataset):  # noqa: F811
+@pytest.mark.parametrize("variant", ["comet-weighted-negatives", "comet-pair-weighted-negatives"])
+def test_weighted_negatives_weigh_the_near_partitions_as_uniform_draws_would(link_dataset, variant):  # noqa: F811
     dataset = open_dataset(link_dataset)
     settings = {"batch_size": 32, "fanouts": (3, 3), "seed": 4, "link_order": "comet", "buffer_partitions": 2}
-    source = VARIANTS["comet-weighted-negatives"](dataset, **settings)
+    source = VARIANTS[variant](dataset, **settings)
     table = dataset.partitions()
     order = source.buffer_epoch(1)
     batch_state = np.repeat([s.index for s in order.states], [s.num_batches for s in order.states])
@@ -75,10 +76,14 @@ def test_weighted_negatives_weigh_the_sources_partition_as_uniform_draws_would(l
         state = order.states[batch_state[i]]
         resident = len(state.resident_nodes())
         weight = batch.edge_weight.numpy()
-        assert (weight[:batch.positives] == 1).all()
+        b = batch.positives
+        assert (weight[:b] == 1).all()
         pairs = batch.graph.n_id.numpy()[batch.edge_label_index.numpy()]
-        for m in range(batch.positives, len(weight)):
-            part = table.partition_of(pairs[:, m])
-            size = int(table.num_nodes[part[0]])
-            want = resident / n if part[0] == part[1] else (1 - size / n) / (1 - size / resident)
+        for m in range(b, len(weight)):
+            src, tail = (int(p) for p in table.partition_of(pairs[:, m]))
+            near = {src}
+            if variant == "comet-pair-weighted-negatives":  # negative m corrupts positive m mod B's target
+                near.add(int(table.partition_of(pairs[1, (m - b) % b:(m - b) % b + 1])[0]))
+            size = sum(int(table.num_nodes[q]) for q in near)
+            want = resident / n if tail in near else (1 - size / n) / (1 - size / resident)
             assert weight[m] == pytest.approx(want, rel=1e-6)
