@@ -59,20 +59,24 @@ if not __package__:  # run as python bench/x.py: bench/harness.py puts the repos
     import harness  # noqa: F401
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
 
-__all__ = ["DATASETS", "ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem", "train_command", "read_run",
-           "summarize", "dataset_markdown", "main"]
+__all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
+           "train_command", "read_run", "summarize", "dataset_markdown", "main"]
 
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
 VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened", "comet-hybrid-negatives",
-                  "comet-weighted-negatives", "comet-pair-weighted-negatives")
-"""COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of."""
+                  "comet-source-weighted-negatives")
+"""COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of.
+Each takes apart plain COMET, its negatives unweighted (``--no-negative-weights``)."""
+UNWEIGHTED_ORDERS = ("comet-unweighted", "beta-unweighted")
+"""The buffer orders as MariusGNN has them: negatives from the buffer, unweighted (``--no-negative-weights``;
+``comet`` and ``beta`` weigh them, the trainer's default)."""
 DEFAULT_ORDERS = ("shuffled", "comet", "beta", "daemon")
 """``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the
 trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise)."""
-ORDERS = (*DEFAULT_ORDERS, *VARIANT_ORDERS)
-"""Every order ``--orders`` takes; the variant orders are not in the default."""
+ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *VARIANT_ORDERS)
+"""Every order ``--orders`` takes; the unweighted and variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
@@ -183,10 +187,12 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
                "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
                "--device", args.device, "--json-out", str(out), "--no-progress", "-q"]
     if order not in ("shuffled", "daemon"):
-        command += ["--link-order", "beta" if order == "beta" else "comet", "--buffer-partitions",
-                    str(args.buffer_partitions)]
-        if order != "beta" and args.logical_partitions is not None:
+        beta = order.startswith("beta")
+        command += ["--link-order", "beta" if beta else "comet", "--buffer-partitions", str(args.buffer_partitions)]
+        if not beta and args.logical_partitions is not None:
             command += ["--logical-partitions", str(args.logical_partitions)]
+        if order in UNWEIGHTED_ORDERS or variant:
+            command.append("--no-negative-weights")
     return command
 
 

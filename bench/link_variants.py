@@ -16,13 +16,9 @@ one or two of the others, so the difference to COMET says what that part costs:
   uniform over every node; a resident node's neighbours are its resident ones (COMET's), a node outside the
   buffer has all of its neighbours (out of core its list and row would be read from disk, checked, by id).
 
-- ``comet-weighted-negatives``: COMET's batches, each negative's loss weighted so that, over the buffer's
-  draws, negatives in the source's own partition weigh what they would among uniform negatives (the buffer
-  over-represents them: a node's partition is always resident with it): ``N_R / N`` for one in the source's
-  partition, ``(1 - n_s / N) / (1 - n_s / N_R)`` for the others (N nodes, N_R resident, n_s in the source's
-  partition), 1 in expectation. No read beyond COMET's.
-- ``comet-pair-weighted-negatives``: the same with the source's and the positive's target's partitions together
-  (both are always resident in the state that trains the pair, so both are over-represented among its negatives).
+- ``comet-source-weighted-negatives``: COMET's batches, each negative's loss weighted as
+  ``loader.sampling.negative_weights`` weighs them (the trainer's default for a buffer order), with the source's
+  partition alone as the near class: the first form measured, kept for the comparison.
 
 The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
 VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
@@ -33,19 +29,19 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
 from loader.sampling.buffer_order import BufferState
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
 from loader.sampling.link_sampling import SampledLinkBatch
+from loader.sampling.negative_weights import buffer_negative_weights
 from loader.sampling.sampling import CSCGraph
 from trainer.link import inmemory
 from trainer.link.batches import LinkBatch
 
 __all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives",
-           "WeightedNegatives", "PairWeightedNegatives", "main"]
+           "SourceWeightedNegatives", "main"]
 
 WIDEN = 0.5
 """``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
@@ -105,11 +101,8 @@ class HybridNegatives(inmemory.LinkInMemorySource):
         return graph, self.train_edges[0, state.order], self.train_edges[1, state.order], None
 
 
-class WeightedNegatives(inmemory.LinkInMemorySource):
-    """COMET's batches, each negative weighted by whether it shares the source's partition (module docstring)."""
-
-    pair = False
-    """Weigh the positive's target's partition with the source's (``comet-pair-weighted-negatives``)."""
+class SourceWeightedNegatives(inmemory.LinkInMemorySource):
+    """COMET's batches, each negative weighted by whether it shares the source's partition alone."""
 
     def _state_view(self, epoch: int, state: BufferState
                     ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -118,35 +111,19 @@ class WeightedNegatives(inmemory.LinkInMemorySource):
         return view
 
     def _link_batch(self, sampled: SampledLinkBatch, positives: int, stream_batches: int,
-                    global_positives: int | None = None) -> LinkBatch:
-        batch = super()._link_batch(sampled, positives, stream_batches, global_positives)
-        pairs = sampled.nodes[sampled.edge_label_index]  # dataset ids
-        parts = self.partitions.partition_of(pairs)
-        source, tail = parts[0], parts[1]
-        sizes = self.partitions.num_nodes[source].astype(np.float64)
-        near = tail == source
-        if self.pair and positives:
-            # negative m = j * B + i corrupts positive i: its target's partition
-            target = np.tile(parts[1, :positives], len(tail) // positives)
-            near |= tail == target
-            sizes = np.where(target == source, sizes, sizes + self.partitions.num_nodes[target])
-        n, resident = float(self.num_nodes), float(self._resident)
-        weight = np.where(near, resident / n, (1 - sizes / n) / (1 - sizes / resident))
-        weight[:positives] = 1.0
-        batch.edge_weight = torch.from_numpy(weight.astype(np.float32))
-        return batch
-
-
-class PairWeightedNegatives(WeightedNegatives):
-    """``WeightedNegatives`` over the source's and the target's partitions together."""
-
-    pair = True
+                    global_positives: int | None = None, weight: np.ndarray | None = None) -> LinkBatch:
+        parts = self.partitions.partition_of(sampled.edge_label_global)
+        # the source's partition as the pair's only near one: each negative's target taken as its source
+        alone = np.stack([parts[0], np.concatenate([parts[0, :positives], parts[1, positives:]])])
+        sizes = self.partitions.num_nodes
+        weight = buffer_negative_weights(alone, positives, sizes, int(sizes.sum()), self._resident)
+        return super()._link_batch(sampled, positives, stream_batches, global_positives, weight)
 
 
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
     "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
     "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives,
-    "comet-weighted-negatives": WeightedNegatives, "comet-pair-weighted-negatives": PairWeightedNegatives}
+    "comet-source-weighted-negatives": SourceWeightedNegatives}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -50,6 +50,8 @@ class BatchShape:
     """Pairs the batch carries (with ``pairs``)."""
     num_tails: int = 0
     """Negative tails per evaluation pair (``pairs = "eval"``)."""
+    pair_weights: bool = False
+    """A training batch's pairs carry ``edge_weight`` (float32, one per pair): their loss weights."""
 
     def specs(self) -> list[ArraySpec]:
         rows = self.num_nodes if self.shipped_rows is None else self.shipped_rows
@@ -68,6 +70,8 @@ class BatchShape:
         if self.pairs == "train":
             specs += [ArraySpec("edge_label_index", _INT64, (2, self.num_pairs)),
                       ArraySpec("edge_label", _FLOAT32, (self.num_pairs,))]
+            if self.pair_weights:
+                specs.append(ArraySpec("edge_weight", _FLOAT32, (self.num_pairs,)))
         elif self.pairs == "eval":
             specs += [ArraySpec("pair_index", _INT64, (2, self.num_pairs)),
                       ArraySpec("pair_tails", _INT64, (self.num_pairs, self.num_tails))]
@@ -118,6 +122,8 @@ class BatchArrays:
     first (PyG's ``LinkNeighborLoader``); None: a node batch."""
     edge_label: np.ndarray | None = None
     """float32 (S,): 1 for each positive pair of ``edge_label_index``, 0 for each negative."""
+    edge_weight: np.ndarray | None = None
+    """float32 (S,): each pair's weight in the loss (a buffer order's weighted negatives); None: all 1."""
     pair_index: np.ndarray | None = None
     """int64 (2, S): a link-prediction evaluation batch's share of its split's held-out positives, as positions
     into the split's nodes (the seeds of its evaluation batches, concatenated in stream order)."""
@@ -136,7 +142,8 @@ class BatchArrays:
                    hit_slot=views.get("hit_slot"), upd_slot=views.get("upd_slot"), upd_pos=views.get("upd_pos"),
                    x_agg=views.get("x_agg"), class_weight=views.get("class_weight"), seed_group=views.get("seed_group"),
                    edge_label_index=views.get("edge_label_index"), edge_label=views.get("edge_label"),
-                   pair_index=views.get("pair_index"), pair_tails=views.get("pair_tails"))
+                   edge_weight=views.get("edge_weight"), pair_index=views.get("pair_index"),
+                   pair_tails=views.get("pair_tails"))
 
     @classmethod
     def read(cls, views: Mapping[str, np.ndarray], feature_cache_rows: int) -> "BatchArrays":
@@ -203,6 +210,14 @@ class BatchArrays:
                 raise SlotError(f"edge_label: expected float32 ({index.shape[1]},), got {label.dtype} {label.shape}")
             if index.size and (index.min() < 0 or index.max() >= seeds):
                 raise SlotError(f"edge_label_index holds a position outside the {seeds} seeds")
+        weight = self.edge_weight
+        if weight is not None:
+            if label is None:
+                raise SlotError("edge_weight without the training pairs it weighs (edge_label_index)")
+            if weight.dtype != _FLOAT32 or weight.shape != label.shape:
+                raise SlotError(f"edge_weight: expected float32 {label.shape}, got {weight.dtype} {weight.shape}")
+            if weight.size and not (np.isfinite(weight).all() and weight.min() >= 0):
+                raise SlotError("edge_weight holds a negative or non-finite weight")
         pairs, tails = self.pair_index, self.pair_tails
         if (pairs is None) != (tails is None):
             raise SlotError("a link-prediction evaluation batch needs both pair_index and pair_tails")

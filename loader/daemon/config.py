@@ -171,6 +171,10 @@ class LinkConfig:
     logical_partitions: int | None = None
     """Mode "hierarchical", order "comet": logical partitions the physical ones are grouped into each epoch, or
     None ("auto", the default: MariusGNN's 2P/C, rounded so that two fit the buffer)."""
+    negative_weights: bool = True
+    """Mode "hierarchical" with a buffer of fewer than every partition: weigh each negative in the loss so that
+    the pair's own partitions, always resident with it, weigh what they would among uniform draws (batches carry
+    ``edge_weight``; ``loader.sampling.negative_weights``; default true)."""
 
 
 @dataclass(frozen=True)
@@ -530,7 +534,9 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
                       disjoint=_bool("link", "disjoint", link_t.get("disjoint", LinkConfig().disjoint)),
                       order=_choice("link", "order", link_t.get("order", LinkConfig().order), LINK_BUFFER_ORDERS),
                       logical_partitions=_int_or_auto("link", "logical_partitions",
-                                                      link_t.get("logical_partitions", "auto"), minimum=1))
+                                                      link_t.get("logical_partitions", "auto"), minimum=1),
+                      negative_weights=_bool("link", "negative_weights",
+                                             link_t.get("negative_weights", LinkConfig().negative_weights)))
     if link.order == "beta" and link.logical_partitions is not None:
         raise _fail("link", "logical_partitions", "BETA swaps physical partitions (order = \"comet\" takes it)")
 

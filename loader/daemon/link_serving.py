@@ -56,6 +56,7 @@ from loader.sampling.link_sampling import (
     sample_link_batch,
     sample_link_batch_by,
 )
+from loader.sampling.negative_weights import link_batch_weights
 from loader.sampling.ranks import SINGLE_RANK, LocalRanks
 from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
 from proto.held_pairs import HeldPairs
@@ -89,6 +90,8 @@ class LinkServing:
     order: LinkOrder = "comet"
     """The hierarchical mode's buffer order (``[link] order``)."""
     logical_partitions: int | None = None
+    negative_weights: bool = False
+    """A buffer state's negatives weighted (``[link] negative_weights``; ``loader.sampling.negative_weights``)."""
 
     @property
     def train_positives(self) -> int:
@@ -175,11 +178,17 @@ def check_buffer(link: LinkServing, num_partitions: int, capacity: int) -> str |
 
 
 def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, fanouts: tuple[int, ...],
-                      batch_size: int, local: LocalRanks = SINGLE_RANK, seed: int = 0, epoch: int = 0) -> "LinkSteps":
+                      batch_size: int, local: LocalRanks = SINGLE_RANK, seed: int = 0, epoch: int = 0,
+                      partitions: PartitionTable | None = None) -> "LinkSteps":
     """A mega-batch's link batches over its subgraph ``graph`` (local ids; ``global_ids`` ascending: ascending
     partitions, no static node joined), as ``trainer/link/inmemory.py`` samples a buffer state's, bitwise: each
     global batch of ``work`` dealt to ``local``'s ranks as the full-graph modes deal the shuffled order (rank r's
-    piece its positives ``[r * batch_size, (r + 1) * batch_size)``, keyed by ``link_rank_key``), step-major."""
+    piece its positives ``[r * batch_size, (r + 1) * batch_size)``, keyed by ``link_rank_key``), step-major. A
+    buffer state's pairs carry their weights (``link.negative_weights``) over the dataset's ``partitions``."""
+    weighted = work.pool and link.negative_weights
+    if weighted and partitions is None:
+        raise ValueError("partitions: needed to weigh a buffer state's negatives")
+    weights: list[np.ndarray] | None = [] if weighted else None
     pool = np.arange(graph.num_nodes, dtype=np.int64) if work.pool else None
     src = np.searchsorted(graph.global_ids, link.train_edges[0, work.order])
     dst = np.searchsorted(graph.global_ids, link.train_edges[1, work.order])
@@ -191,13 +200,17 @@ def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, f
         step = work.first_batch + k
         for index, rank in enumerate(local.ranks):
             lo, hi = min(end, begin + rank * batch_size), min(end, begin + (rank + 1) * batch_size)
-            batches.append(sample_link_batch(graph, src[lo:hi], dst[lo:hi], graph.num_nodes, fanouts,
-                                             link_rank_key(seed, epoch, rank, step, int(work.keys[k])),
-                                             negatives_per_positive=link.negatives, negative_pool=pool,
-                                             disjoint=link.disjoint))
+            batch = sample_link_batch(graph, src[lo:hi], dst[lo:hi], graph.num_nodes, fanouts,
+                                      link_rank_key(seed, epoch, rank, step, int(work.keys[k])),
+                                      negatives_per_positive=link.negatives, negative_pool=pool,
+                                      disjoint=link.disjoint)
+            batches.append(batch)
+            if weights is not None:
+                assert partitions is not None
+                weights.append(link_batch_weights(batch, partitions, graph.num_nodes))
             member.append(index)
             global_size.append(end - begin)
-    sampled, labels = link_pass(batches, len(fanouts))
+    sampled, labels = link_pass(batches, len(fanouts), weights)
     if not local.several:
         return LinkSteps(sampled, labels, None, None)
     return LinkSteps(sampled, labels, np.array(member, dtype=np.int64), np.array(global_size, dtype=np.int64))
@@ -235,7 +248,8 @@ def load_link_serving(dataset: Dataset, config: LoaderConfig) -> LinkServing | N
     held = {split: held_out_pairs(tables.held_edges[split], tables.held_tails[split]) for split in HELD_OUT}
     buckets = read_edge_buckets(dataset, link, dataset.manifest.num_partitions)
     return LinkServing(tables.train_edges, held, link.eval_negatives, config.link.negatives, config.link.disjoint,
-                       buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions)
+                       buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions,
+                       config.link.negative_weights)
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, b: int, num_hops: 
     cache's arrays: ``n_id`` (``ids``, or ``source``'s for its nodes), the seeds' labels, the edges, the per-hop
     counts, the source's class weights where it has them, with ``aggregates`` each node's aggregation cache row
     (``x_agg``: from the source where it holds them, else read by dataset id) and with ``micro_batches`` above 1
-    its seeds' REG + METIS groups (``seed_group``), and a link-prediction pass's pairs (``SlotSource.link_labels``,
+    its seeds' REG + METIS groups (``seed_group``), and a link-prediction pass's pairs (``SlotSource.link_labels``, with
+    their weights where it has them,
     ``eval_pairs``). The caller fills the rest and commits. ``shipped_rows``,
     ``num_updates``: a batch for a client with a feature cache (``BatchShape``). Raises ``SlotOverflow`` when the
     batch does not fit (the caller reports it to the client).
@@ -92,9 +93,10 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, b: int, num_hops: 
     """
     nodes = batch.nodes
     seeds = int(batch.num_sampled_nodes[0])
-    pairs, pair_index, pair_extra = "", None, None
+    pairs, pair_index, pair_extra, pair_weight = "", None, None, None
     if source.link_labels is not None:
         pairs, (pair_index, pair_extra) = "train", source.link_labels.batch(b)
+        pair_weight = source.link_labels.batch_weight(b)
     elif source.eval_pairs is not None:
         pairs, (pair_index, pair_extra) = "eval", source.eval_pairs.batch(b)
     out = open_batch(ring, slot, BatchShape(len(nodes), seeds, batch.edge_index.shape[1], num_hops,
@@ -104,12 +106,15 @@ def open_slot(ring: SlotRing, slot: int, batch: SampledBatch, b: int, num_hops: 
                                             seed_groups=micro_batches > 1, pairs=pairs,
                                             num_pairs=0 if pair_index is None else pair_index.shape[1],
                                             num_tails=pair_extra.shape[1] if pair_extra is not None and pairs == "eval"
-                                            else 0))
+                                            else 0, pair_weights=pair_weight is not None))
     arrays = out.arrays
     if pairs == "train":
         assert arrays.edge_label_index is not None and arrays.edge_label is not None
         arrays.edge_label_index[:] = pair_index
         arrays.edge_label[:] = pair_extra
+        if pair_weight is not None:
+            assert arrays.edge_weight is not None
+            arrays.edge_weight[:] = pair_weight
     elif pairs == "eval":
         assert arrays.pair_index is not None and arrays.pair_tails is not None
         arrays.pair_index[:] = pair_index

@@ -221,7 +221,8 @@ def estimate_slot_bytes(dataset: Dataset, pilot: PilotSizes, sampler: SamplerCon
                            m.value_dtype, shipped_rows=bound.nodes if training else None,
                            num_updates=bound.nodes if training else 0, aggregated=aggregated,
                            num_classes=m.num_classes if training and class_weights else 0, seed_groups=training,
-                           pairs=pairs, num_pairs=bound.pairs, num_tails=bound.tails)
+                           pairs=pairs, num_pairs=bound.pairs, num_tails=bound.tails,
+                           pair_weights=training)  # a buffer state's pairs may carry their weights
         worst = max(worst, slot_bytes_for(shape.specs(), HEADER_BYTES))
     return max(worst, 2 * HEADER_BYTES)
 

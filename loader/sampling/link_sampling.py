@@ -374,21 +374,31 @@ def held_out_pairs(edges: np.ndarray, tails: np.ndarray) -> HeldPairs:
 class PassLinkLabels:
     """The supervision pairs of a pass of link batches: batch b's are columns ``ptr[b]:ptr[b + 1]``.
 
-    ptr: int64 [B + 1]; index: int64 (2, S), positions among each batch's seeds; label: float32 (S,).
+    ptr: int64 [B + 1]; index: int64 (2, S), positions among each batch's seeds; label: float32 (S,); weight:
+    float32 (S,), each pair's loss weight (``loader.sampling.negative_weights``), or None (all 1).
     """
 
     ptr: np.ndarray
     index: np.ndarray
     label: np.ndarray
+    weight: np.ndarray | None = None
 
     def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch ``b``'s ``edge_label_index`` and ``edge_label`` (views)."""
         begin, end = int(self.ptr[b]), int(self.ptr[b + 1])
         return self.index[:, begin:end], self.label[begin:end]
 
+    def batch_weight(self, b: int) -> np.ndarray | None:
+        """Batch ``b``'s pair weights (a view), or None."""
+        if self.weight is None:
+            return None
+        return self.weight[int(self.ptr[b]):int(self.ptr[b + 1])]
 
-def link_pass(batches: Sequence[SampledLinkBatch], num_hops: int) -> tuple[SampledPass, PassLinkLabels]:
-    """Link batches as one pass (``SampledPass``, local ids as ``SampledLinkBatch.local_nodes``) and their pairs."""
+
+def link_pass(batches: Sequence[SampledLinkBatch], num_hops: int, weights: Sequence[np.ndarray] | None = None
+              ) -> tuple[SampledPass, PassLinkLabels]:
+    """Link batches as one pass (``SampledPass``, local ids as ``SampledLinkBatch.local_nodes``) and their pairs,
+    with ``weights`` (one float32 array per batch, a weight per pair) where given."""
     count = len(batches)
     node_ptr = np.zeros(count + 1, dtype=np.int64)
     edge_ptr = np.zeros(count + 1, dtype=np.int64)
@@ -411,7 +421,10 @@ def link_pass(batches: Sequence[SampledLinkBatch], num_hops: int) -> tuple[Sampl
         np.zeros((0, num_hops), dtype=np.int64))
     index = np.concatenate([b.edge_label_index for b in batches], axis=1) if count else np.zeros((2, 0), np.int64)
     label = joined([b.edge_label for b in batches], (0,), np.float32)
-    return sampled, PassLinkLabels(pair_ptr, index, label)
+    weight = None if weights is None else joined(list(weights), (0,), np.float32)
+    if weight is not None and len(weight) != len(label):
+        raise ValueError(f"weights: {len(weight)} for {len(label)} pairs")
+    return sampled, PassLinkLabels(pair_ptr, index, label, weight)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,11 @@ def test_defaults_and_commands():
     assert comet[-6:] == ["--link-order", "comet", "--buffer-partitions", "8", "--logical-partitions", "16"]
     beta = train_command(Path("/ds"), "beta", 1, out, parse_args(["--logical-partitions", "16"]))
     assert beta[-4:] == ["--link-order", "beta", "--buffer-partitions", "8"]  # BETA takes no logical partitions
+    # the buffer orders as MariusGNN has them: the trainer's negative weights off
+    plain = train_command(Path("/ds"), "beta-unweighted", 1, out, args)
+    assert plain[-5:] == ["--link-order", "beta", "--buffer-partitions", "8", "--no-negative-weights"]
+    assert train_command(Path("/ds"), "comet-unweighted", 1, out, args)[-5:] == [
+        "--link-order", "comet", "--buffer-partitions", "8", "--no-negative-weights"]
     daemon = train_command(Path("/ds"), "daemon", 1, out, args, Path("/s.sock"))
     assert daemon[daemon.index("--socket") + 1] == "/s.sock" and "--dataset" not in daemon
     assert "--sampler-seed" not in daemon and "--link-order" not in daemon  # the daemon's config sets the sampler

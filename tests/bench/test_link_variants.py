@@ -39,7 +39,7 @@ def test_a_variant_keeps_comets_edge_order(link_dataset, variant):  # noqa: F811
     outside = [sum(t not in resident[batch_state[i]] for t in tails[1].tolist()) for i, tails in enumerate(negatives)]
     assert not any(sum(t not in resident[batch_state[i]] for t in tails[1].tolist())
                    for i, tails in enumerate(comet_negatives))  # COMET's negatives come from its buffer
-    if variant in ("comet-global-neighbours", "comet-weighted-negatives", "comet-pair-weighted-negatives"):
+    if variant in ("comet-global-neighbours", "comet-source-weighted-negatives"):
         assert not any(outside)
     else:
         assert sum(outside) > 0  # negatives from beyond the buffer
@@ -54,7 +54,8 @@ def test_a_variant_keeps_comets_edge_order(link_dataset, variant):  # noqa: F811
 def test_a_variant_order_runs_its_source_in_the_trainer(link_dataset, tmp_path, capsys):  # noqa: F811
     command = train_command(link_dataset, "comet-widened", 0, tmp_path / "o.json", parse_args([]))
     assert command[1].endswith("bench/link_variants.py") and command[2] == "comet-widened"
-    assert command[-4:] == ["--link-order", "comet", "--buffer-partitions", "8"]
+    # a variant takes plain COMET apart: its negatives unweighted
+    assert command[-5:] == ["--link-order", "comet", "--buffer-partitions", "8", "--no-negative-weights"]
     code = main(["comet-uniform-negatives", "--mode", "inmemory", "--dataset", str(link_dataset), "--task", "link",
                  "--hidden", "8", "--batch-size", "128", "--fanouts", "3,3", "--epochs", "1", "--link-order", "comet",
                  "--buffer-partitions", "2", "-q", "--no-progress"])
@@ -63,27 +64,22 @@ def test_a_variant_order_runs_its_source_in_the_trainer(link_dataset, tmp_path, 
     assert main(["no-such-variant"]) == 2 and "usage: link_variants.py" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("variant", ["comet-weighted-negatives", "comet-pair-weighted-negatives"])
-def test_weighted_negatives_weigh_the_near_partitions_as_uniform_draws_would(link_dataset, variant):  # noqa: F811
+def test_source_weighted_negatives_weigh_the_sources_partition_alone(link_dataset):  # noqa: F811
     dataset = open_dataset(link_dataset)
     settings = {"batch_size": 32, "fanouts": (3, 3), "seed": 4, "link_order": "comet", "buffer_partitions": 2}
-    source = VARIANTS[variant](dataset, **settings)
+    source = VARIANTS["comet-source-weighted-negatives"](dataset, **settings)
     table = dataset.partitions()
     order = source.buffer_epoch(1)
     batch_state = np.repeat([s.index for s in order.states], [s.num_batches for s in order.states])
     n = dataset.manifest.num_nodes
     for i, batch in enumerate(source.train_batches(1)):
-        state = order.states[batch_state[i]]
-        resident = len(state.resident_nodes())
+        resident = len(order.states[batch_state[i]].resident_nodes())
         weight = batch.edge_weight.numpy()
         b = batch.positives
         assert (weight[:b] == 1).all()
         pairs = batch.graph.n_id.numpy()[batch.edge_label_index.numpy()]
         for m in range(b, len(weight)):
             src, tail = (int(p) for p in table.partition_of(pairs[:, m]))
-            near = {src}
-            if variant == "comet-pair-weighted-negatives":  # negative m corrupts positive m mod B's target
-                near.add(int(table.partition_of(pairs[1, (m - b) % b:(m - b) % b + 1])[0]))
-            size = sum(int(table.num_nodes[q]) for q in near)
-            want = resident / n if tail in near else (1 - size / n) / (1 - size / resident)
+            size = int(table.num_nodes[src])
+            want = resident / n if tail == src else (1 - size / n) / (1 - size / resident)
             assert weight[m] == pytest.approx(want, rel=1e-6)

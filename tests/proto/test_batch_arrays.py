@@ -44,6 +44,8 @@ def batches(draw: st.DrawFn) -> dict[str, np.ndarray]:
     if pairs == "train":  # a link-prediction training batch: pairs among the seeds
         arrays["edge_label_index"] = rng.integers(0, nodes[0], (2, count))
         arrays["edge_label"] = (rng.random(count) < 0.5).astype(np.float32)
+        if draw(st.booleans()):  # a buffer order's weighted pairs
+            arrays["edge_weight"] = (2 * rng.random(count)).astype(np.float32)
     elif pairs == "eval":  # an evaluation batch: held-out pairs of the split's nodes
         arrays["pair_index"] = rng.integers(0, 50, (2, count))
         arrays["pair_tails"] = rng.integers(0, 50, (count, draw(st.integers(0, 3))))
@@ -59,7 +61,8 @@ def shape_of(arrays: dict[str, np.ndarray]) -> BatchShape:
                       num_classes=len(arrays.get("class_weight", ())), seed_groups="seed_group" in arrays,
                       pairs="train" if "edge_label" in arrays else "eval" if "pair_index" in arrays else "",
                       num_pairs=len(arrays.get("edge_label", arrays.get("pair_tails", ()))),
-                      num_tails=arrays["pair_tails"].shape[1] if "pair_tails" in arrays else 0)
+                      num_tails=arrays["pair_tails"].shape[1] if "pair_tails" in arrays else 0,
+                      pair_weights="edge_weight" in arrays)
 
 
 def written(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -140,6 +143,21 @@ def corrupt(arrays: dict[str, np.ndarray], how: str) -> str:
         arrays.pop("edge_label_index", None)
         arrays["edge_label"] = np.ones(1, np.float32)
         return "needs both edge_label_index and edge_label"
+    if how == "pair weight":
+        arrays["edge_label_index"] = np.zeros((2, 2), np.int64)
+        arrays["edge_label"] = np.array([1, 0], np.float32)
+        arrays["edge_weight"] = np.array([1, -0.5], np.float32)
+        return "edge_weight holds a negative or non-finite weight"
+    if how == "pair weights short of the pairs":
+        arrays["edge_label_index"] = np.zeros((2, 2), np.int64)
+        arrays["edge_label"] = np.array([1, 0], np.float32)
+        arrays["edge_weight"] = np.ones(1, np.float32)
+        return "edge_weight: expected float32 \\(2,\\)"
+    if how == "pair weights without pairs":
+        arrays.pop("edge_label_index", None)
+        arrays.pop("edge_label", None)
+        arrays["edge_weight"] = np.ones(1, np.float32)
+        return "edge_weight without the training pairs"
     if how == "negative tail":
         arrays["pair_index"] = np.zeros((2, 1), np.int64)
         arrays["pair_tails"] = np.full((1, 2), -1, np.int64)
@@ -155,6 +173,7 @@ def corrupt(arrays: dict[str, np.ndarray], how: str) -> str:
 @given(batches(), st.sampled_from(["missing", "dtype", "hops", "n_id", "y", "edges", "position", "rows", "aggregates",
                                    "aggregate dtype", "negative weight", "weights short of a label", "groups",
                                    "pair outside the seeds", "labels short of the pairs", "label without pairs",
+                                   "pair weight", "pair weights short of the pairs", "pair weights without pairs",
                                    "negative tail", "tails short of the pairs"]))
 def test_a_batch_that_contradicts_itself_is_refused(arrays, how):
     message = corrupt(arrays, how)

@@ -14,6 +14,8 @@ from loader.format.dataset import open_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
 from loader.sampling.buffer_order import LINK_ORDERS, buffer_plan
 from loader.sampling.link_sampling import link_batch_plan, sample_link_batch
+from loader.sampling.negative_weights import buffer_negative_weights
+from proto.errors import UserError
 from tests.graphs import link_input_graph, link_raw
 from trainer.cli import main
 from trainer.link.inmemory import LinkInMemorySource
@@ -170,6 +172,11 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
     (["--mode", "inmemory", "--dataset", "x", "--link-order", "beta", "--buffer-partitions", "4"],
      "--link-order, --buffer-partitions: link-prediction options (--task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "marius"], "invalid choice"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--no-negative-weights"],
+     "--negative-weights: buffer options (--link-order comet or beta)"),
+    (["--mode", "inmemory", "--dataset", "x", "--negative-weights"],
+     "--negative-weights: link-prediction options (--task link)"),
+    (["--socket", "s", "--task", "link", "--negative-weights"], "--negative-weights: not with --task link through"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--micro-batches", "2", "--aggregation-cache"],
      "--micro-batches, --aggregation-cache: node-classification options so far (not --task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet", "--buffer-partitions", "0"],
@@ -314,6 +321,7 @@ def test_buffer_orders_run_and_record_their_plan(link_dataset, tmp_path, capsys,
     link = open_dataset(link_dataset).manifest.link
     assert result["config"]["link_order"] == order and result["config"]["buffer_partitions"] == 2
     assert result["config"]["logical_partitions"] is None
+    assert result["config"]["negative_weights"] is True  # a buffer order weighs its negatives by default
     # 4 partitions, 2 resident: COMET's default groups them into 4 logical ones of 1, 2 at a time
     assert result["buffer"] == {"order": order, "capacity": 2, "physical_partitions": 4, "logical_partitions": 4,
                                 "logical_capacity": 2}
@@ -408,3 +416,35 @@ def test_two_ranks_through_the_daemon_train_what_two_ranks_in_memory_train(link_
     for mine, reference in zip(daemon, memory, strict=True):
         for key in ("loss", "val_score"):
             assert mine[key] == pytest.approx(reference[key], abs=1e-5), key
+
+
+def test_a_buffer_orders_negatives_carry_their_weights_and_weigh_the_loss(link_dataset, tmp_path, capsys):
+    dataset = open_dataset(link_dataset)
+    settings = {"batch_size": 50, "negatives": 2, "fanouts": (3, 2), "seed": 3, "link_order": "comet",
+                "buffer_partitions": 2}
+    weighted = LinkInMemorySource(dataset, negative_weights=True, **settings)
+    plain = LinkInMemorySource(dataset, **settings)
+    order = weighted.buffer_epoch(1)
+    batch_state = np.repeat([s.index for s in order.states], [s.num_batches for s in order.states])
+    for i, (mine, theirs) in enumerate(zip(weighted.train_batches(1), plain.train_batches(1), strict=True)):
+        assert theirs.edge_weight is None
+        assert torch.equal(mine.edge_label_index, theirs.edge_label_index)  # the same batches, weighted
+        pairs = mine.graph.n_id.numpy()[mine.edge_label_index.numpy()]
+        resident = len(order.states[batch_state[i]].resident_nodes())
+        sizes = weighted.partitions.num_nodes
+        want = buffer_negative_weights(weighted.partitions.partition_of(pairs), mine.positives, sizes,
+                                       int(sizes.sum()), resident)
+        assert mine.edge_weight.numpy().tobytes() == want.tobytes()
+    with pytest.raises(UserError, match="--negative-weights: weighs a buffer order's negatives"):
+        LinkInMemorySource(dataset, negative_weights=True, batch_size=50)
+    # the loop weighs each pair's loss: the same run without the weights descends otherwise
+    losses = {}
+    for flag in ("--negative-weights", "--no-negative-weights"):
+        out = tmp_path / f"{flag}.json"
+        code, _, err = in_process(capsys, *link_args(link_dataset, "--epochs", 1, "--link-order", "comet",
+                                                     "--buffer-partitions", 2, flag, "--json-out", out))
+        assert code == 0 and not err, err
+        result = json.loads(out.read_text())
+        assert result["config"]["negative_weights"] is (flag == "--negative-weights")
+        losses[flag] = result["epochs"][0]["loss"]
+    assert losses["--negative-weights"] != losses["--no-negative-weights"]

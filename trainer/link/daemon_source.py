@@ -85,7 +85,8 @@ class LinkDaemonSource:
             positives = int(np.count_nonzero(arrays.edge_label))
             return LinkBatch(_node_batch(arrays), _tensor(arrays.edge_label_index), _tensor(arrays.edge_label),
                              positives, global_positives=ready.global_seeds if self._distributed else None,
-                             stream_batches=ready.num_batches if ready.num_batches >= 0 else None)
+                             stream_batches=ready.num_batches if ready.num_batches >= 0 else None,
+                             edge_weight=None if arrays.edge_weight is None else _tensor(arrays.edge_weight))
         finally:
             release()
 

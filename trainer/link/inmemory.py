@@ -52,6 +52,7 @@ from loader.sampling.link_sampling import (
     link_rank_key,
     sample_link_batch,
 )
+from loader.sampling.negative_weights import link_batch_weights
 from loader.sampling.ranks import check_rank
 from loader.sampling.sampling import CSCGraph, sample_pass
 from proto.errors import UserError
@@ -79,7 +80,8 @@ class LinkInMemorySource:
     ranks: global training batches of ``batch_size`` x world_size positives, of which rank r trains the r-th
     ``batch_size`` (an empty piece where a last batch is short; rank 0 of 1 is the single process exactly), in
     a buffer order too: its states are cut into global batches, so every rank steps through the same states.
-    A dataset that is not a link dataset, or whose link files do not fit its manifest,
+    negative_weights: weigh each negative of a buffer order by ``loader.sampling.negative_weights`` (its batches
+    carry ``edge_weight``). A dataset that is not a link dataset, or whose link files do not fit its manifest,
     and a buffer the dataset's partitions do not allow, are UserErrors.
     """
 
@@ -87,7 +89,7 @@ class LinkInMemorySource:
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
                  eval_batch_size: int = 1024, seed: int = 0, link_order: str = "shuffled",
                  buffer_partitions: int | None = None, logical_partitions: int | None = None, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, negative_weights: bool = False) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("negatives", negatives)):
             if value <= 0:
@@ -113,6 +115,9 @@ class LinkInMemorySource:
         self.link_order = cast(LinkOrder, link_order)  # one of LINK_ORDERS: _buffer_settings refuses the others
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.negatives, self.disjoint = negatives, disjoint
+        if negative_weights and self.buffer is None:
+            raise UserError("--negative-weights: weighs a buffer order's negatives (--link-order comet or beta)")
+        self.negative_weights = negative_weights
         self.data: InMemoryGraph = load_in_memory(dataset)
         n = self.data.num_nodes
         tables = read_link_tables(dataset, link, n)
@@ -204,8 +209,10 @@ class LinkInMemorySource:
         no_edges = torch.zeros((2, 0), dtype=torch.long)
         graph = NodeBatch(torch.zeros((0, self.num_features), dtype=torch.float32), no_edges, [0] * (hops + 1),
                           [0] * hops, torch.zeros(0, dtype=torch.long))
+        # a weighted buffer order's empty piece carries its (empty) weights, as the daemon's does
+        weight = torch.zeros(0, dtype=torch.float32) if self.negative_weights else None
         return LinkBatch(graph, torch.zeros((2, 0), dtype=torch.long), torch.zeros(0, dtype=torch.float32), 0,
-                         global_positives, stream_batches)
+                         global_positives, stream_batches, weight)
 
     def _buffer_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
         """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer: this
@@ -229,7 +236,9 @@ class LinkInMemorySource:
                                             link_rank_key(self.seed, epoch, rank, first + k, key),
                                             negatives_per_positive=self.negatives, negative_pool=pool,
                                             disjoint=self.disjoint)
-                yield self._link_batch(sampled, hi - lo, order.num_batches, whole)
+                weight = link_batch_weights(sampled, self.partitions, graph.num_nodes) if self.negative_weights \
+                    else None
+                yield self._link_batch(sampled, hi - lo, order.num_batches, whole, weight)
 
     def _state_view(self, epoch: int, state: BufferState
                     ) -> tuple[CSCGraph, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -244,13 +253,14 @@ class LinkInMemorySource:
         return graph, src, dst, pool
 
     def _link_batch(self, sampled: SampledLinkBatch, positives: int, stream_batches: int,
-                    global_positives: int | None = None) -> LinkBatch:
+                    global_positives: int | None = None, weight: np.ndarray | None = None) -> LinkBatch:
         # rows by dataset id (``nodes``): in a buffer's subgraph the sampler's local ids are not the dataset's
         graph = NodeBatch(self._rows(sampled.nodes), torch.from_numpy(sampled.edge_index),
                           [int(v) for v in sampled.num_sampled_nodes], [int(v) for v in sampled.num_sampled_edges],
                           torch.from_numpy(sampled.nodes))
         return LinkBatch(graph, torch.from_numpy(sampled.edge_label_index), torch.from_numpy(sampled.edge_label),
-                         positives, global_positives, stream_batches)
+                         positives, global_positives, stream_batches,
+                         None if weight is None else torch.from_numpy(weight))
 
     def eval_batches(self, split: str) -> Iterator[NodeBatch]:
         """Node batches over ``held_out[split].nodes`` in order: batch b's seeds are its nodes

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "and neighbours from the resident partitions only (in memory; default shuffled)")
     link.add_argument("--buffer-partitions", type=positive_int, default=None, metavar="C",
                       help="--link-order comet|beta: partitions resident at once (2 <= C < the dataset's partitions)")
+    link.add_argument("--negative-weights", action=argparse.BooleanOptionalAction, default=None,
+                      help="--link-order comet|beta: weigh each negative so that the pair's own partitions, always "
+                           "resident with it, weigh among its negatives what they would among uniform draws "
+                           "(loader/sampling/negative_weights.py; default on)")
     link.add_argument("--logical-partitions", type=positive_int, default=None, metavar="L",
                       help="--link-order comet: logical partitions the physical ones are grouped into each epoch "
                            "(default MariusGNN's 2P/C, rounded so that two fit the buffer)")
@@ -59,7 +63,8 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
         given = [flag for flag, value in (("--decoder", args.decoder), ("--negatives", args.negatives),
                                           ("--disjoint", args.disjoint), ("--link-order", args.link_order),
                                           ("--buffer-partitions", args.buffer_partitions),
-                                          ("--logical-partitions", args.logical_partitions)) if value is not None]
+                                          ("--logical-partitions", args.logical_partitions),
+                                          ("--negative-weights", args.negative_weights)) if value is not None]
         if given:
             error(f"{', '.join(given)}: link-prediction options (--task link)")
         if args.metric not in METRIC_CHOICES:
@@ -71,6 +76,7 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                                           ("--link-order", args.link_order),
                                           ("--buffer-partitions", args.buffer_partitions),
                                           ("--logical-partitions", args.logical_partitions),
+                                          ("--negative-weights", args.negative_weights),
                                           ("--feature-cache", args.feature_cache or None)) if value is not None]
         if given:
             error(f"{', '.join(given)}: {DAEMON_REFUSAL}")
@@ -86,7 +92,8 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
     order = args.link_order or "shuffled"
     if order == "shuffled":
         given = [flag for flag, value in (("--buffer-partitions", args.buffer_partitions),
-                                          ("--logical-partitions", args.logical_partitions)) if value is not None]
+                                          ("--logical-partitions", args.logical_partitions),
+                                          ("--negative-weights", args.negative_weights)) if value is not None]
         if given:
             error(f"{', '.join(given)}: buffer options (--link-order comet or beta)")
     elif args.buffer_partitions is None:

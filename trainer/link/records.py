@@ -31,7 +31,8 @@ class LinkConfig:
     positive, default 1), disjoint (drop a batch's positive edges from its message passing, default False),
     metric (a ``LINK_METRIC_CHOICES`` name; "auto", the default, is mrr) and the training order: link_order
     ("shuffled", the default, or the buffer orders "comet" and "beta"), buffer_partitions and
-    logical_partitions as given (None: not given; the source checks them against the dataset)."""
+    logical_partitions as given (None: not given; the source checks them against the dataset), and
+    negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``)."""
 
     train: TrainConfig
     decoder: str = "dot"
@@ -41,6 +42,7 @@ class LinkConfig:
     link_order: str = "shuffled"
     buffer_partitions: int | None = None
     logical_partitions: int | None = None
+    negative_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -56,7 +58,8 @@ class LinkConfig:
     def to_json(self) -> dict[str, Any]:
         return {**self.train.to_json(), "task": "link", "decoder": self.decoder, "negatives": self.negatives,
                 "disjoint": self.disjoint, "metric": self.metric, "link_order": self.link_order,
-                "buffer_partitions": self.buffer_partitions, "logical_partitions": self.logical_partitions}
+                "buffer_partitions": self.buffer_partitions, "logical_partitions": self.logical_partitions,
+                "negative_weights": self.negative_weights}
 
 
 def _json_float(value: float | None) -> float | None:

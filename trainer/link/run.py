@@ -60,7 +60,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
         negatives, disjoint, per_rank = args.negatives or 1, bool(args.disjoint), sampler.batch_size
     cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=negatives, disjoint=disjoint,
                      metric=args.metric, link_order=args.link_order or "shuffled",
-                     buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions)
+                     buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions,
+                     negative_weights=args.link_order not in (None, "shuffled") and args.negative_weights is not False)
     if dataset is not None:
         assert sampler is not None
         source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
@@ -68,7 +69,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                                     eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
                                     link_order=cfg.link_order, buffer_partitions=cfg.buffer_partitions,
                                     logical_partitions=cfg.logical_partitions, rank=ranks.rank,
-                                    world_size=ranks.world_size)
+                                    world_size=ranks.world_size, negative_weights=cfg.negative_weights)
     # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()

@@ -119,6 +119,10 @@ def assert_ranks_pieces(streams, dataset, epoch, **source):
             np.testing.assert_array_equal(arrays["edge_label_index"], want.edge_label_index.numpy())
             np.testing.assert_array_equal(arrays["edge_label"], want.edge_label.numpy())
             assert arrays["x"].tobytes() == want.graph.x.numpy().tobytes()
+            if want.edge_weight is None:
+                assert "edge_weight" not in arrays
+            else:
+                assert arrays["edge_weight"].tobytes() == want.edge_weight.numpy().tobytes()
             trained += want.positives
     assert trained == dataset.read("train_edges", np.int64, 2).shape[1]  # every positive once over the ranks
 
@@ -137,7 +141,8 @@ def test_a_job_of_two_ranks_trains_the_buffer_order_as_two_ranks_in_memory(link_
     config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5},
                          link={"order": order, "negatives": 2})
     streams = two_rank_streams(config, 2)
-    assert_ranks_pieces(streams, dataset, 2, negatives=2, link_order=order, buffer_partitions=4)
+    assert_ranks_pieces(streams, dataset, 2, negatives=2, link_order=order, buffer_partitions=4,
+                        negative_weights=True)
     # the same states on both ranks, each global batch of 2 x BATCH cut once: as many steps as one rank of
     # 2 x BATCH trains
     alone = LinkInMemorySource(dataset, batch_size=2 * BATCH, fanouts=FANOUTS, link_order=order, buffer_partitions=4)
@@ -176,15 +181,18 @@ def test_a_client_of_the_other_task_is_refused(link_ds, dataset_3k, tmp_path):
         ControlClient.connect(str(config.server.socket), client="test", timeout=30, task="link")
 
 
-@pytest.mark.parametrize("order, logical", [("comet", None), ("comet", 4), ("beta", None)])
+@pytest.mark.parametrize("order, logical, weighted", [("comet", None, True), ("comet", 4, True), ("beta", None, True),
+                                                      ("comet", None, False)])
 def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulation(link_ds, tmp_path, order, logical,
-                                                                                   monkeypatch):
+                                                                                   weighted, monkeypatch):
     path, _, dataset = link_ds
     if logical is not None:  # states cut into passes of 2 batches: the same batches, in the same order
         monkeypatch.setattr(pipeline, "LINK_PASS_BATCHES", 2)
     link = {"order": order, "negatives": 2, "disjoint": order == "beta"}
     if logical is not None:
         link["logical_partitions"] = logical
+    if not weighted:
+        link["negative_weights"] = False
     config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5}, link=link)
     with running_daemon(config) as daemon, credited_client(config, task="link") as client:
         assert daemon.mode.summary() == f"link prediction in {order} order, a buffer of 4 of 8 partitions"
@@ -195,7 +203,8 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
         loaded = {source: daemon.metrics.partitions_loaded.labels(source)._value.get()
                   for source in ("disk", "previous")}
     reference = LinkInMemorySource(dataset, batch_size=BATCH, negatives=2, disjoint=order == "beta", fanouts=FANOUTS,
-                                   link_order=order, buffer_partitions=4, logical_partitions=logical)
+                                   link_order=order, buffer_partitions=4, logical_partitions=logical,
+                                   negative_weights=weighted)  # [link] negative_weights, true by default
     assert reads > 0  # each state's partitions come from the disk, or from the previous state's buffer
     # consecutive states share partitions: those are copied from the other buffer (and the batches above are
     # still the reference's)
@@ -210,6 +219,11 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
             np.testing.assert_array_equal(arrays["nodes_per_hop"], expected.graph.num_sampled_nodes)
             np.testing.assert_array_equal(arrays["edge_label_index"], expected.edge_label_index.numpy())
             np.testing.assert_array_equal(arrays["edge_label"], expected.edge_label.numpy())
+            if weighted:
+                assert arrays["edge_weight"].tobytes() == expected.edge_weight.numpy().tobytes()
+                assert not (arrays["edge_weight"] == 1).all()  # some negative shares its pair's partitions
+            else:
+                assert "edge_weight" not in arrays and expected.edge_weight is None
             assert arrays["x"].tobytes() == expected.graph.x.numpy().tobytes()
             seeds = arrays["n_id"][:arrays["nodes_per_hop"][0]]
             positives = arrays["edge_label_index"][:, arrays["edge_label"] == 1]
@@ -258,7 +272,10 @@ def test_what_cannot_serve_a_link_dataset_is_refused_in_one_line(link_ds, tmp_pa
 def test_link_config_table_is_checked():
     base = {"dataset": {"path": "x"}}
     assert config_from_mapping({**base, "link": {"negatives": 3, "disjoint": True}}).link.negatives == 3
+    assert config_from_mapping(base).link.negative_weights is True
+    assert config_from_mapping({**base, "link": {"negative_weights": False}}).link.negative_weights is False
     for bad, fragment in (({"negatives": 0}, r"\[link\] negatives: must be >= 1"),
+                          ({"negative_weights": "yes"}, r"\[link\] negative_weights: expected true or false"),
                           ({"disjoint": 1}, r"\[link\] disjoint: expected true or false"),
                           ({"negative": 2}, r"\[link\] negative: unknown option"),
                           ({"order": "marius"}, r"\[link\] order: expected one of comet, beta"),
