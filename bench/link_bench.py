@@ -66,9 +66,11 @@ PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
 VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened", "comet-hybrid-negatives",
-                  "comet-source-weighted-negatives")
+                  "comet-source-weighted-negatives", "comet-tail-batches")
 """COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of.
-Each takes apart plain COMET, its negatives unweighted (``--no-negative-weights``)."""
+Each takes apart plain COMET, its negatives unweighted (``--no-negative-weights``), except ``WEIGHTED_VARIANTS``."""
+WEIGHTED_VARIANTS = ("comet-tail-batches",)
+"""Variants of the product's COMET (weighted negatives): what one of its later changes bought."""
 UNWEIGHTED_ORDERS = ("comet-unweighted", "beta-unweighted")
 """The buffer orders as MariusGNN has them: negatives from the buffer, unweighted (``--no-negative-weights``;
 ``comet`` and ``beta`` weigh them, the trainer's default)."""
@@ -191,7 +193,7 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
         command += ["--link-order", "beta" if beta else "comet", "--buffer-partitions", str(args.buffer_partitions)]
         if not beta and args.logical_partitions is not None:
             command += ["--logical-partitions", str(args.logical_partitions)]
-        if order in UNWEIGHTED_ORDERS or variant:
+        if order in UNWEIGHTED_ORDERS or (variant and order not in WEIGHTED_VARIANTS):
             command.append("--no-negative-weights")
     return command
 

@@ -20,6 +20,9 @@ one or two of the others, so the difference to COMET says what that part costs:
   ``loader.sampling.negative_weights`` weighs them (the trainer's default for a buffer order), with the source's
   partition alone as the near class: the first form measured, kept for the comparison.
 
+- ``comet-tail-batches``: COMET as it was cut before 2026-11-28, each state into full batches and a short last
+  one (``buffer_epoch(balanced=False)``), against the product's equal batches.
+
 The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
 VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
 variant's batches.
@@ -32,7 +35,7 @@ import numpy as np
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
-from loader.sampling.buffer_order import BufferState
+from loader.sampling.buffer_order import BufferEpoch, BufferState, buffer_epoch, buffer_plan
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
 from loader.sampling.link_sampling import SampledLinkBatch
 from loader.sampling.negative_weights import buffer_negative_weights
@@ -41,7 +44,7 @@ from trainer.link import inmemory
 from trainer.link.batches import LinkBatch
 
 __all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives",
-           "SourceWeightedNegatives", "main"]
+           "SourceWeightedNegatives", "TailBatches", "main"]
 
 WIDEN = 0.5
 """``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
@@ -120,10 +123,25 @@ class SourceWeightedNegatives(inmemory.LinkInMemorySource):
         return super()._link_batch(sampled, positives, stream_batches, global_positives, weight)
 
 
+class TailBatches(inmemory.LinkInMemorySource):
+    """COMET with each state cut into full batches and a short last one."""
+
+    def buffer_epoch(self, epoch: int) -> BufferEpoch:
+        if self.buffer is None:
+            raise ValueError("a shuffled run has no buffer order")
+        if self._epoch is None or self._epoch.plan.epoch != epoch:
+            plan = buffer_plan(self.link_order, self.buffer.physical_partitions, self.buffer.capacity,
+                               None if self.link_order == "beta" else self.buffer.logical_partitions, self.seed,
+                               epoch)
+            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size,
+                                       balanced=False)
+        return self._epoch
+
+
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
     "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
     "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives,
-    "comet-source-weighted-negatives": SourceWeightedNegatives}
+    "comet-source-weighted-negatives": SourceWeightedNegatives, "comet-tail-batches": TailBatches}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,11 +12,12 @@ before any daemon mode serves it (``--link-order comet|beta``):
   training edges of its buckets (``bucket_order(plan)[t]``; bucket (i, j) is positions
   ``edge_buckets[i*P + j]:edge_buckets[i*P + j + 1]`` of ``train_edges.npy``, docs/FORMAT.md), in
   bucket order, shuffled by ``shuffle(positions, key_t)`` with key_t = key t of
-  ``batch_keys(seed, STREAM_LINK_BUFFER, epoch, 0, 0, num_states)``, and cut into batches of
-  ``batch_size`` (a state's last batch may be short: a batch never spans two states, since the buffer
-  changes between them). A state without edges has no batch. Every stored training edge is in exactly
-  one bucket, and every bucket in one state, so an epoch trains each edge once; an undirected pair is
-  stored once, in bucket (i, j) or (j, i) as its orientation says, and is trained where that bucket is.
+  ``batch_keys(seed, STREAM_LINK_BUFFER, epoch, 0, 0, num_states)``, and cut into the fewest batches of
+  at most ``batch_size``, as equal as they can be (``balanced_cuts``: a batch never spans two states, since
+  the buffer changes between them, and a short tail would be a full optimizer step on a few pairs). A state
+  without edges has no batch. Every stored training edge is in exactly one bucket, and every bucket in one
+  state, so an epoch trains each edge once; an undirected pair is stored once, in bucket (i, j) or (j, i)
+  as its orientation says, and is trained where that bucket is.
 * The epoch's batches are ``link_batch_plan_in_order`` over the states' orders concatenated, with the
   states' batch boundaries: batch b gets the same key as batch b of the shuffled order
   (``STREAM_LINK_TRAIN``), so the one link sampler serves both orders.
@@ -39,8 +40,8 @@ from loader.sampling.induced import range_nodes
 from loader.sampling.link_sampling import LinkEpochPlan, link_batch_plan_in_order
 from loader.sampling.sampling import as_int, as_int_array, batch_keys, shuffle
 
-__all__ = ["LINK_ORDERS", "LinkOrder", "STREAM_LINK_BUFFER", "BufferState", "BufferEpoch", "buffer_plan",
-           "buffer_epoch", "resolved_logical"]
+__all__ = ["LINK_ORDERS", "LinkOrder", "STREAM_LINK_BUFFER", "BufferState", "BufferEpoch", "balanced_cuts",
+           "buffer_plan", "buffer_epoch", "resolved_logical"]
 
 LinkOrder = Literal["shuffled", "comet", "beta"]
 LINK_ORDERS: tuple[LinkOrder, ...] = ("shuffled", "comet", "beta")
@@ -130,9 +131,26 @@ def _check_buckets(edge_buckets: np.ndarray, num_partitions: int) -> np.ndarray:
     return offsets
 
 
+def balanced_cuts(count: int, batch_size: int) -> np.ndarray:
+    """Pointers (int64, [B + 1]) that cut ``count`` items into the fewest batches of at most ``batch_size``,
+    B = ceil(count / batch_size), as equal as they can be: batch k ends at floor(k * count / B) (sizes differ
+    by at most one; no batch for count 0).
+
+    Why not full batches and a short last one: a state holds a few batches (Cora's 29 COMET states about 2.5
+    of 64 pairs each), so a tail of a handful of pairs would be a tenth of the epoch's steps, each as large
+    an optimizer step as a full batch's on far fewer examples."""
+    batches = -(-count // batch_size)
+    if batches == 0:
+        return np.zeros(1, dtype=np.int64)
+    return (np.arange(batches + 1, dtype=np.int64) * count) // batches
+
+
 def buffer_epoch(plan: BufferPlan, edge_buckets: np.ndarray, partitions: PartitionTable,
-                 batch_size: int) -> BufferEpoch:
+                 batch_size: int, *, balanced: bool = True) -> BufferEpoch:
     """The epoch of ``plan`` (its seed and epoch key the shuffles and batches; module docstring).
+
+    balanced=False cuts each state into full batches and a short last one, the form before 2026-11-28
+    (bench/link_variants.py's ``comet-tail-batches`` measures what balancing changed).
 
     edge_buckets: int64 (P*P + 1,), the bucket offsets of ``train_edges.npy`` (the edges are
     positions 0..edge_buckets[-1]-1); partitions: the dataset's P partitions (their node ranges).
@@ -152,7 +170,8 @@ def buffer_epoch(plan: BufferPlan, edge_buckets: np.ndarray, partitions: Partiti
         begin = offsets[flat]
         positions = range_nodes(begin, offsets[flat + 1])  # the buckets' edges, bucket after bucket
         order = shuffle(positions, int(keys[t]))
-        ptr = np.append(np.arange(0, len(order), size, dtype=np.int64), np.int64(len(order)))
+        ptr = balanced_cuts(len(order), size) if balanced else \
+            np.append(np.arange(0, len(order), size, dtype=np.int64), np.int64(len(order)))
         states.append(BufferState(t, members, partitions.node_begin[members], partitions.node_end[members], order,
                                   ptr))
     counts = np.array([s.num_batches for s in states], dtype=np.int64)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from loader.format.partition_table import PARTITION_COLUMNS, PartitionTable
 from loader.sampling.buffer_order import (
     STREAM_LINK_BUFFER,
+    balanced_cuts,
     buffer_epoch,
     buffer_plan,
     resolved_logical,
@@ -50,9 +51,16 @@ def ref_epoch(plan, offsets: list[int], batch_size: int) -> list[tuple[list[int]
                 if plan.bucket_state[i, j] == t:  # ascending (i, j): bucket_order's order
                     positions += range(offsets[i * p + j], offsets[i * p + j + 1])
         order = shuffle(np.array(positions, dtype=np.int64), int(keys[t])).tolist()
-        ptr = list(range(0, len(order), batch_size)) + [len(order)]
-        out.append((order, ptr))
+        out.append((order, ref_cuts(len(order), batch_size)))
     return out
+
+
+def ref_cuts(count: int, batch_size: int) -> list[int]:
+    """Batch k of B = ceil(count / batch_size) ends at floor(k * count / B), in Python integers."""
+    batches = 0
+    while batches * batch_size < count:
+        batches += 1
+    return [k * count // batches for k in range(batches + 1)] if batches else [0]
 
 
 @st.composite
@@ -102,6 +110,18 @@ def test_an_epoch_trains_every_edge_once_with_both_ends_resident(case):
     again = buffer_epoch(buffer_plan(order, p, capacity, logical, seed, epoch), offsets, parts, batch_size)
     assert again.batches.order.tolist() == everything.tolist()
     assert again.batches.batch_ptr.tolist() == batches.batch_ptr.tolist()
+
+
+@PROPERTY
+@given(st.integers(0, 5000), st.integers(1, 300))
+def test_a_states_batches_are_the_fewest_and_as_equal_as_they_can_be(count, batch_size):
+    cuts = balanced_cuts(count, batch_size)
+    sizes = np.diff(cuts)
+    assert cuts.dtype == np.int64 and cuts[0] == 0 and cuts[-1] == count
+    assert len(sizes) == -(-count // batch_size)  # no more steps than the plain cut
+    assert (sizes >= 1).all() and (sizes <= batch_size).all()
+    assert len(sizes) == 0 or sizes.max() - sizes.min() <= 1
+    assert cuts.tolist() == ref_cuts(count, batch_size)  # 134 pairs of 64: 44, 45, 45, not 64, 64, 6
 
 
 def test_epochs_and_seeds_differ_and_the_shuffled_order_is_untouched():
