@@ -60,7 +60,11 @@ def test_a_daemons_batches_say_the_epochs_batch_count(link_dataset, tmp_path):  
     with running_daemon(config):
         source = LinkDaemonSource(str(config.server.socket))
         try:
-            batches = list(source.train_batches(0))
+            batches = []
+            for batch in source.train_batches(0):  # each batch views its slot until released
+                batches.append(batch)
+                batch.release()
+                batch.release()  # idempotent
         finally:
             source.close()
     assert [b.stream_batches for b in batches] == [len(batches)] * len(batches)

@@ -2,11 +2,16 @@
 buffer order's settings (a held-out split's pairs are ``proto.held_pairs.HeldPairs``). Torch only: the
 daemon's source imports no loader (it talks to the daemon through ``proto``)."""
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 __all__ = ["NodeBatch", "LinkBatch", "BufferSettings"]
+
+
+def _no_release() -> None:
+    """A batch that owns its tensors has no slot to hand back."""
 
 
 @dataclass
@@ -15,6 +20,9 @@ class NodeBatch:
 
     x: float32 (n, D) feature rows; edge_index: int64 (2, E) local; the sampled counts per hop; n_id: int64
     (n,) the nodes' dataset ids (on the CPU: nothing on the device reads them).
+
+    The tensors may be read-only views of a daemon's shared-memory slot: call ``release()`` once nothing reads
+    them (after the embedding or the step; a copy made by ``to`` shares the hook). Idempotent.
     """
 
     x: torch.Tensor
@@ -22,6 +30,8 @@ class NodeBatch:
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
     n_id: torch.Tensor
+    _release: Callable[[], None] = field(default=_no_release, repr=False)
+    _released: bool = field(default=False, repr=False)
 
     @property
     def num_seeds(self) -> int:
@@ -31,7 +41,13 @@ class NodeBatch:
         if self.x.device == device:
             return self
         return NodeBatch(self.x.to(device), self.edge_index.to(device), self.num_sampled_nodes, self.num_sampled_edges,
-                         self.n_id)
+                         self.n_id, _release=self.release)
+
+    def release(self) -> None:
+        """Hand the batch's slot back to the daemon (no-op for a batch that owns its tensors)."""
+        if not self._released:
+            self._released = True
+            self._release()
 
 
 @dataclass
@@ -42,7 +58,8 @@ class LinkBatch:
     several ranks, the positives of the global batch this is one rank's piece of (the loss is scaled by it;
     None for a single process). stream_batches: the epoch's batch count as the batch's source knows it (the
     progress bar's total: a buffer order's states cut batches of their own; a daemon's ``BatchReady.num_batches``,
-    None where it does not say). edge_weight: float32 (B(1+k),), each pair's weight in the loss (None: all 1)."""
+    None where it does not say). edge_weight: float32 (B(1+k),), each pair's weight in the loss (None: all 1).
+    ``release()`` hands back the slot its tensors may view (``NodeBatch``'s)."""
 
     graph: NodeBatch
     edge_label_index: torch.Tensor
@@ -58,6 +75,9 @@ class LinkBatch:
         weight = None if self.edge_weight is None else self.edge_weight.to(device)
         return LinkBatch(self.graph.to(device), self.edge_label_index.to(device), self.edge_label.to(device),
                          self.positives, self.global_positives, self.stream_batches, weight)
+
+    def release(self) -> None:
+        self.graph.release()
 
 
 @dataclass(frozen=True)

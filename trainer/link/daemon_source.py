@@ -8,8 +8,9 @@ into those nodes). The negatives per positive and ``disjoint`` are the daemon's 
 as its sampler settings are. This source gives the loop (``trainer.link.loop``) what
 ``LinkInMemorySource`` gives it; a split's ``held_out`` is known once its evaluation stream has ended.
 
-Each batch is copied out of its slot and the slot handed back at once (the link loop holds no slot across a
-step): a copy of the feature rows per batch, which the zero-copy node path avoids. A rank of a job of several
+A batch's tensors are read-only views of its slot, as the node path's are (no copy of the feature rows; a
+dataset's float16 rows are widened to float32, a copy): the loop hands the slot back with ``release()`` once
+the step, or the embedding, has read them. The evaluation pairs are copied at once. A rank of a job of several
 (``ranks``) joins the job on the daemon, which deals it its piece of every global batch and says how many
 positives the global batch has (``BatchReady.global_seeds``: the loss scale), as ``LinkInMemorySource(rank,
 world_size)`` does, in the shuffled order and in the hierarchical mode's buffer orders alike.
@@ -31,16 +32,12 @@ from trainer.ranks import SINGLE, Ranks
 __all__ = ["LinkDaemonSource"]
 
 
-def _tensor(array: np.ndarray, dtype: type | None = None) -> torch.Tensor:
-    """A tensor of its own (the slot goes back to the daemon right after)."""
-    return torch.from_numpy(np.array(array, dtype=dtype, copy=True))
-
-
-def _node_batch(arrays: BatchArrays) -> NodeBatch:
-    # float32 rows whatever the dataset stores: the in-memory source widens float16 rows the same way
-    return NodeBatch(_tensor(arrays.x, np.float32), _tensor(arrays.edge_index),
+def _node_batch(arrays: BatchArrays, release: Callable[[], None]) -> NodeBatch:
+    """Views of the slot, released by ``release`` (float32 rows whatever the dataset stores: the in-memory source
+    widens float16 rows the same way)."""
+    return NodeBatch(torch.from_numpy(arrays.x.astype(np.float32, copy=False)), torch.from_numpy(arrays.edge_index),
                      [int(v) for v in arrays.nodes_per_hop], [int(v) for v in arrays.edges_per_hop],
-                     _tensor(arrays.n_id))
+                     torch.from_numpy(arrays.n_id), _release=release)
 
 
 class LinkDaemonSource:
@@ -79,16 +76,15 @@ class LinkDaemonSource:
 
     def _link_batch(self, ready: BatchReady) -> LinkBatch:
         arrays, release = self._daemon.read_slot(ready)
-        try:
-            if arrays.edge_label_index is None or arrays.edge_label is None:
-                raise DaemonError(f"train batch seq {ready.seq} carries no edge_label_index (not a link batch)")
-            positives = int(np.count_nonzero(arrays.edge_label))
-            return LinkBatch(_node_batch(arrays), _tensor(arrays.edge_label_index), _tensor(arrays.edge_label),
-                             positives, global_positives=ready.global_seeds if self._distributed else None,
-                             stream_batches=ready.num_batches if ready.num_batches >= 0 else None,
-                             edge_weight=None if arrays.edge_weight is None else _tensor(arrays.edge_weight))
-        finally:
+        if arrays.edge_label_index is None or arrays.edge_label is None:
             release()
+            raise DaemonError(f"train batch seq {ready.seq} carries no edge_label_index (not a link batch)")
+        positives = int(np.count_nonzero(arrays.edge_label))
+        weight = None if arrays.edge_weight is None else torch.from_numpy(arrays.edge_weight)
+        return LinkBatch(_node_batch(arrays, release), torch.from_numpy(arrays.edge_label_index),
+                         torch.from_numpy(arrays.edge_label), positives,
+                         global_positives=ready.global_seeds if self._distributed else None,
+                         stream_batches=ready.num_batches if ready.num_batches >= 0 else None, edge_weight=weight)
 
     def train_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:
         """Epoch ``epoch``'s training batches (the daemon fixes them: the same epoch gives the same batches)."""
@@ -103,15 +99,13 @@ class LinkDaemonSource:
 
         def node_batch(ready: BatchReady) -> NodeBatch:
             arrays, release = self._daemon.read_slot(ready)
-            try:
-                if arrays.pair_index is None or arrays.pair_tails is None:
-                    raise DaemonError(f"{split} batch seq {ready.seq} carries no pair_index (not a link batch)")
-                seeds.append(np.array(arrays.n_id[:int(arrays.nodes_per_hop[0])]))
-                pairs.append(np.array(arrays.pair_index))
-                tails.append(np.array(arrays.pair_tails))
-                return _node_batch(arrays)
-            finally:
+            if arrays.pair_index is None or arrays.pair_tails is None:
                 release()
+                raise DaemonError(f"{split} batch seq {ready.seq} carries no pair_index (not a link batch)")
+            seeds.append(np.array(arrays.n_id[:int(arrays.nodes_per_hop[0])]))
+            pairs.append(np.array(arrays.pair_index))
+            tails.append(np.array(arrays.pair_tails))
+            return _node_batch(arrays, release)
 
         self.held_out.pop(split, None)  # a stream cut short leaves no half-known split behind
         yield from self._daemon.eval_stream(split, node_batch)

@@ -45,6 +45,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.distributed import Peers, data_parallel, training_device
+from trainer.link.batches import LinkBatch
 from trainer.link.model import LinkModel
 from trainer.link.ranking import DEFAULT_LINK_METRIC, link_scores
 from trainer.link.records import LinkConfig, LinkEpochRecord, LinkResult, format_link_epoch
@@ -155,29 +156,13 @@ class _LinkRun:
                     break
                 if self.peers.any(self.control.requested):  # every rank stops at the same step boundary
                     self.result.stopped_on_request = True  # a step boundary: the step before finished
+                    batch.release()
                     break
-                batch = batch.to(self.device)
-                waited = time.perf_counter() - waiting
-                step_started = time.perf_counter()
-                self.optimizer.zero_grad(set_to_none=True)
-                graph = batch.graph
-                logits = self.train_model(graph.x, graph.edge_index, graph.num_sampled_nodes,
-                                          graph.num_sampled_edges, batch.edge_label_index)
-                labelled = int(batch.edge_label.numel())
-                summed: torch.Tensor | None = None
-                if batch.global_positives is None:
-                    loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label, weight=batch.edge_weight)
-                else:
-                    # a piece's summed loss times W over the global batch's pairs: DDP divides the ranks' sum by W
-                    summed = F.binary_cross_entropy_with_logits(logits, batch.edge_label, weight=batch.edge_weight,
-                                                                reduction="sum")
-                    pairs_global = batch.global_positives * (1 + self.source.negatives)
-                    loss = summed * (self.ranks.world_size / max(1, pairs_global))
-                loss.backward()
-                self.optimizer.step()
-                # .item() also waits for the GPU: the step's time is whole
-                total_loss += summed.item() if summed is not None else loss.item() * labelled
-                step = time.perf_counter() - step_started
+                try:
+                    summed_loss, labelled, waited, step = self._step(batch.to(self.device), waiting)
+                finally:
+                    batch.release()  # the step has read the slot's views (or their device copy)
+                total_loss += summed_loss
                 pairs, positives, batches = pairs + labelled, positives + batch.positives, batches + 1
                 wait_s, step_s = wait_s + waited, step_s + step
                 if self.metrics is not None:
@@ -201,15 +186,44 @@ class _LinkRun:
             record.buffer_states, record.partition_loads = plan.num_states, plan.io_partitions
         return record
 
+    def _step(self, batch: LinkBatch, waiting: float) -> tuple[float, int, float, float]:
+        """One optimizer step on ``batch`` (on the device): (its summed loss, its pairs, the seconds waited for it
+        since ``waiting``, the step's seconds)."""
+        waited = time.perf_counter() - waiting
+        step_started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = batch.graph
+        logits = self.train_model(graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges,
+                                  batch.edge_label_index)
+        labelled = int(batch.edge_label.numel())
+        summed: torch.Tensor | None = None
+        if batch.global_positives is None:
+            loss = F.binary_cross_entropy_with_logits(logits, batch.edge_label, weight=batch.edge_weight)
+        else:
+            # a piece's summed loss times W over the global batch's pairs: DDP divides the ranks' sum by W
+            summed = F.binary_cross_entropy_with_logits(logits, batch.edge_label, weight=batch.edge_weight,
+                                                        reduction="sum")
+            pairs_global = batch.global_positives * (1 + self.source.negatives)
+            loss = summed * (self.ranks.world_size / max(1, pairs_global))
+        loss.backward()
+        self.optimizer.step()
+        # .item() also waits for the GPU: the step's time is whole
+        summed_loss = summed.item() if summed is not None else loss.item() * labelled
+        return summed_loss, labelled, waited, time.perf_counter() - step_started
+
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Every ``LINK_METRICS`` score of ``split``: embed its nodes, score each positive and its negatives."""
         self.model.eval()
         hidden = self.cfg.train.hidden
         parts: list[torch.Tensor] = []
-        for batch in self.source.eval_batches(split):
-            batch = batch.to(self.device)
-            parts.append(self.model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges))
+        for host in self.source.eval_batches(split):
+            try:
+                batch = host.to(self.device)
+                parts.append(self.model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                                              batch.num_sampled_edges))
+            finally:
+                host.release()  # the embedding is the model's own tensor: the slot's views are read
         # the split's nodes and pairs: known up front in memory, once its stream has ended from the daemon
         held = self.source.held_out[split]
         embeddings = torch.cat(parts) if parts else torch.empty((0, hidden), dtype=torch.float32, device=self.device)
