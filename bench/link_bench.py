@@ -28,9 +28,10 @@ with C = ``--buffer-partitions`` (default P/4) and COMET's logical partitions Ma
 
 Reported per graph (bench/results/link-<graphs>[-tag].{md,json}): per order the test MRR, Hits@10 and
 ROC AUC at the best validation epoch (mean of the seeds, then each seed), the MRR's difference to
-shuffled in points, the best epoch, the epochs to accuracy (the first epoch whose validation MRR reaches
-shuffled's mean best validation MRR minus 1 point, mean over the seeds that reach it, "never" if none),
-the buffer states and the partitions an epoch reads (``BufferPlan.io_partitions``: what the order would
+shuffled in points (seed by seed, with the standard error of the mean difference: ``paired_gap``), the
+best epoch, the epochs to accuracy (the first epoch whose validation MRR reaches shuffled's mean best
+validation MRR minus 1 point, mean over the seeds that reach it, "never" if none), the buffer states and
+the partitions an epoch reads (``BufferPlan.io_partitions``: what the order would
 cost out of core; shuffled reads the whole graph and has no plan), and seconds of training per epoch.
 
 Usage (cora takes minutes per run on 2 cores, amazon-photo far longer; keep --work to rerun without
@@ -60,7 +61,7 @@ if not __package__:  # run as python bench/x.py: bench/harness.py puts the repos
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
-           "train_command", "read_run", "summarize", "dataset_markdown", "main"]
+           "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
 
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
@@ -255,17 +256,34 @@ def _reached(values: list[int | None], has_target: bool) -> str:
     return f"{_mean(reached):.1f}{missed}"
 
 
+def paired_gap(order: OrderSummary, base: OrderSummary) -> str:
+    """``order``'s test MRR minus ``base``'s in points, over the seeds both ran (a seed is the same model
+    initialisation and sampler seed in both, so the difference is taken seed by seed), with the standard error
+    of that mean difference where two or more seeds give one: "-1.2 ± 0.6"."""
+    mine = dict(zip(order.seeds, order.mrr, strict=True))
+    theirs = dict(zip(base.seeds, base.mrr, strict=True))
+    diffs = [100 * (mine[s] - theirs[s]) for s in mine if s in theirs]
+    if not diffs:
+        return "-"
+    mean = sum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return f"{mean:+.1f}"
+    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+    return f"{mean:+.1f} ± {spread:.1f}"
+
+
 def dataset_markdown(name: str, target: float | None, summaries: list[OrderSummary], buffer: str) -> str:
     """One graph's section: a row per order."""
     base = next((s for s in summaries if s.order == "shuffled"), None)
     lines = [f"## {name}", "",
              f"{buffer}; target validation MRR "
              + ("-" if target is None else f"{target:.4f} (shuffled's mean best minus 1 point)") + ".", "",
-             "| order | test MRR (per seed) | vs shuffled (points) | Hits@10 | ROC AUC | best epoch | epochs run | "
-             "epochs to target | states / epoch | partitions read / epoch | train s / epoch |",
+             "| order | test MRR (per seed) | vs shuffled (points, paired by seed ± s.e.) | Hits@10 | ROC AUC | "
+             "best epoch | epochs run | epochs to target | states / epoch | partitions read / epoch | "
+             "train s / epoch |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        delta = "-" if base is None or s.order == "shuffled" else f"{100 * (_mean(s.mrr) - _mean(base.mrr)):+.1f}"
+        delta = "-" if base is None or s.order == "shuffled" else paired_gap(s, base)
         lines.append(f"| {s.order} | {_scores(s.mrr)} | {delta} | {_scores(s.hits10)} | {_scores(s.auc)} | "
                      f"{_mean(s.best_epoch):.1f} | {_mean(s.epochs_run):.1f} | "
                      f"{_reached(s.epochs_to_target, target is not None)} | {_number(s.states_per_epoch)} | "
