@@ -81,6 +81,7 @@ trainer reading them through its socket: the out-of-core path a user runs (its b
 ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *VARIANT_ORDERS)
 """Every order ``--orders`` takes; the unweighted and variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
+DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, DEFAULT_FANOUTS = 100, 10, "10,5"
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
@@ -139,10 +140,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="prepare --partitioner (default metis; MariusGNN partitions at random)")
     parser.add_argument("--buffer-partitions", type=int, default=None, help="C (default P/4)")
     parser.add_argument("--logical-partitions", type=int, default=None, help="COMET's L (default MariusGNN's)")
-    parser.add_argument("--max-epochs", type=int, default=100)
-    parser.add_argument("--patience", type=int, default=10)
+    parser.add_argument("--max-epochs", type=int, default=DEFAULT_MAX_EPOCHS)
+    parser.add_argument("--patience", type=int, default=DEFAULT_PATIENCE)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--fanouts", default="10,5")
+    parser.add_argument("--fanouts", default=DEFAULT_FANOUTS)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--reuse", action="store_true", help="read runs whose result is already in --work")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
@@ -167,7 +168,11 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     if order.startswith("comet") and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
     partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
-    return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}-seed{seed}"
+    # settings at their defaults add nothing, so the runs named before they were named stay reusable
+    training = "".join(f"-{key}{value}" for key, value, default in (
+        ("f", args.fanouts.replace(",", "_"), DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
+        ("pat", args.patience, DEFAULT_PATIENCE)) if value != default)
+    return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}{training}-seed{seed}"
 
 
 def daemon_config(dataset: Path, socket: Path, seed: int, args: argparse.Namespace) -> str:

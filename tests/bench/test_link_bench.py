@@ -48,6 +48,9 @@ def test_defaults_and_commands():
     # shuffled does not depend on the buffer, nor beta on L: 1 + 3 + 2
     assert names == {"cora-p32-shuffled-b256-seed0", "cora-p32-comet-c8-b256-seed0", "cora-p32-comet-c4-b256-seed0",
                      "cora-p32-comet-c8-l16-b256-seed0", "cora-p32-beta-c8-b256-seed0", "cora-p32-beta-c4-b256-seed0"}
+    # a run of other epochs, patience or fanouts is another run (a 2-epoch smoke run is no 100-epoch run)
+    assert run_stem("cora", "shuffled", 0, parse_args(["--max-epochs", "2", "--patience", "5", "--fanouts", "5,5"])) \
+        == "cora-p32-shuffled-b256-f5_5-e2-pat5-seed0"
     random = parse_args(["--partitioner", "random"])
     assert run_stem("cora", "comet", 0, random) == "cora-p32-random-comet-c8-b256-seed0"
 
