@@ -169,8 +169,8 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
         buffer += f"-l{args.logical_partitions}"
     partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
     # settings at their defaults add nothing, so the runs named before they were named stay reusable
-    training = "".join(f"-{key}{value}" for key, value, default in (
-        ("f", args.fanouts.replace(",", "_"), DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
+    training = "".join(f"-{key}{str(value).replace(',', '_')}" for key, value, default in (
+        ("f", args.fanouts, DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
         ("pat", args.patience, DEFAULT_PATIENCE)) if value != default)
     return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}{training}-seed{seed}"
 
