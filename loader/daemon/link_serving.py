@@ -23,8 +23,9 @@ from the other buffer and only the swapped-in ones are read (``megabatch_partiti
 epoch reads what MariusGNN's I/O model says: one logical partition per swap.
 
 A training job of several ranks (DDP) is served by the full-graph modes as the in-memory trainer deals it: epoch
-e's plan over global batches of ``batch_size`` x W positives, rank r's piece the r-th ``batch_size`` of each, sampled
-with ``link_rank_key`` (``sample_link_steps``), every batch published to its rank with the global batch's positives
+e's plan over global batches of ``batch_size`` x W positives, each dealt to the ranks in W contiguous, even pieces
+(``ranks.even_piece``: rank r's the r-th ``batch_size`` of a full one), sampled with ``link_rank_key``
+(``sample_link_steps``), every batch published to its rank with the global batch's positives
 (``BatchReady.global_seeds``) that scale its loss. The hierarchical mode deals its buffer states' batches the same
 way: each state's edges are cut into global batches, so every rank trains the same states in lockstep.
 
@@ -57,7 +58,7 @@ from loader.sampling.link_sampling import (
     sample_link_batch_by,
 )
 from loader.sampling.negative_weights import link_batch_weights
-from loader.sampling.ranks import SINGLE_RANK, LocalRanks
+from loader.sampling.ranks import SINGLE_RANK, LocalRanks, even_piece
 from loader.sampling.sampling import CSCGraph, SampledBatch, SampledPass
 from proto.held_pairs import HeldPairs
 from proto.messages import DatasetInfo
@@ -182,8 +183,8 @@ def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, f
                       partitions: PartitionTable | None = None) -> "LinkSteps":
     """A mega-batch's link batches over its subgraph ``graph`` (local ids; ``global_ids`` ascending: ascending
     partitions, no static node joined), as ``trainer/link/inmemory.py`` samples a buffer state's, bitwise: each
-    global batch of ``work`` dealt to ``local``'s ranks as the full-graph modes deal the shuffled order (rank r's
-    piece its positives ``[r * batch_size, (r + 1) * batch_size)``, keyed by ``link_rank_key``), step-major. A
+    global batch of ``work`` dealt to ``local``'s ranks as the full-graph modes deal the shuffled order (in even,
+    contiguous pieces, ``even_piece``, keyed by ``link_rank_key``), step-major. A
     buffer state's pairs carry their weights (``link.negative_weights``) over the dataset's ``partitions``."""
     weighted = work.pool and link.negative_weights
     if weighted and partitions is None:
@@ -199,7 +200,7 @@ def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, f
         begin, end = int(work.batch_ptr[k]), int(work.batch_ptr[k + 1])
         step = work.first_batch + k
         for index, rank in enumerate(local.ranks):
-            lo, hi = min(end, begin + rank * batch_size), min(end, begin + (rank + 1) * batch_size)
+            lo, hi = (begin + offset for offset in even_piece(end - begin, local.world_size, rank))
             batch = sample_link_batch(graph, src[lo:hi], dst[lo:hi], graph.num_nodes, fanouts,
                                       link_rank_key(seed, epoch, rank, step, int(work.keys[k])),
                                       negatives_per_positive=link.negatives, negative_pool=pool,
@@ -269,11 +270,12 @@ def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPla
                       seed: int = 0, epoch: int = 0) -> LinkSteps:
     """Global batches ``first:last`` of ``plan`` (over batches of ``batch_size`` x W positives, W the job's world size:
     ``batch_size`` is per rank) sampled through ``sample`` (a full-graph mode's: dataset ids are local ids) as
-    one pass: rank r's piece of a global batch is its positives ``[r * batch_size, (r + 1) * batch_size)``,
-    sampled with ``link_rank_key(seed, epoch, r, b, key)`` (the batch's own key for rank 0, so a lone trainer's
-    batches are the plan's), as ``LinkInMemorySource(rank=r, world_size=W)`` draws it. A rank whose piece is
-    empty gets an empty batch (DDP's all-reduce needs its step too). Batch by batch, since each has its own
-    seeds (a loop over batches, not nodes)."""
+    one pass: rank r's piece of a global batch is its r-th of W even, contiguous pieces (``even_piece``: positives
+    ``[r * batch_size, (r + 1) * batch_size)`` of a full one), sampled with ``link_rank_key(seed, epoch, r, b,
+    key)`` (the batch's own key for rank 0, so a lone trainer's batches are the plan's), as
+    ``LinkInMemorySource(rank=r, world_size=W)`` draws it. A rank whose piece is empty gets an empty batch (DDP's
+    all-reduce needs its step too). Batch by batch, since each has its own seeds (a loop over batches, not
+    nodes)."""
     hops = len(fanouts)
 
     def seeds_sampled(seeds: np.ndarray, key: int) -> SampledBatch:
@@ -285,7 +287,8 @@ def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPla
     for b in range(first, last):
         positions, key = plan.batch(b)
         for index, rank in enumerate(local.ranks):
-            piece = positions[rank * batch_size:(rank + 1) * batch_size]
+            lo, hi = even_piece(len(positions), local.world_size, rank)
+            piece = positions[lo:hi]
             batches.append(sample_link_batch_by(seeds_sampled, num_nodes, None, link.train_edges[0, piece],
                                                 link.train_edges[1, piece], num_nodes, hops,
                                                 link_rank_key(seed, epoch, rank, b, key),

@@ -138,7 +138,8 @@ def balanced_cuts(count: int, batch_size: int) -> np.ndarray:
 
     Why not full batches and a short last one: a state holds a few batches (Cora's 29 COMET states about 2.5
     of 64 pairs each), so a tail of a handful of pairs would be a tenth of the epoch's steps, each as large
-    an optimizer step as a full batch's on far fewer examples."""
+    an optimizer step as a full batch's on far fewer examples (the hierarchical node mode evens its mega-batches'
+    batches for the same reason, ``ranks.even_batch_size``)."""
     batches = -(-count // batch_size)
     if batches == 0:
         return np.zeros(1, dtype=np.int64)

@@ -38,7 +38,7 @@ from loader.sampling.sampling import (
 )
 
 __all__ = ["RankBatches", "LocalRanks", "SINGLE_RANK", "Pieces", "check_rank", "num_steps", "even_batch_size",
-           "piece_bounds", "rank_keys",
+           "piece_bounds", "even_piece", "rank_keys",
            "deal_epoch", "deal_eval", "deal_pieces", "piece_keys", "gather_pieces",
            "sample_pieces", "sample_pieces_with"]
 
@@ -88,6 +88,16 @@ def piece_bounds(num_seeds: int, batch_size: int, world_size: int, rank: int) ->
     size = share + (rank < extra)
     start = first + rank * share + np.minimum(rank, extra)
     return start, size
+
+
+def even_piece(count: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s piece of one global batch of ``count`` items, as (begin, end) offsets into it: contiguous
+    pieces in rank order, sizes differing by at most one, the larger first (``piece_bounds``' rule; a global
+    batch of W*b gives every rank b). The link task deals each of its global batches so: a buffer state's
+    batches are evened (``buffer_order.balanced_cuts``), so most of them are short of W*b."""
+    share, extra = divmod(count, world_size)
+    begin = rank * share + min(rank, extra)
+    return begin, begin + share + (rank < extra)
 
 
 def rank_keys(seed: int, epoch: int, rank: int, steps: int, first_step: int = 0) -> np.ndarray:

@@ -209,6 +209,7 @@ def test_one_rank_of_one_is_the_single_process_and_two_ranks_share_each_global_b
     for whole, first, second in zip(single.train_batches(0), *pieces, strict=True):
         assert first.global_positives == second.global_positives == whole.positives
         assert first.positives + second.positives == whole.positives
+        assert 0 <= first.positives - second.positives <= 1  # even pieces, the larger first (a short last batch too)
     # every training positive once an epoch, over both ranks (positives are the first B pairs of a batch)
     trained = [(int(b.graph.n_id[b.edge_label_index[0, i]]), int(b.graph.n_id[b.edge_label_index[1, i]]))
                for piece in pieces for b in piece for i in range(b.positives)]

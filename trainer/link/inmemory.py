@@ -53,7 +53,7 @@ from loader.sampling.link_sampling import (
     sample_link_batch,
 )
 from loader.sampling.negative_weights import link_batch_weights
-from loader.sampling.ranks import check_rank
+from loader.sampling.ranks import check_rank, even_piece
 from loader.sampling.sampling import CSCGraph, sample_pass
 from proto.errors import UserError
 from proto.held_pairs import HeldPairs
@@ -77,8 +77,9 @@ class LinkInMemorySource:
     as the node task's in-memory source; link_order: "shuffled" or a buffer order ("comet", "beta"), which
     needs buffer_partitions C (2 <= C < the dataset's partitions) and, for COMET, takes logical_partitions
     (None: MariusGNN's default). rank, world_size (default 0 of 1): this process's share under several
-    ranks: global training batches of ``batch_size`` x world_size positives, of which rank r trains the r-th
-    ``batch_size`` (an empty piece where a last batch is short; rank 0 of 1 is the single process exactly), in
+    ranks: global training batches of ``batch_size`` x world_size positives, of which rank r trains the r-th of
+    world_size even, contiguous pieces (``even_piece``: the r-th ``batch_size`` of a full batch; an empty piece
+    where a batch has fewer positives than ranks; rank 0 of 1 is the single process exactly), in
     a buffer order too: its states are cut into global batches, so every rank steps through the same states.
     negative_weights: weigh each negative of a buffer order by ``loader.sampling.negative_weights`` (its batches
     carry ``edge_weight``). A dataset that is not a link dataset, or whose link files do not fit its manifest,
@@ -180,7 +181,7 @@ class LinkInMemorySource:
             plan = buffer_plan(self.link_order, self.buffer.physical_partitions, self.buffer.capacity,
                                None if self.link_order == "beta" else self.buffer.logical_partitions, self.seed,
                                epoch)
-            # cut into global batches: rank r trains the r-th batch_size of each (_buffer_batches)
+            # cut into global batches: rank r trains the r-th even piece of each (_buffer_batches)
             self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size)
         return self._epoch
 
@@ -195,7 +196,8 @@ class LinkInMemorySource:
         for b in range(total):
             positions, key = plan.batch(b)
             whole = len(positions) if several else None
-            piece = positions[rank * size:(rank + 1) * size]  # all of it for a single process
+            lo, hi = even_piece(len(positions), self.world_size, rank)
+            piece = positions[lo:hi]  # all of it for a single process
             if not len(piece):
                 yield self._empty_link_batch(whole, total)  # DDP's all-reduce needs this rank's step too
                 continue
@@ -218,7 +220,7 @@ class LinkInMemorySource:
         """The states of the epoch's plan in order, each state's batches over the subgraph of its buffer: this
         rank's piece of each global batch, as the shuffled order deals them (``link_rank_key``)."""
         order = self.buffer_epoch(epoch)
-        size, rank, several = self.batch_size, self.rank, self.world_size > 1
+        rank, several = self.rank, self.world_size > 1
         for state in order.states:
             if not state.num_batches:  # a state that trains nothing builds no subgraph
                 continue
@@ -228,7 +230,7 @@ class LinkInMemorySource:
                 begin, end = int(state.batch_ptr[k]), int(state.batch_ptr[k + 1])
                 _, key = order.batches.batch(first + k)
                 whole = end - begin if several else None
-                lo, hi = min(end, begin + rank * size), min(end, begin + (rank + 1) * size)
+                lo, hi = (begin + offset for offset in even_piece(end - begin, self.world_size, rank))
                 if lo == hi:
                     yield self._empty_link_batch(whole, order.num_batches)  # DDP's all-reduce needs this step too
                     continue

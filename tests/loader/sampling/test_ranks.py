@@ -21,6 +21,7 @@ from loader.sampling.ranks import (
     deal_eval,
     deal_pieces,
     even_batch_size,
+    even_piece,
     num_steps,
     piece_bounds,
     piece_keys,
@@ -233,3 +234,22 @@ def test_an_even_batch_size_cuts_a_megabatch_into_equal_batches():
     assert even_batch_size(5174, 1024, 1) == 863  # 5 x 863 + 859, not 5 x 1024 + 54
     assert even_batch_size(5120, 1024, 1) == 1024 and even_batch_size(0, 1024, 1) == 1024
     assert even_batch_size(5174, 512, 2) == 432  # global batches of 864 over two ranks
+
+
+@PROPERTY
+@given(st.integers(0, 3000), st.integers(1, 9))
+def test_a_link_global_batch_is_dealt_in_even_contiguous_pieces(count, w):
+    pieces = [even_piece(count, w, r) for r in range(w)]
+    sizes = [hi - lo for lo, hi in pieces]
+    # plain reference: hand out the items one by one, round robin, then make each rank's share contiguous
+    share = [0] * w
+    for item in range(count):
+        share[item % w] += 1
+    assert sizes == share  # within one of each other, the larger first
+    assert pieces[0][0] == 0 and pieces[-1][1] == count
+    assert all(pieces[r][1] == pieces[r + 1][0] for r in range(w - 1))  # contiguous, in rank order
+    if count:  # the node task's rule for a global batch of at most W*b (its last step), with any b that fits
+        b = -(-count // w)
+        for r in range(w):
+            start, size = piece_bounds(count, b, w, r)
+            assert (int(start[0]), int(start[0] + size[0])) == pieces[r]
