@@ -407,10 +407,13 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
             log.info("source: %s (%d features, %d classes, %d hops, %d training nodes)", info.description,
                      info.num_features, info.num_classes, info.num_hops, info.train_nodes)
             if ranks.distributed:
+                import torch
+
                 from trainer.distributed import process_group
 
-                log.info("%d ranks (%s), %d seeds per rank and step; --dist-timeout %g s", ranks.world_size,
-                         "nccl" if device.type == "cuda" else "gloo", info.batch_size, args.dist_timeout)
+                log.info("%d ranks (%s), %d seeds per rank and step, %d threads per rank; --dist-timeout %g s",
+                         ranks.world_size, "nccl" if device.type == "cuda" else "gloo", info.batch_size,
+                         torch.get_num_threads(), args.dist_timeout)
             with contextlib.ExitStack() as group:
                 if ranks.distributed:
                     group.enter_context(process_group(ranks, device, args.dist_timeout))

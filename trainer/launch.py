@@ -7,6 +7,12 @@ errors. The launcher hosts the rendezvous store itself, on a loopback port the k
 is no window in which another program can take a "free" port; TORCHELASTIC_USE_AGENT_STORE tells
 the ranks' ``env://`` rendezvous to connect to it rather than start one, as torchrun's agent does.
 
+Threads: each rank gets ``OMP_NUM_THREADS`` = the cores this process may run on divided among the ranks (at
+least 1), as torchrun sets it to 1 for several ranks, unless the environment already sets it. Torch's intra-op
+pool otherwise starts a thread per core in every rank, and ranks that spin-wait for each other's cores
+oversubscribe them: three trainers of 2 threads on 2 cores ran an epoch 10x slower than one alone
+(docs/PERFORMANCE.md, "Link prediction").
+
 Re-executing under torchrun would need nothing of this, but torchrun reports a failed rank with a
 multi-line traceback of its own and keeps log directories; these hundred lines keep one line per
 failure and nothing on disk.
@@ -34,7 +40,7 @@ from types import FrameType
 
 from torch.distributed import TCPStore
 
-__all__ = ["STOP_GRACE_S", "launch", "exit_status"]
+__all__ = ["STOP_GRACE_S", "launch", "exit_status", "rank_threads"]
 
 STOP_GRACE_S = 30.0
 """After a rank failed: how long the others have to exit after SIGTERM before SIGKILL (torchrun's default)."""
@@ -67,12 +73,21 @@ def _how(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def rank_threads(environ: dict[str, str], nproc: int, cores: int) -> dict[str, str]:
+    """The ``OMP_NUM_THREADS`` a rank of ``nproc`` gets on ``cores`` cores: {} where ``environ`` sets it already
+    (the user's choice stands), else the cores shared evenly, at least one thread a rank."""
+    if "OMP_NUM_THREADS" in environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cores // nproc))}
+
+
 def launch(argv: Sequence[str], nproc: int, *, grace_s: float = STOP_GRACE_S) -> int:
     """Run ``python -m trainer *argv`` as ``nproc`` ranks and wait for them all; the exit status of the job
     (0 when every rank exited 0, else the first failed rank's)."""
     store = TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
     env = dict(os.environ, WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
+               MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
+               **rank_threads(dict(os.environ), nproc, len(os.sched_getaffinity(0))))
     # argparse keeps the last value of a repeated flag: each child is a rank of this job, not a launcher
     command = [sys.executable, "-m", "trainer", *argv, "--nproc-per-node", "1"]
     children: list[subprocess.Popen[bytes]] = []

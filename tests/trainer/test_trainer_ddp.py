@@ -20,7 +20,7 @@ from tests.graphs import DATASET_400_TRAIN_NODES
 from trainer.checkpoint import Checkpoint, capture_rng, load_checkpoint, save_checkpoint
 from trainer.cli import main
 from trainer.inmemory_source import InMemorySource
-from trainer.launch import exit_status
+from trainer.launch import exit_status, rank_threads
 from trainer.models import build_model
 from trainer.ranks import SINGLE, Ranks, ranks_from_env
 from trainer.scores import roc_auc
@@ -92,7 +92,10 @@ def test_nproc_per_node_trains_end_to_end_and_rank_0_alone_writes(launched):
     lines = run.stdout.strip().splitlines()
     assert [line.split("  ")[0] for line in lines[:2]] == ["epoch 1/2", "epoch 2/2"], lines
     assert len(lines) == 3 and lines[2].startswith("best val auc "), lines
-    assert "Traceback" not in run.stderr and "2 ranks (gloo), 25 seeds per rank and step" in run.stderr
+    # the launcher shares the cores among the ranks (trainer.launch.rank_threads) unless the user set the threads
+    threads = os.environ.get("OMP_NUM_THREADS") or max(1, len(os.sched_getaffinity(0)) // 2)
+    assert "Traceback" not in run.stderr
+    assert f"2 ranks (gloo), 25 seeds per rank and step, {threads} threads per rank" in run.stderr
     assert run.stderr.count("metric roc_auc (as requested") == 1  # rank 0 logs, the other is quiet
     assert sorted(p.name for p in out.iterdir()) == ["ck.pt", "result.json"]
     result = json.loads((out / "result.json").read_text())
@@ -220,6 +223,13 @@ def test_what_several_ranks_cannot_do_is_one_line(monkeypatch, capsys, env, args
     assert main(["--no-progress", *args]) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith(fragment), errors
+
+
+def test_the_launcher_shares_the_cores_among_the_ranks_unless_the_threads_are_set():
+    assert rank_threads({}, 2, 2) == {"OMP_NUM_THREADS": "1"}
+    assert rank_threads({}, 4, 16) == {"OMP_NUM_THREADS": "4"}
+    assert rank_threads({}, 3, 2) == {"OMP_NUM_THREADS": "1"}  # never 0
+    assert rank_threads({"OMP_NUM_THREADS": "8"}, 2, 2) == {}  # the user's choice stands
 
 
 def test_a_checkpoint_keeps_every_ranks_rng_and_refuses_a_mismatch(tmp_path):

@@ -32,6 +32,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
         from trainer.launch import launch
 
         return launch(argv, args.nproc_per_node)
+    import torch
+
     from trainer.cli import epoch_printer, report_result
     from trainer.distributed import process_group, training_device
     from trainer.link.inmemory import LinkInMemorySource
@@ -85,7 +87,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
             with contextlib.ExitStack() as group:
                 if ranks.distributed:
                     group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
-                    log.info("%d ranks, %d training positives per rank and step", ranks.world_size, per_rank)
+                    log.info("%d ranks, %d training positives per rank and step, %d threads per rank",
+                             ranks.world_size, per_rank, torch.get_num_threads())
                 result = train_link(source, cfg, progress=args.progress, progress_interval=args.progress_interval,
                                     metrics=metrics, control=control, ranks=ranks, log=epoch_printer(args))
         finally:
