@@ -10,8 +10,8 @@ the ranks' ``env://`` rendezvous to connect to it rather than start one, as torc
 Threads: each rank gets ``OMP_NUM_THREADS`` = the cores this process may run on divided among the ranks (at
 least 1), as torchrun sets it to 1 for several ranks, unless the environment already sets it. Torch's intra-op
 pool otherwise starts a thread per core in every rank, and ranks that spin-wait for each other's cores
-oversubscribe them: three trainers of 2 threads on 2 cores ran an epoch 10x slower than one alone
-(docs/PERFORMANCE.md, "Link prediction").
+oversubscribe them: three trainers of 2 threads on 2 cores (a test run beside them) took 10-13x one
+trainer's epoch seconds, where fair shares would cost about 4x (docs/DEPLOY.md).
 
 Re-executing under torchrun would need nothing of this, but torchrun reports a failed rank with a
 multi-line traceback of its own and keeps log directories; these hundred lines keep one line per
