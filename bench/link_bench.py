@@ -59,6 +59,7 @@ from pathlib import Path
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
+from trainer.link.options import DEFAULT_EMA, ema_decay
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
            "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
@@ -144,6 +145,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--patience", type=int, default=DEFAULT_PATIENCE)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--fanouts", default=DEFAULT_FANOUTS)
+    parser.add_argument("--ema", type=ema_decay, default=DEFAULT_EMA,
+                        help=f"the trainer's --ema (default its {DEFAULT_EMA}; 0: evaluate the last weights, as every "
+                             "run before 2026-11-28 did)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--reuse", action="store_true", help="read runs whose result is already in --work")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
@@ -168,10 +172,11 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     if order.startswith("comet") and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
     partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
-    # settings at their defaults add nothing, so the runs named before they were named stay reusable
+    # settings at their defaults add nothing, so the runs named before they were named stay reusable; those runs
+    # evaluated their last weights, so a moving average is named unless it is off
     training = "".join(f"-{key}{str(value).replace(',', '_')}" for key, value, default in (
         ("f", args.fanouts, DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
-        ("pat", args.patience, DEFAULT_PATIENCE)) if value != default)
+        ("pat", args.patience, DEFAULT_PATIENCE), ("ema", args.ema, 0.0)) if value != default)
     return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}{training}-seed{seed}"
 
 
@@ -193,7 +198,7 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
     program = [PY, str(ROOT / "bench" / "link_variants.py"), order] if variant else [PY, "-m", "trainer"]
     command = [*program, *source, "--task", "link", "--model", "sage", "--hidden", "128", "--decoder",
                "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
-               "--device", args.device, "--json-out", str(out), "--no-progress", "-q"]
+               "--device", args.device, "--ema", str(args.ema), "--json-out", str(out), "--no-progress", "-q"]
     if order not in ("shuffled", "daemon"):
         beta = order.startswith("beta")
         command += ["--link-order", "beta" if beta else "comet", "--buffer-partitions", str(args.buffer_partitions)]

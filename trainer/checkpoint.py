@@ -52,7 +52,8 @@ class Checkpoint:
     ``trainer.scores.METRICS`` name; default ``LEGACY_METRIC``, what older checkpoints mean).
     ``world_size``: the ranks that trained the run (default 1); ``rank_rng``: with several, every
     rank's RNG states in rank order (``rng`` is rank 0's), else None. ``task``: "node" (default) or
-    "link", the kind of run that wrote it (``check_task``).
+    "link", the kind of run that wrote it (``check_task``). ``averaged_state``: the state of the moving average
+    of the weights a link run evaluates (``torch.optim.swa_utils.AveragedModel``), None for a run without one.
     """
 
     epoch: int
@@ -67,13 +68,14 @@ class Checkpoint:
     world_size: int = 1
     rank_rng: list[dict[str, Any]] | None = None
     task: str = "node"
+    averaged_state: dict[str, Any] | None = None
 
     def payload(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": self.epoch,
                 "model_state": self.model_state, "optimizer_state": self.optimizer_state,
                 "signature": self.signature, "config": self.config, "progress": self.progress,
                 "history": self.history, "rng": self.rng, "metric": self.metric, "world_size": self.world_size,
-                "rank_rng": self.rank_rng, "task": self.task}
+                "rank_rng": self.rank_rng, "task": self.task, "averaged_state": self.averaged_state}
 
 
 def capture_rng() -> dict[str, Any]:
@@ -149,8 +151,12 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     if not isinstance(world_size, int) or world_size < 1 or not (
             rank_rng is None or (isinstance(rank_rng, list) and len(rank_rng) == world_size)):
         raise UserError(f"{path}: corrupt checkpoint (world_size {world_size!r} and its per-rank RNG states)")
+    # averaged_state came with weight averaging, without a version bump: an older file has none
+    averaged = data.get("averaged_state")
+    if averaged is not None and not isinstance(averaged, dict):
+        raise UserError(f"{path}: corrupt checkpoint (averaged_state is a {type(averaged).__name__})")
     return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric, world_size=world_size, rank_rng=rank_rng,
-                      task=task)
+                      task=task, averaged_state=averaged)
 
 
 def check_task(path: Path | str, checkpoint: Checkpoint, task: str) -> None:

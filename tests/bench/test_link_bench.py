@@ -46,13 +46,16 @@ def test_defaults_and_commands():
     names = {run_stem("cora", order, 0, parse_args(extra)) for order in ("shuffled", "comet", "beta")
              for extra in ([], ["--buffer-partitions", "4"], ["--logical-partitions", "16"])}
     # shuffled does not depend on the buffer, nor beta on L: 1 + 3 + 2
-    assert names == {"cora-p32-shuffled-b256-seed0", "cora-p32-comet-c8-b256-seed0", "cora-p32-comet-c4-b256-seed0",
-                     "cora-p32-comet-c8-l16-b256-seed0", "cora-p32-beta-c8-b256-seed0", "cora-p32-beta-c4-b256-seed0"}
+    assert names == {f"cora-p32-{run}-b256-ema0.99-seed0" for run in (
+        "shuffled", "comet-c8", "comet-c4", "comet-c8-l16", "beta-c8", "beta-c4")}
     # a run of other epochs, patience or fanouts is another run (a 2-epoch smoke run is no 100-epoch run)
-    assert run_stem("cora", "shuffled", 0, parse_args(["--max-epochs", "2", "--patience", "5", "--fanouts", "5,5"])) \
-        == "cora-p32-shuffled-b256-f5_5-e2-pat5-seed0"
+    assert run_stem("cora", "shuffled", 0, parse_args(["--max-epochs", "2", "--patience", "5", "--fanouts", "5,5",
+                                                       "--ema", "0"])) == "cora-p32-shuffled-b256-f5_5-e2-pat5-seed0"
+    # the trainer's moving average of the weights (its default) is named: the runs before it evaluated the last ones
+    assert run_stem("cora", "shuffled", 0, args) == "cora-p32-shuffled-b256-ema0.99-seed0"
+    assert shuffled[shuffled.index("--ema") + 1] == "0.99"
     random = parse_args(["--partitioner", "random"])
-    assert run_stem("cora", "comet", 0, random) == "cora-p32-random-comet-c8-b256-seed0"
+    assert run_stem("cora", "comet", 0, random) == "cora-p32-random-comet-c8-b256-ema0.99-seed0"
 
 
 @pytest.mark.parametrize("argv, message", [(["--orders", "comet,marius"], "unknown marius"),

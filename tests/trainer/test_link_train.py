@@ -181,6 +181,9 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
      "--micro-batches, --aggregation-cache: node-classification options so far (not --task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet", "--buffer-partitions", "0"],
      "--buffer-partitions"),
+    (["--mode", "inmemory", "--dataset", "x", "--ema", "0.9"], "--ema: link-prediction options (--task link)"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--ema", "1"], "expected a number in [0, 1), got 1"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--ema", "fast"], "expected a number in [0, 1)"),
 ])
 def test_bad_link_arguments_are_one_line(capsys, args, fragment):
     with pytest.raises(SystemExit) as exited:
@@ -449,3 +452,36 @@ def test_a_buffer_orders_negatives_carry_their_weights_and_weigh_the_loss(link_d
         assert result["config"]["negative_weights"] is (flag == "--negative-weights")
         losses[flag] = result["epochs"][0]["loss"]
     assert losses["--negative-weights"] != losses["--no-negative-weights"]
+
+
+def test_evaluation_runs_the_moving_average_of_the_weights(link_dataset, tmp_path, capsys):
+    """The default --ema: every step updates the average, evaluation and the returned model are the average's, a
+    checkpoint keeps it and a resume must keep averaging (or not) as the checkpointed run did."""
+    from trainer.link.loop import train_link
+    from trainer.link.options import DEFAULT_EMA
+    from trainer.link.records import LinkConfig
+    from trainer.records import TrainConfig
+
+    dataset = open_dataset(link_dataset)
+
+    def run(ema: float):
+        source = LinkInMemorySource(dataset, batch_size=64, seed=3, fanouts=(3, 3))
+        cfg = LinkConfig(TrainConfig(hidden=16, epochs=2, seed=5, device="cpu"), ema=ema)
+        return train_link(source, cfg)
+
+    averaged, last = run(DEFAULT_EMA), run(0.0)
+    # the same steps: the live weights agree, the evaluated ones are the average's, a mix of every step's
+    assert [r.loss for r in averaged.epochs] == [r.loss for r in last.epochs]
+    assert averaged.epochs[-1].val != last.epochs[-1].val
+    assert not all(torch.equal(a, b) for a, b in zip(averaged.model.state_dict().values(),
+                                                     last.model.state_dict().values(), strict=True))
+    assert json.loads(json.dumps(averaged.to_json()))["config"]["ema"] == DEFAULT_EMA
+    # a checkpoint keeps the average; resuming it without one (or the other way round) is one line
+    with_average, without = tmp_path / "a.pt", tmp_path / "b.pt"
+    assert in_process(capsys, *link_args(link_dataset, "--epochs", 1, "--checkpoint", with_average))[0] == 0
+    assert in_process(capsys, *link_args(link_dataset, "--epochs", 1, "--ema", 0, "--checkpoint", without))[0] == 0
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--epochs", 2, "--ema", 0, "--checkpoint",
+                                                 with_average, "--resume"))
+    assert code == 1 and len(err) == 1 and "checkpointed with a moving average of its weights" in err[0], err
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--epochs", 2, "--checkpoint", without, "--resume"))
+    assert code == 1 and len(err) == 1 and "checkpointed without a moving average" in err[0], err

@@ -28,10 +28,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from proto.errors import UserError
 from trainer.checkpoint import (
@@ -87,6 +88,11 @@ class _LinkRun:
         self.train_model = data_parallel(self.model, ranks, self.device)
         """What training steps call: the model, or its DDP wrapper under several ranks (evaluation calls the model)."""
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+        self.averaged = None if not cfg.ema else AveragedModel(
+            self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
+        """The moving average of the weights after each step (``cfg.ema``), what evaluation runs and the run returns:
+        the last weights of a buffer order lean towards the partitions its last states held, and the average over
+        about an epoch's steps does not (docs/PERFORMANCE.md measures it)."""
         self.signature: dict[str, Any] = {"task": "link", "model": train.model, "in_dim": source.num_features,
                                           "hidden": train.hidden, "num_layers": source.num_hops,
                                           "decoder": cfg.decoder}
@@ -117,9 +123,15 @@ class _LinkRun:
         check_task(path, ckpt, "link")
         check_compatible(path, ckpt, self.signature)
         check_metric(path, ckpt, self.cfg.metric)
+        if (ckpt.averaged_state is None) != (self.averaged is None):
+            had = "without" if ckpt.averaged_state is None else "with"
+            raise UserError(f"{path}: the run was checkpointed {had} a moving average of its weights; resume it "
+                            f"{had} one (--ema {'0' if had == 'without' else 'DECAY'})")
         try:
             self.model.load_state_dict(ckpt.model_state)
             self.optimizer.load_state_dict(ckpt.optimizer_state)
+            if self.averaged is not None:
+                self.averaged.load_state_dict(cast(dict[str, Any], ckpt.averaged_state))
             history = [LinkEpochRecord(**record) for record in ckpt.history]
             progress = ckpt.progress
             result = self.result
@@ -207,20 +219,28 @@ class _LinkRun:
             loss = summed * (self.ranks.world_size / max(1, pairs_global))
         loss.backward()
         self.optimizer.step()
+        if self.averaged is not None:
+            self.averaged.update_parameters(self.model)
         # .item() also waits for the GPU: the step's time is whole
         summed_loss = summed.item() if summed is not None else loss.item() * labelled
         return summed_loss, labelled, waited, time.perf_counter() - step_started
 
+    @property
+    def evaluated_model(self) -> LinkModel:
+        """What evaluation runs and the run returns: the weights' moving average, or the weights."""
+        return self.model if self.averaged is None else cast(LinkModel, self.averaged.module)
+
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Every ``LINK_METRICS`` score of ``split``: embed its nodes, score each positive and its negatives."""
-        self.model.eval()
+        model = self.evaluated_model
+        model.eval()
         hidden = self.cfg.train.hidden
         parts: list[torch.Tensor] = []
         for host in self.source.eval_batches(split):
             try:
                 batch = host.to(self.device)
-                parts.append(self.model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                parts.append(model.embed(batch.x, batch.edge_index, batch.num_sampled_nodes,
                                               batch.num_sampled_edges))
             finally:
                 host.release()  # the embedding is the model's own tensor: the slot's views are read
@@ -233,13 +253,13 @@ class _LinkRun:
         src = torch.from_numpy(held.src).to(self.device)
         dst = torch.from_numpy(held.dst).to(self.device)
         tails = torch.from_numpy(held.tails).to(self.device)
-        pos = self.model.decode(embeddings[src], embeddings[dst])
+        pos = model.decode(embeddings[src], embeddings[dst])
         k = tails.shape[1]
         neg = torch.empty((len(src), k), dtype=torch.float32, device=self.device)
         rows = max(1, EVAL_PAIR_CELLS // max(1, k * hidden))
         for start in range(0, len(src), rows):
             h_src = embeddings[src[start:start + rows]].unsqueeze(1)  # (r, 1, hidden): broadcast over the K tails
-            neg[start:start + rows] = self.model.decode(h_src, embeddings[tails[start:start + rows]])
+            neg[start:start + rows] = model.decode(h_src, embeddings[tails[start:start + rows]])
         return link_scores(pos.cpu().numpy(), neg.cpu().numpy())
 
     def run_epoch(self, epoch: int) -> bool:
@@ -295,7 +315,7 @@ class _LinkRun:
             epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
             signature=self.signature, config=self.cfg.to_json(), progress=progress,
             history=[asdict(record) for record in result.epochs], rng=capture_rng(), metric=self.metric,
-            task="link"))
+            task="link", averaged_state=None if self.averaged is None else self.averaged.state_dict()))
         self.control.checkpoint_epoch, self.control.writing = epoch, None
 
 
@@ -316,7 +336,7 @@ def train_link(source: LinkSource, cfg: LinkConfig, *, progress: bool = False,
         run.resume()
         if run.result.stopped_early:
             run.log(f"the checkpointed run had stopped early after epoch {run.next_epoch - 1}; nothing to do")
-            run.result.model = run.model
+            run.result.model = run.evaluated_model
             return run.result
     for epoch in range(run.next_epoch, cfg.train.epochs + 1):
         if run.peers.any(control.requested):
@@ -324,5 +344,5 @@ def train_link(source: LinkSource, cfg: LinkConfig, *, progress: bool = False,
             break
         if run.run_epoch(epoch):
             break
-    run.result.model = run.model
+    run.result.model = run.evaluated_model
     return run.result

@@ -12,8 +12,8 @@ from proto.cli_types import positive_int
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
-__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "add_arguments", "check_arguments",
-           "DAEMON_REFUSAL"]
+__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EMA", "add_arguments",
+           "check_arguments", "ema_decay", "DAEMON_REFUSAL"]
 
 TASKS = ("node", "link")
 DECODERS = ("dot", "mlp")
@@ -22,6 +22,23 @@ LINK_ORDERS = ("shuffled", "comet", "beta")
 
 ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name not in METRIC_CHOICES))
 """What ``--metric`` accepts: the node task's choices, then the link task's that are not among them."""
+
+DEFAULT_EMA = 0.99
+"""``--ema``'s default for link prediction: evaluate an exponential moving average of the weights, whose time
+constant (1 / (1 - decay) = 100 steps) is about an epoch of Cora's batches of 64 (docs/PERFORMANCE.md measures
+it: about 2 MRR points in memory, in the shuffled order and the buffer orders)."""
+
+
+def ema_decay(text: str) -> float:
+    """``--ema DECAY``: 0 (off) or a decay in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
 
 DAEMON_REFUSAL = ("not with --task link through the daemon (its [link] config sets the negatives and disjoint; it "
                   "trains the shuffled order, without a trainer feature cache)")
@@ -51,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="--link-order comet|beta: weigh each negative so that the pair's own partitions, always "
                            "resident with it, weigh among its negatives what they would among uniform draws "
                            "(loader/sampling/negative_weights.py; default on)")
+    link.add_argument("--ema", type=ema_decay, default=None, metavar="DECAY",
+                      help="evaluate (and keep as the trained model) an exponential moving average of the weights, "
+                           "updated after every step with this decay; 0 evaluates the last weights (default "
+                           f"{DEFAULT_EMA}, about an epoch of steps at batch 64 on the small shared graphs)")
     link.add_argument("--logical-partitions", type=positive_int, default=None, metavar="L",
                       help="--link-order comet: logical partitions the physical ones are grouped into each epoch "
                            "(default MariusGNN's 2P/C, rounded so that two fit the buffer)")
@@ -64,7 +85,8 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                                           ("--disjoint", args.disjoint), ("--link-order", args.link_order),
                                           ("--buffer-partitions", args.buffer_partitions),
                                           ("--logical-partitions", args.logical_partitions),
-                                          ("--negative-weights", args.negative_weights)) if value is not None]
+                                          ("--negative-weights", args.negative_weights),
+                                          ("--ema", args.ema)) if value is not None]
         if given:
             error(f"{', '.join(given)}: link-prediction options (--task link)")
         if args.metric not in METRIC_CHOICES:

@@ -31,8 +31,9 @@ class LinkConfig:
     positive, default 1), disjoint (drop a batch's positive edges from its message passing, default False),
     metric (a ``LINK_METRIC_CHOICES`` name; "auto", the default, is mrr) and the training order: link_order
     ("shuffled", the default, or the buffer orders "comet" and "beta"), buffer_partitions and
-    logical_partitions as given (None: not given; the source checks them against the dataset), and
-    negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``)."""
+    logical_partitions as given (None: not given; the source checks them against the dataset),
+    negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``), and ema (the
+    decay of the moving average of the weights that evaluation uses; 0: the last weights)."""
 
     train: TrainConfig
     decoder: str = "dot"
@@ -43,6 +44,7 @@ class LinkConfig:
     buffer_partitions: int | None = None
     logical_partitions: int | None = None
     negative_weights: bool = False
+    ema: float = 0.0
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -51,6 +53,8 @@ class LinkConfig:
             raise UserError(f"negatives must be positive, got {self.negatives}")
         if self.link_order not in LINK_ORDERS:
             raise UserError(f"link order must be one of {', '.join(LINK_ORDERS)}, got {self.link_order!r}")
+        if not 0.0 <= self.ema < 1.0:
+            raise UserError(f"ema must be in [0, 1), got {self.ema}")
         if self.metric not in LINK_METRIC_CHOICES:
             raise UserError(f"a link-prediction metric must be one of {', '.join(LINK_METRIC_CHOICES)}, "
                             f"got {self.metric!r}")
@@ -59,7 +63,7 @@ class LinkConfig:
         return {**self.train.to_json(), "task": "link", "decoder": self.decoder, "negatives": self.negatives,
                 "disjoint": self.disjoint, "metric": self.metric, "link_order": self.link_order,
                 "buffer_partitions": self.buffer_partitions, "logical_partitions": self.logical_partitions,
-                "negative_weights": self.negative_weights}
+                "negative_weights": self.negative_weights, "ema": self.ema}
 
 
 def _json_float(value: float | None) -> float | None:
@@ -129,7 +133,8 @@ class LinkResult:
     buffer: dict[str, object] | None = None
     """A buffer order's settings as resolved (``BufferSettings.to_json``); None when shuffled."""
     model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
-    """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
+    """The trained model (on the training device): the moving average of the weights that evaluation ran
+    (``LinkConfig.ema``), or the last epoch's weights; not part of ``to_json``."""
 
     def to_json(self) -> dict[str, Any]:
         return {"task": "link", "config": self.config.to_json(), "device": self.device, "source": self.source,

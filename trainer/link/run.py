@@ -38,6 +38,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     from trainer.distributed import process_group, training_device
     from trainer.link.inmemory import LinkInMemorySource
     from trainer.link.loop import train_link
+    from trainer.link.options import DEFAULT_EMA
     from trainer.link.records import LinkConfig
     from trainer.link.source import LinkSource
     from trainer.metrics import TrainerMetrics
@@ -63,7 +64,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=negatives, disjoint=disjoint,
                      metric=args.metric, link_order=args.link_order or "shuffled",
                      buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions,
-                     negative_weights=args.link_order not in (None, "shuffled") and args.negative_weights is not False)
+                     negative_weights=args.link_order not in (None, "shuffled") and args.negative_weights is not False,
+                     ema=DEFAULT_EMA if args.ema is None else args.ema)
     if dataset is not None:
         assert sampler is not None
         source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
