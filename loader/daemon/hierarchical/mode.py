@@ -23,7 +23,7 @@ from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pip
 from loader.daemon.hierarchical.reader import PartitionReader
 from loader.daemon.hierarchical.schedule import train_label_counts
 from loader.daemon.hierarchical.swap_schedule import swap_refusal
-from loader.daemon.link_serving import LINK_PASS_BATCHES, check_buffer
+from loader.daemon.link_serving import LINK_PASS_BATCHES, buffer_order_warning, check_buffer
 from loader.daemon.mode import ModeSetup, TrainingMode
 from loader.daemon.read_metrics import STARTUP
 from loader.daemon.resident import ResidentData
@@ -165,6 +165,9 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
         problem = check_buffer(setup.serving.link, m.num_partitions, plan.buffer.partitions)
         if problem is not None:
             raise UserError(problem)
+        warning = buffer_order_warning(setup.serving.link, m.num_partitions, plan.buffer.partitions)
+        if warning is not None:
+            log.warning("%s", warning)
     elif cfg.hierarchy.static_cache is None:
         ranked = static.by_degree()
         plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],

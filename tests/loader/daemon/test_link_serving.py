@@ -3,6 +3,7 @@ in-memory reference's (``sample_link_batch`` over the whole graph), bitwise; eva
 held-out nodes in order and carry every held-out positive once; what cannot serve a link dataset is refused in
 one line."""
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -282,3 +283,15 @@ def test_link_config_table_is_checked():
                           ({"order": "beta", "logical_partitions": 4}, "BETA swaps physical partitions")):
         with pytest.raises(UserError, match=fragment):
             config_from_mapping({**base, "link": bad})
+
+
+@pytest.mark.parametrize("fraction, warned", [(0.5, True), (1.0, False)])
+def test_a_buffer_order_warns_at_startup_that_it_costs_accuracy(link_ds, tmp_path, caplog, fraction, warned):
+    path, _, _ = link_ds
+    config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": fraction})
+    with caplog.at_level(logging.WARNING, logger="megabatch"), running_daemon(config):
+        pass
+    lines = [r.getMessage() for r in caplog.records if "compare with mode exact" in r.getMessage()]
+    assert len(lines) == (1 if warned else 0), lines
+    if warned:
+        assert lines[0].startswith("link order comet with a buffer of 4 of 8 partitions: it cost")
