@@ -35,7 +35,7 @@ import numpy as np
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
-from loader.sampling.buffer_order import BufferEpoch, BufferState, buffer_epoch, buffer_plan
+from loader.sampling.buffer_order import BufferState
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
 from loader.sampling.link_sampling import SampledLinkBatch
 from loader.sampling.negative_weights import buffer_negative_weights
@@ -126,16 +126,7 @@ class SourceWeightedNegatives(inmemory.LinkInMemorySource):
 class TailBatches(inmemory.LinkInMemorySource):
     """COMET with each state cut into full batches and a short last one."""
 
-    def buffer_epoch(self, epoch: int) -> BufferEpoch:
-        if self.buffer is None:
-            raise ValueError("a shuffled run has no buffer order")
-        if self._epoch is None or self._epoch.plan.epoch != epoch:
-            plan = buffer_plan(self.link_order, self.buffer.physical_partitions, self.buffer.capacity,
-                               None if self.link_order == "beta" else self.buffer.logical_partitions, self.seed,
-                               epoch)
-            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size,
-                                       balanced=False)
-        return self._epoch
+    balanced_batches = False
 
 
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {

@@ -189,7 +189,7 @@ def check_buffer(link: LinkServing, num_partitions: int, capacity: int) -> str |
 
 
 def sample_link_state(graph: CSCGraph, link: LinkServing, work: LinkStateWork, fanouts: tuple[int, ...],
-                      batch_size: int, local: LocalRanks = SINGLE_RANK, seed: int = 0, epoch: int = 0,
+                      local: LocalRanks = SINGLE_RANK, seed: int = 0, epoch: int = 0,
                       partitions: PartitionTable | None = None) -> "LinkSteps":
     """A mega-batch's link batches over its subgraph ``graph`` (local ids; ``global_ids`` ascending: ascending
     partitions, no static node joined), as ``trainer/link/inmemory.py`` samples a buffer state's, bitwise: each
@@ -276,16 +276,16 @@ class LinkSteps:
 
 
 def sample_link_steps(sample: PassSampler, link: LinkServing, plan: LinkEpochPlan, first: int, last: int,
-                      num_nodes: int, fanouts: tuple[int, ...], batch_size: int, local: LocalRanks = SINGLE_RANK,
+                      num_nodes: int, fanouts: tuple[int, ...], local: LocalRanks = SINGLE_RANK,
                       seed: int = 0, epoch: int = 0) -> LinkSteps:
-    """Global batches ``first:last`` of ``plan`` (over batches of ``batch_size`` x W positives, W the job's world size:
-    ``batch_size`` is per rank) sampled through ``sample`` (a full-graph mode's: dataset ids are local ids) as
-    one pass: rank r's piece of a global batch is its r-th of W even, contiguous pieces (``even_piece``: positives
-    ``[r * batch_size, (r + 1) * batch_size)`` of a full one), sampled with ``link_rank_key(seed, epoch, r, b,
-    key)`` (the batch's own key for rank 0, so a lone trainer's batches are the plan's), as
-    ``LinkInMemorySource(rank=r, world_size=W)`` draws it. A rank whose piece is empty gets an empty batch (DDP's
-    all-reduce needs its step too). Batch by batch, since each has its own seeds (a loop over batches, not
-    nodes)."""
+    """Global batches ``first:last`` of ``plan`` (over batches of ``batch_size`` x W positives, W the job's world
+    size, ``batch_size`` per rank: the plan's cut) sampled through ``sample`` (a full-graph mode's: dataset ids are
+    local ids) as one pass: rank r's piece of a global batch is its r-th of W even, contiguous pieces
+    (``even_piece``: positives ``[r * batch_size, (r + 1) * batch_size)`` of a full one), sampled with
+    ``link_rank_key(seed, epoch, r, b, key)`` (the batch's own key for rank 0, so a lone trainer's batches are the
+    plan's), as ``LinkInMemorySource(rank=r, world_size=W)`` draws it. A rank whose piece is empty gets an empty
+    batch (DDP's all-reduce needs its step too). Batch by batch, since each has its own seeds (a loop over
+    batches, not nodes)."""
     hops = len(fanouts)
 
     def seeds_sampled(seeds: np.ndarray, key: int) -> SampledBatch:

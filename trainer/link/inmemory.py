@@ -86,6 +86,10 @@ class LinkInMemorySource:
     and a buffer the dataset's partitions do not allow, are UserErrors.
     """
 
+    balanced_batches = True
+    """``buffer_epoch(balanced=...)``: each state cut into even batches (bench/link_variants.py's
+    ``comet-tail-batches`` turns it off to measure the cut it replaced)."""
+
     def __init__(self, dataset: Dataset, *, batch_size: int = 1024, negatives: int = 1, disjoint: bool = False,
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
                  eval_batch_size: int = 1024, seed: int = 0, link_order: str = "shuffled",
@@ -182,7 +186,8 @@ class LinkInMemorySource:
                                None if self.link_order == "beta" else self.buffer.logical_partitions, self.seed,
                                epoch)
             # cut into global batches: rank r trains the r-th even piece of each (_buffer_batches)
-            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size)
+            self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size,
+                                       balanced=self.balanced_batches)
         return self._epoch
 
     def train_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:

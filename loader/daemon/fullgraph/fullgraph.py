@@ -166,8 +166,7 @@ async def _link_sampler(ctx: ServingContext, mode: FullGraphMode, start_epoch: i
             last = min(total, first + steps)
             await tokens.acquire()  # given back by the publisher once the superbatch's last batch is out
             done = await run_timed(ctx.cpu_pool, ctx.metrics, "sampler", sample_link_steps, mode.sample, link, plan,
-                                   first, last, num_nodes, cfg.sampled_fanouts, cfg.batch_size, local, cfg.seed,
-                                   epoch)
+                                   first, last, num_nodes, cfg.sampled_fanouts, local, cfg.seed, epoch)
             await out.put(SampledSuperbatch(epoch, first, total, done.sampled, done.member, done.global_size,
                                             done.labels))
         await out.put(EpochDone(epoch, total, 1))

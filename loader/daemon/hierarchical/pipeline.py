@@ -265,7 +265,7 @@ async def _sampler(ctx: PipelineContext, start_epoch: int, local: LocalRanks, re
                 chunk = work.chunk(begin, min(work.num_batches, begin + steps))
                 last = begin + steps >= work.num_batches
                 link_steps = await _timed(ctx, "sampler", sample_link_state, mb.graph, ctx.link, chunk,
-                                          cfg.sampler.sampled_fanouts, batch_size, local, cfg.sampler.seed, epoch,
+                                          cfg.sampler.sampled_fanouts, local, cfg.sampler.seed, epoch,
                                           ctx.resident.partitions)
                 await output.put(SampledWork(source=dataclasses.replace(source, link_labels=link_steps.labels),
                                              release=functools.partial(release, mb.buffer) if last else None,
