@@ -60,6 +60,7 @@ if not __package__:  # run as python bench/x.py: bench/harness.py puts the repos
     import harness  # noqa: F401
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
 from trainer.link.options import DEFAULT_EMA, ema_decay
+from trainer.records import TrainConfig
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
            "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
@@ -83,6 +84,8 @@ ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *VARIANT_ORDERS)
 """Every order ``--orders`` takes; the unweighted and variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
 DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, DEFAULT_FANOUTS = 100, 10, "10,5"
+DEFAULT_LR = TrainConfig.lr
+"""The trainer's Adam learning rate, the bench's default: run names carry ``--lr`` only when it differs."""
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
@@ -148,6 +151,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ema", type=ema_decay, default=DEFAULT_EMA,
                         help=f"the trainer's --ema (default its {DEFAULT_EMA}; 0: evaluate the last weights, as every "
                              "run before 2026-11-28 did)")
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR,
+                        help=f"the trainer's --lr, for every order (default its {DEFAULT_LR})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--reuse", action="store_true", help="read runs whose result is already in --work")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
@@ -159,6 +164,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.orders) - set(ORDERS))
     if unknown:
         parser.error(f"--orders: unknown {', '.join(unknown)} (choose from {', '.join(ORDERS)})")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        parser.error(f"--lr {args.lr}: need a positive number")
     if args.buffer_partitions is None:
         args.buffer_partitions = max(2, args.partitions // 4)
     if not 2 <= args.buffer_partitions < args.partitions:
@@ -176,7 +183,8 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     # evaluated their last weights, so a moving average is named unless it is off
     training = "".join(f"-{key}{str(value).replace(',', '_')}" for key, value, default in (
         ("f", args.fanouts, DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
-        ("pat", args.patience, DEFAULT_PATIENCE), ("ema", args.ema, 0.0)) if value != default)
+        ("pat", args.patience, DEFAULT_PATIENCE), ("lr", args.lr, DEFAULT_LR), ("ema", args.ema, 0.0))
+        if value != default)
     return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}{training}-seed{seed}"
 
 
@@ -198,7 +206,8 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
     program = [PY, str(ROOT / "bench" / "link_variants.py"), order] if variant else [PY, "-m", "trainer"]
     command = [*program, *source, "--task", "link", "--model", "sage", "--hidden", "128", "--decoder",
                "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
-               "--device", args.device, "--ema", str(args.ema), "--json-out", str(out), "--no-progress", "-q"]
+               "--lr", str(args.lr), "--device", args.device, "--ema", str(args.ema), "--json-out", str(out),
+               "--no-progress", "-q"]
     if order not in ("shuffled", "daemon"):
         beta = order.startswith("beta")
         command += ["--link-order", "beta" if beta else "comet", "--buffer-partitions", str(args.buffer_partitions)]
@@ -362,8 +371,9 @@ def write_outputs(stem: str, sections: list[str], payload: dict[str, object], ar
               f"seeds {args.seeds}, "
               f"max {args.max_epochs} epochs, patience {args.patience} (validation MRR), {args.partitions} METIS "
               f"partitions, GraphSAGE hidden 128, MLP decoder, batch {args.batch_size}, fanouts {args.fanouts}, "
-              f"device {args.device}; test scores at the best validation epoch, each held-out positive ranked among "
-              f"its 100 fixed negative tails; `bench/link_bench.py`.\n\n")
+              f"lr {args.lr}, moving average {args.ema or 'off'}, device {args.device}; test scores at the best "
+              f"validation epoch, each held-out positive ranked among its 100 fixed negative tails; "
+              f"`bench/link_bench.py`.\n\n")
     (RESULTS / f"{stem}.md").write_text(header + "\n".join(sections))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     (RESULTS / f"{stem}.json").write_text(json.dumps({"args": settings, "machine": machine, **payload}, indent=2))

@@ -54,12 +54,19 @@ def test_defaults_and_commands():
     # the trainer's moving average of the weights (its default) is named: the runs before it evaluated the last ones
     assert run_stem("cora", "shuffled", 0, args) == "cora-p32-shuffled-b256-ema0.99-seed0"
     assert shuffled[shuffled.index("--ema") + 1] == "0.99"
+    # and so is a learning rate other than the trainer's, which every order's command passes
+    slow = parse_args(["--lr", "0.0003"])
+    assert run_stem("cora", "comet", 0, slow) == "cora-p32-comet-c8-b256-lr0.0003-ema0.99-seed0"
+    assert shuffled[shuffled.index("--lr") + 1] == "0.003"
+    comet = train_command(Path("/ds"), "comet", 1, out, slow)
+    assert comet[comet.index("--lr") + 1] == "0.0003"
     random = parse_args(["--partitioner", "random"])
     assert run_stem("cora", "comet", 0, random) == "cora-p32-random-comet-c8-b256-ema0.99-seed0"
 
 
 @pytest.mark.parametrize("argv, message", [(["--orders", "comet,marius"], "unknown marius"),
-                                           (["--buffer-partitions", "32"], "need 2 <= C < --partitions 32")])
+                                           (["--buffer-partitions", "32"], "need 2 <= C < --partitions 32"),
+                                           (["--lr", "0"], "--lr 0.0: need a positive number")])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
