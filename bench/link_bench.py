@@ -21,9 +21,10 @@ early stopping on validation MRR (``--patience`` 10):
 
     python -m trainer --mode inmemory --dataset DS --task link --model sage --hidden 128 --decoder mlp
         --batch-size 256 --fanouts 10,5 --sampler-seed S --seed S --epochs MAX --patience PAT
-        --json-out OUT --no-progress -q [--link-order comet|beta --buffer-partitions C]
+        --lr LR --ema DECAY --json-out OUT --no-progress -q [--link-order comet|beta --buffer-partitions C]
 
-with C = ``--buffer-partitions`` (default P/4) and COMET's logical partitions MariusGNN's default
+with LR = ``--lr`` and DECAY = ``--ema`` (default the trainer's for ``--task link``), C = ``--buffer-partitions``
+(default P/4) and COMET's logical partitions MariusGNN's default
 (``--logical-partitions`` passes its own).
 
 Reported per graph (bench/results/link-<graphs>[-tag].{md,json}): per order the test MRR, Hits@10 and
@@ -59,8 +60,7 @@ from pathlib import Path
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
-from trainer.link.options import DEFAULT_EMA, ema_decay
-from trainer.records import TrainConfig
+from trainer.link.options import DEFAULT_EMA, DEFAULT_LINK_LR, ema_decay
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
            "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
@@ -84,8 +84,10 @@ ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *VARIANT_ORDERS)
 """Every order ``--orders`` takes; the unweighted and variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
 DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, DEFAULT_FANOUTS = 100, 10, "10,5"
-DEFAULT_LR = TrainConfig.lr
-"""The trainer's Adam learning rate, the bench's default: run names carry ``--lr`` only when it differs."""
+UNNAMED_LR = 0.003
+"""The learning rate of runs whose names carry no ``-lr``: every run before the link task got its own default
+(``DEFAULT_LINK_LR``, 2026-11-29) trained at the trainer's 0.003 and was named without it; a run at any other lr
+is named with it, so --reuse never mistakes one for the other."""
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
@@ -151,8 +153,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ema", type=ema_decay, default=DEFAULT_EMA,
                         help=f"the trainer's --ema (default its {DEFAULT_EMA}; 0: evaluate the last weights, as every "
                              "run before 2026-11-28 did)")
-    parser.add_argument("--lr", type=float, default=DEFAULT_LR,
-                        help=f"the trainer's --lr, for every order (default its {DEFAULT_LR})")
+    parser.add_argument("--lr", type=float, default=DEFAULT_LINK_LR,
+                        help=f"the trainer's --lr, for every order (default its --task link default, "
+                             f"{DEFAULT_LINK_LR})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--reuse", action="store_true", help="read runs whose result is already in --work")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
@@ -183,7 +186,7 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     # evaluated their last weights, so a moving average is named unless it is off
     training = "".join(f"-{key}{str(value).replace(',', '_')}" for key, value, default in (
         ("f", args.fanouts, DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
-        ("pat", args.patience, DEFAULT_PATIENCE), ("lr", args.lr, DEFAULT_LR), ("ema", args.ema, 0.0))
+        ("pat", args.patience, DEFAULT_PATIENCE), ("lr", args.lr, UNNAMED_LR), ("ema", args.ema, 0.0))
         if value != default)
     return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}{training}-seed{seed}"
 

@@ -42,7 +42,7 @@ from proto.cli_types import non_negative_int, non_negative_seconds, parse_fanout
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import format_size, parse_size
-from trainer.link.options import ALL_METRIC_CHOICES
+from trainer.link.options import ALL_METRIC_CHOICES, DEFAULT_LINK_LR
 from trainer.link.options import add_arguments as add_link_arguments
 from trainer.link.options import check_arguments as check_link_arguments
 from trainer.ranks import DEFAULT_TIMEOUT_S, Ranks, ranks_from_env
@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--hidden", type=positive_int, default=256, help="hidden width (default 256)")
     mod.add_argument("--heads", type=positive_int, default=4, help="gat attention heads (default 4)")
     mod.add_argument("--dropout", type=float, default=0.5, help="(default 0.5)")
-    mod.add_argument("--lr", type=float, default=0.003, help="Adam learning rate (default 0.003)")
+    mod.add_argument("--lr", type=float, default=None,
+                     help=f"Adam learning rate (default 0.003; --task link {DEFAULT_LINK_LR})")
     mod.add_argument("--weight-decay", type=float, default=0.0, help="(default 0)")
     mod.add_argument("--epochs", type=positive_int, default=10, help="(default 10)")
     mod.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (default 1)")
@@ -360,8 +361,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
     if micro_auto and args.device == "cpu":
         raise UserError("--micro-batches auto sizes micro-batches to a CUDA device's free memory; on the CPU give "
                         "--device-memory SIZE or --micro-batches K")
-    cfg = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
-                      weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
+    cfg = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout,
+                      lr=TrainConfig.lr if args.lr is None else args.lr, weight_decay=args.weight_decay,
+                      epochs=args.epochs, eval_every=args.eval_every,
                       patience=args.patience, seed=args.seed, device=args.device,
                       checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
                       heads=args.heads, max_steps=args.max_steps, metric=args.metric,

@@ -20,6 +20,7 @@ from tests.graphs import link_input_graph, link_raw
 from trainer.cli import main
 from trainer.link.inmemory import LinkInMemorySource
 from trainer.link.model import LinkModel
+from trainer.link.options import DEFAULT_LINK_LR
 from trainer.link.options import LINK_ORDERS as FLAG_ORDERS
 from trainer.link.ranking import LINK_METRICS
 
@@ -147,6 +148,7 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
     result = json.loads(out.read_text())
     metric = extra[extra.index("--metric") + 1]
     assert result["metric"] == metric and result["config"]["model"] == model
+    assert result["config"]["lr"] == DEFAULT_LINK_LR != 0.003  # not the node task's default
     assert result["best_val_score"] == result["best_val"][metric]
     assert lines[-1].startswith(f"best val {'auc' if metric == 'roc_auc' else metric} ")
     if "--disjoint" in extra:

@@ -44,7 +44,8 @@ def test_inmemory_training_end_to_end(dataset_1500, tmp_path, capsys):
     assert len(lines) == 3 and "Traceback" not in run.stderr
     result = json.loads(out.read_text())
     assert [r["epoch"] for r in result["epochs"]] == [1, 2] and result["best_epoch"] in (1, 2)
-    assert result["config"]["hidden"] == 16 and result["device"] == "cpu"
+    # the node task's default lr; link prediction has its own (tests/trainer/test_link_train.py)
+    assert result["config"]["hidden"] == 16 and result["config"]["lr"] == 0.003 and result["device"] == "cpu"
     train_nodes = open_dataset(dataset_1500).manifest.splits.train
     assert [r["samples"] for r in result["epochs"]] == [train_nodes] * 2 and 0 <= result["test_acc_at_best"] <= 1
     # 4 classes: auto judges by accuracy, so the scores are the accuracies

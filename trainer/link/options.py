@@ -12,7 +12,7 @@ from proto.cli_types import positive_int
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
-__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EMA", "add_arguments",
+__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EMA", "DEFAULT_LINK_LR", "add_arguments",
            "check_arguments", "ema_decay", "DAEMON_REFUSAL"]
 
 TASKS = ("node", "link")
@@ -27,6 +27,12 @@ DEFAULT_EMA = 0.99
 """``--ema``'s default for link prediction: evaluate an exponential moving average of the weights, whose time
 constant (1 / (1 - decay) = 100 steps) is about an epoch of Cora's batches of 64 (docs/PERFORMANCE.md measures
 it: about 2 MRR points in memory, in the shuffled order and the buffer orders)."""
+
+DEFAULT_LINK_LR = 0.001
+"""``--lr``'s default for link prediction (the node task's is ``TrainConfig.lr``, 0.003). Measured in memory
+(docs/PERFORMANCE.md, "The learning rate"): against 0.003 it gains 3-4 MRR points on Cora and citeseer at batch 64
+and loses none on Cora at batch 256, where 0.0003 loses 3 (too few steps); amazon-photo's shuffled order gains
+13 points at 0.0003 and a buffer order needs about that much less on it (COMET does not converge at 0.003)."""
 
 
 def ema_decay(text: str) -> float:

@@ -38,14 +38,15 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     from trainer.distributed import process_group, training_device
     from trainer.link.inmemory import LinkInMemorySource
     from trainer.link.loop import train_link
-    from trainer.link.options import DEFAULT_EMA
+    from trainer.link.options import DEFAULT_EMA, DEFAULT_LINK_LR
     from trainer.link.records import LinkConfig
     from trainer.link.source import LinkSource
     from trainer.metrics import TrainerMetrics
     from trainer.records import StopControl, TrainConfig
     from trainer.scrape import served
 
-    train = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout, lr=args.lr,
+    train = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout,
+                        lr=DEFAULT_LINK_LR if args.lr is None else args.lr,
                         weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                         patience=args.patience, seed=args.seed, device=args.device,
                         checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
