@@ -60,7 +60,7 @@ from pathlib import Path
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
-from trainer.link.options import DEFAULT_EMA, DEFAULT_LINK_LR, ema_decay
+from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_EMA, DEFAULT_LINK_LR, default_lr, ema_decay
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
            "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
@@ -153,9 +153,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ema", type=ema_decay, default=DEFAULT_EMA,
                         help=f"the trainer's --ema (default its {DEFAULT_EMA}; 0: evaluate the last weights, as every "
                              "run before 2026-11-28 did)")
-    parser.add_argument("--lr", type=float, default=DEFAULT_LINK_LR,
-                        help=f"the trainer's --lr, for every order (default its --task link default, "
-                             f"{DEFAULT_LINK_LR})")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"the trainer's --lr, for every order (default the trainer's for each: {DEFAULT_LINK_LR} "
+                             f"for shuffled and daemon, {DEFAULT_BUFFER_LR} for the buffer orders and their variants)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--reuse", action="store_true", help="read runs whose result is already in --work")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
@@ -167,13 +167,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.orders) - set(ORDERS))
     if unknown:
         parser.error(f"--orders: unknown {', '.join(unknown)} (choose from {', '.join(ORDERS)})")
-    if not (args.lr > 0 and math.isfinite(args.lr)):
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         parser.error(f"--lr {args.lr}: need a positive number")
     if args.buffer_partitions is None:
         args.buffer_partitions = max(2, args.partitions // 4)
     if not 2 <= args.buffer_partitions < args.partitions:
         parser.error(f"--buffer-partitions {args.buffer_partitions}: need 2 <= C < --partitions {args.partitions}")
     return args
+
+
+def run_lr(order: str, args: argparse.Namespace) -> float:
+    """The lr an order's runs train at: ``--lr``, or the trainer's default for the order (a buffer order's own)."""
+    if args.lr is not None:
+        return args.lr
+    return default_lr("shuffled" if order in ("shuffled", "daemon") else "comet")
 
 
 def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
@@ -186,7 +193,7 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     # evaluated their last weights, so a moving average is named unless it is off
     training = "".join(f"-{key}{str(value).replace(',', '_')}" for key, value, default in (
         ("f", args.fanouts, DEFAULT_FANOUTS), ("e", args.max_epochs, DEFAULT_MAX_EPOCHS),
-        ("pat", args.patience, DEFAULT_PATIENCE), ("lr", args.lr, UNNAMED_LR), ("ema", args.ema, 0.0))
+        ("pat", args.patience, DEFAULT_PATIENCE), ("lr", run_lr(order, args), UNNAMED_LR), ("ema", args.ema, 0.0))
         if value != default)
     return f"{name}-{partitions}-{order}{buffer}-b{args.batch_size}{training}-seed{seed}"
 
@@ -209,8 +216,8 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
     program = [PY, str(ROOT / "bench" / "link_variants.py"), order] if variant else [PY, "-m", "trainer"]
     command = [*program, *source, "--task", "link", "--model", "sage", "--hidden", "128", "--decoder",
                "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
-               "--lr", str(args.lr), "--device", args.device, "--ema", str(args.ema), "--json-out", str(out),
-               "--no-progress", "-q"]
+               "--lr", str(run_lr(order, args)), "--device", args.device, "--ema", str(args.ema), "--json-out",
+               str(out), "--no-progress", "-q"]
     if order not in ("shuffled", "daemon"):
         beta = order.startswith("beta")
         command += ["--link-order", "beta" if beta else "comet", "--buffer-partitions", str(args.buffer_partitions)]
@@ -370,11 +377,12 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
 def write_outputs(stem: str, sections: list[str], payload: dict[str, object], args: argparse.Namespace) -> None:
     machine = machine_description()
     through = " and through the daemon" if "daemon" in args.orders else ""
+    lr = args.lr or f"the trainer's default (shuffled {DEFAULT_LINK_LR}, buffer orders {DEFAULT_BUFFER_LR})"
     header = (f"# Link prediction: partition buffer orders vs shuffled (in memory{through})\n\n{machine}; "
               f"seeds {args.seeds}, "
               f"max {args.max_epochs} epochs, patience {args.patience} (validation MRR), {args.partitions} METIS "
               f"partitions, GraphSAGE hidden 128, MLP decoder, batch {args.batch_size}, fanouts {args.fanouts}, "
-              f"lr {args.lr}, moving average {args.ema or 'off'}, device {args.device}; test scores at the best "
+              f"lr {lr}, moving average {args.ema or 'off'}, device {args.device}; test scores at the best "
               f"validation epoch, each held-out positive ranked among its 100 fixed negative tails; "
               f"`bench/link_bench.py`.\n\n")
     (RESULTS / f"{stem}.md").write_text(header + "\n".join(sections))

@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 from proto.errors import ProtocolError
 
 __all__ = [
-    "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "TASKS", "Record", "Message", "DatasetInfo",
+    "PROTOCOL_VERSION", "ErrorCode", "SPLITS", "KINDS", "FEATURE_DTYPES", "TASKS", "LINK_ORDERS", "Record", "Message",
+    "DatasetInfo",
     "SlotLayout", "Hello", "Welcome", "Credit", "StartEpoch", "EvalRequest", "BatchId", "BatchReady", "Release",
     "EpochEnd", "EvalEnd", "StatsRequest", "Stats", "Error", "Bye", "Shutdown", "Queued", "MESSAGE_TYPES",
     "message_from_map",
@@ -73,6 +74,9 @@ FEATURE_DTYPES = ("float32", "float16")
 """Feature dtypes a dataset may have (the prepared-dataset format's ``FeatureDtype``)."""
 TASKS = ("node", "link")
 """What a dataset is trained for (``DatasetInfo.task``, ``Hello.task``): node classification or link prediction."""
+LINK_ORDERS = ("shuffled", "comet", "beta")
+"""The order a link dataset's training edges follow (``DatasetInfo.link_order``): shuffled over the whole graph, or
+one of MariusGNN's partition buffer orders."""
 
 _I64 = (-(2**63), 2**63 - 1)
 _COUNT = {"range": (0, 2**63 - 1)}
@@ -216,6 +220,10 @@ class DatasetInfo(Record):
     """Link prediction: fixed negative tails per held-out positive (the ``pair_tails`` columns)."""
     link_positives: list[int] = field(default_factory=list, metadata=_COUNTS)
     """Link prediction: positives of the train, val and test splits, in that order ([] for a node dataset)."""
+    link_order: str = field(default="shuffled", metadata={"choices": LINK_ORDERS})
+    """Link prediction: the order the training edges follow, "shuffled" (every full-graph mode, a buffer of every
+    partition, and an older daemon) or the hierarchical mode's partition buffer order, "comet" or "beta"; the
+    trainer's default learning rate depends on it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -42,7 +42,7 @@ from proto.cli_types import non_negative_int, non_negative_seconds, parse_fanout
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import format_size, parse_size
-from trainer.link.options import ALL_METRIC_CHOICES, DEFAULT_LINK_LR
+from trainer.link.options import ALL_METRIC_CHOICES, DEFAULT_BUFFER_LR, DEFAULT_LINK_LR
 from trainer.link.options import add_arguments as add_link_arguments
 from trainer.link.options import check_arguments as check_link_arguments
 from trainer.ranks import DEFAULT_TIMEOUT_S, Ranks, ranks_from_env
@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--heads", type=positive_int, default=4, help="gat attention heads (default 4)")
     mod.add_argument("--dropout", type=float, default=0.5, help="(default 0.5)")
     mod.add_argument("--lr", type=float, default=None,
-                     help=f"Adam learning rate (default 0.003; --task link {DEFAULT_LINK_LR})")
+                     help=f"Adam learning rate (default 0.003; --task link {DEFAULT_LINK_LR}, in a partition buffer "
+                          f"order {DEFAULT_BUFFER_LR}: --link-order comet|beta, or a daemon's hierarchical mode)")
     mod.add_argument("--weight-decay", type=float, default=0.0, help="(default 0)")
     mod.add_argument("--epochs", type=positive_int, default=10, help="(default 10)")
     mod.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (default 1)")

@@ -167,9 +167,10 @@ def buffer_order_warning(link: LinkServing, num_partitions: int, capacity: int) 
     order): it can cost far more accuracy than the exact modes' shuffled order, and only a comparison shows it."""
     if capacity >= num_partitions:
         return None
-    return (f"link order {link.order} with a buffer of {capacity} of {num_partitions} partitions: it cost 1.4-1.7 "
-            f"MRR points against the shuffled order on Cora and citeseer and 24 on amazon-photo (docs/PERFORMANCE.md, "
-            f"\"Link prediction\"); compare with mode exact, which serves the shuffled order, on this graph")
+    return (f"link order {link.order} with a buffer of {capacity} of {num_partitions} partitions: at the trainer's "
+            f"default learning rates it cost 1.5-2 MRR points against the shuffled order on Cora and citeseer and 8-10 "
+            f"on amazon-photo (docs/PERFORMANCE.md, \"Link prediction\"); compare with mode exact, which serves the "
+            f"shuffled order, on this graph")
 
 
 def check_buffer(link: LinkServing, num_partitions: int, capacity: int) -> str | None:

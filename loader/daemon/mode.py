@@ -4,7 +4,7 @@ A ``TrainingMode`` owns everything mode-specific: its share of ``[memory] budget
 ``BudgetPlan``), its caches, readers and buffers, the stages of a training stream
 (``start_pipeline``) and how evaluation batches are sampled and filled (``eval_access``). What the
 daemon must know of a mode beyond that is a capability it asks the class or the instance
-(``loads_static_cache``, ``measures_quality``, ``cross_machine_problem``), never its name. The daemon
+(``loads_static_cache``, ``measures_quality``, ``cross_machine_problem``, ``link_order``), never its name. The daemon
 (``loader.daemon.server``) holds one; ``loader.daemon.modes`` registers every mode and opens the one a
 config names through ``TrainingMode.open``. docs/ARCHITECTURE.md, "Adding a mode", is the checklist.
 """
@@ -80,6 +80,11 @@ class TrainingMode(ABC):
     def loads_static_cache(cls, config: LoaderConfig) -> bool:
         """Whether the daemon loads the prepared static cache at startup, before the mode opens (default: no)."""
         return False
+
+    def link_order(self) -> str:
+        """The order a link dataset's training edges follow in this mode (``DatasetInfo.link_order``); the default,
+        every full-graph mode's: shuffled over the whole graph."""
+        return "shuffled"
 
     def cross_machine_problem(self) -> str | None:
         """Why this mode, as configured, cannot serve a training job whose ranks span machines (the daemons must

@@ -181,7 +181,7 @@ class Daemon:
             log.info("%s", estimate.describe(cfg.sampler.aggregation_cache, cfg.loader.mode))
             self.metrics.set_aggregation(cfg.sampler.aggregation_cache, (estimate.rows_without, estimate.rows_with),
                                          (estimate.bytes_without, estimate.bytes_with))
-        self._welcome_info = dataset_info(dataset, resident, cfg, setup.serving.link)
+        self._welcome_info = dataset_info(dataset, resident, cfg, setup.serving.link, self.mode.link_order())
         self._dealing = dealing_fingerprint(dataset, cfg, self.mode.summary())
         # a link dataset's buffer states measure no neighbour coverage or label skew
         self.metrics.set_build(dataset.path.name, cfg.loader.mode,

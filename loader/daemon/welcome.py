@@ -24,10 +24,10 @@ def dealing_fingerprint(dataset: Dataset, config: LoaderConfig, mode_summary: st
     return xxhash.xxh3_64(json.dumps(deciding, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def dataset_info(dataset: Dataset, resident: ResidentData, config: LoaderConfig, link: LinkServing | None = None
-                 ) -> DatasetInfo:
+def dataset_info(dataset: Dataset, resident: ResidentData, config: LoaderConfig, link: LinkServing | None = None,
+                 link_order: str = "shuffled") -> DatasetInfo:
     """``Welcome.dataset``: the shapes a trainer builds its model and its loop from (with ``link``, a link dataset's
-    task and pair counts)."""
+    task and pair counts, and ``link_order``, the order the mode trains its edges in)."""
     m, s = dataset.manifest, config.sampler
     cache = dataset_cache(dataset) if s.aggregation_cache else None
     positives = [] if link is None else [link.train_positives, link.held_out["val"].num_positives,
@@ -40,4 +40,5 @@ def dataset_info(dataset: Dataset, resident: ResidentData, config: LoaderConfig,
                        aggregation="" if cache is None else cache.kind, eval_aggregation=s.eval_aggregated,
                        task="node" if link is None else "link", link_negatives=0 if link is None else link.negatives,
                        link_disjoint=link is not None and link.disjoint,
-                       link_eval_negatives=0 if link is None else link.eval_negatives, link_positives=positives)
+                       link_eval_negatives=0 if link is None else link.eval_negatives, link_positives=positives,
+                       link_order="shuffled" if link is None else link_order)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from bench.link_bench import daemon_config, dataset_markdown, parse_args, read_run, run_stem, summarize, train_command
-from trainer.link.options import DEFAULT_LINK_LR
+from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_LINK_LR
 
-LR = f"lr{DEFAULT_LINK_LR}"
-"""The link task's default lr, in a run's name (only the old runs' 0.003 goes unnamed)."""
+LR, BUFFER_LR = f"lr{DEFAULT_LINK_LR}", f"lr{DEFAULT_BUFFER_LR}"
+"""The link task's default lrs (shuffled, buffer orders), in a run's name (only the old runs' 0.003 goes unnamed)."""
 
 
 def result(best: int, val: list[float], test_mrr: float, loads: int | None) -> dict:
@@ -50,24 +50,26 @@ def test_defaults_and_commands():
     names = {run_stem("cora", order, 0, parse_args(extra)) for order in ("shuffled", "comet", "beta")
              for extra in ([], ["--buffer-partitions", "4"], ["--logical-partitions", "16"])}
     # shuffled does not depend on the buffer, nor beta on L: 1 + 3 + 2
-    assert names == {f"cora-p32-{run}-b256-{LR}-ema0.99-seed0" for run in (
+    assert names == {f"cora-p32-{run}-b256-{BUFFER_LR if run != 'shuffled' else LR}-ema0.99-seed0" for run in (
         "shuffled", "comet-c8", "comet-c4", "comet-c8-l16", "beta-c8", "beta-c4")}
     # a run of other epochs, patience or fanouts is another run (a 2-epoch smoke run is no 100-epoch run)
-    assert run_stem("cora", "shuffled", 0, parse_args(["--max-epochs", "2", "--patience", "5", "--fanouts", "5,5",
-                                                       "--ema", "0"])) == f"cora-p32-shuffled-b256-f5_5-e2-pat5-{LR}-seed0"
+    smoke = parse_args(["--max-epochs", "2", "--patience", "5", "--fanouts", "5,5", "--ema", "0"])
+    assert run_stem("cora", "shuffled", 0, smoke) == f"cora-p32-shuffled-b256-f5_5-e2-pat5-{LR}-seed0"
     # the trainer's moving average of the weights (its default) is named: the runs before it evaluated the last ones
     assert run_stem("cora", "shuffled", 0, args) == f"cora-p32-shuffled-b256-{LR}-ema0.99-seed0"
     assert shuffled[shuffled.index("--ema") + 1] == "0.99"
-    # and so is the learning rate, which every order's command passes: the link task's default is named, only the
-    # lr of the runs named before it was (0.003) is not
-    slow = parse_args(["--lr", "0.0003"])
-    assert run_stem("cora", "comet", 0, slow) == "cora-p32-comet-c8-b256-lr0.0003-ema0.99-seed0"
+    # and so is the learning rate, which every order's command passes: by default the trainer's for the order (a
+    # buffer order's own), named; only the lr of the runs named before it was (0.003) goes unnamed
     assert shuffled[shuffled.index("--lr") + 1] == str(DEFAULT_LINK_LR)
+    assert daemon[daemon.index("--lr") + 1] == str(DEFAULT_LINK_LR)
+    assert plain[plain.index("--lr") + 1] == str(DEFAULT_BUFFER_LR)  # beta
+    fast = parse_args(["--lr", "0.01"])
+    assert run_stem("cora", "comet", 0, fast) == "cora-p32-comet-c8-b256-lr0.01-ema0.99-seed0"
     assert run_stem("cora", "shuffled", 0, parse_args(["--lr", "0.003"])) == "cora-p32-shuffled-b256-ema0.99-seed0"
-    comet = train_command(Path("/ds"), "comet", 1, out, slow)
-    assert comet[comet.index("--lr") + 1] == "0.0003"
+    comet = train_command(Path("/ds"), "comet", 1, out, fast)
+    assert comet[comet.index("--lr") + 1] == "0.01"
     random = parse_args(["--partitioner", "random"])
-    assert run_stem("cora", "comet", 0, random) == f"cora-p32-random-comet-c8-b256-{LR}-ema0.99-seed0"
+    assert run_stem("cora", "comet", 0, random) == f"cora-p32-random-comet-c8-b256-{BUFFER_LR}-ema0.99-seed0"
 
 
 @pytest.mark.parametrize("argv, message", [(["--orders", "comet,marius"], "unknown marius"),

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from proto.codec import MAX_CONTAINER_LEN, MAX_FRAME_BYTES, FrameDecoder, encode, message_from_map
 from proto.errors import ProtocolError
 from proto.messages import (
+    LINK_ORDERS,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     BatchReady,
@@ -53,7 +54,7 @@ def dataset_infos(draw: st.DrawFn) -> DatasetInfo:
         batch_size=draw(st.integers(1, 2**63 - 1)), train_nodes=draw(COUNT), val_nodes=draw(COUNT),
         test_nodes=draw(COUNT), mode=draw(TEXT), task=draw(st.sampled_from(["node", "link"])),
         link_negatives=draw(COUNT), link_disjoint=draw(st.booleans()), link_eval_negatives=draw(COUNT),
-        link_positives=draw(st.lists(COUNT, max_size=3)))
+        link_positives=draw(st.lists(COUNT, max_size=3)), link_order=draw(st.sampled_from(LINK_ORDERS)))
 
 
 @st.composite
@@ -190,10 +191,12 @@ def test_link_fields_are_optional_both_ways():
     assert decode_one(frame(old_hello)).task == "node"
     assert decode_one(frame({**old_hello, "task": "link"})).task == "link"
     old_welcome = message_to_map(SAMPLES[1])
-    for name in ("task", "link_negatives", "link_disjoint", "link_eval_negatives", "link_positives"):
+    for name in ("task", "link_negatives", "link_disjoint", "link_eval_negatives", "link_positives", "link_order"):
         old_welcome["dataset"].pop(name, None)
     info = decode_one(frame(old_welcome)).dataset
-    assert (info.task, info.link_negatives, info.link_positives) == ("node", 0, [])
+    assert (info.task, info.link_negatives, info.link_positives, info.link_order) == ("node", 0, [], "shuffled")
+    with pytest.raises(ProtocolError, match="DatasetInfo.link_order: 'marius' is not one of shuffled, comet, beta"):
+        decode_one(frame(_nested("dataset", link_order="marius")))
     with pytest.raises(ProtocolError, match="Hello.task: 'graph' is not one of node, link"):
         decode_one(frame({**old_hello, "task": "graph"}))
     with pytest.raises(ProtocolError, match=r"DatasetInfo.link_positives\[1\]: -2 is outside"):

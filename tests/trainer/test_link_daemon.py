@@ -9,6 +9,7 @@ import pytest
 from tests.daemon_harness import daemon_config, running_daemon
 from tests.trainer.test_link_train import in_process, link_args, link_dataset, without_timings  # noqa: F401
 from trainer.link.daemon_source import LinkDaemonSource
+from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_LINK_LR
 
 DAEMON_SAMPLER = {"batch_size": 128, "fanouts": [5, 5], "eval_fanouts": [5, 5], "eval_batch_size": 1024}
 """``link_args``' sampler settings as a daemon config sets them."""
@@ -28,8 +29,9 @@ def test_training_through_the_daemon_equals_training_in_memory(link_dataset, tmp
     assert code == 0 and not err, err
     first, second = without_timings(json.loads(local.read_text())), without_timings(json.loads(remote.read_text()))
     assert second["source"].startswith(f"daemon {config.server.socket}") and second["source"].endswith(
-        f"(link, mode {mode})")
+        f"(link, mode {mode}, shuffled order)")
     assert second["config"]["negatives"] == 2 and second["config"]["disjoint"] is True
+    assert second["config"]["lr"] == DEFAULT_LINK_LR
     for result in (first, second):
         result.pop("source")
     assert second == first
@@ -47,6 +49,9 @@ def test_the_hierarchical_mode_trains_as_the_in_memory_comet_emulation(link_data
     assert code == 0 and not err, err
     first, second = json.loads(local.read_text()), json.loads(remote.read_text())
     assert first["buffer"]["order"] == "comet" and first["epochs"][0]["buffer_states"] > 1
+    # the daemon says it serves COMET, so the trainer takes a buffer order's default lr, as --link-order comet does
+    assert second["source"].endswith("(link, mode hierarchical, comet order)")
+    assert first["config"]["lr"] == second["config"]["lr"] == DEFAULT_BUFFER_LR != DEFAULT_LINK_LR
     for a, b in zip(first["epochs"], second["epochs"], strict=True):
         assert (a["loss"], a["val"], a["test"], a["samples"]) == (b["loss"], b["val"], b["test"], b["samples"])
     assert first["test_at_best"] == second["test_at_best"]

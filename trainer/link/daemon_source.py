@@ -64,8 +64,12 @@ class LinkDaemonSource:
         self.held_out: dict[str, HeldPairs] = {}
         """A split's nodes and pairs, once its evaluation stream has ended (``eval_batches``)."""
         welcome = self._daemon.info.description
-        self.description = f"{welcome} (link, mode {d.mode})"
+        self.description = f"{welcome} (link, mode {d.mode}, {d.link_order} order)"
         self.link_order = "shuffled"
+        self.served_order = d.link_order
+        """The order the daemon's batches follow (``DatasetInfo.link_order``): its hierarchical mode's buffer order
+        or "shuffled". The batches arrive in that order already, so the loop treats them as shuffled's
+        (``link_order``); the order sets the default learning rate."""
 
     def positives(self, split: str) -> int:
         """Held-out positives of ``split`` ("val" or "test")."""

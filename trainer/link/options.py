@@ -12,8 +12,8 @@ from proto.cli_types import positive_int
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
-__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EMA", "DEFAULT_LINK_LR", "add_arguments",
-           "check_arguments", "ema_decay", "DAEMON_REFUSAL"]
+__all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EMA", "DEFAULT_LINK_LR",
+           "DEFAULT_BUFFER_LR", "default_lr", "add_arguments", "check_arguments", "ema_decay", "DAEMON_REFUSAL"]
 
 TASKS = ("node", "link")
 DECODERS = ("dot", "mlp")
@@ -29,10 +29,21 @@ constant (1 / (1 - decay) = 100 steps) is about an epoch of Cora's batches of 64
 it: about 2 MRR points in memory, in the shuffled order and the buffer orders)."""
 
 DEFAULT_LINK_LR = 0.001
-"""``--lr``'s default for link prediction (the node task's is ``TrainConfig.lr``, 0.003). Measured in memory
-(docs/PERFORMANCE.md, "The learning rate"): against 0.003 it gains 3-4 MRR points on Cora and citeseer at batch 64
-and loses none on Cora at batch 256, where 0.0003 loses 3 (too few steps); amazon-photo's shuffled order gains
-13 points at 0.0003 and a buffer order needs about that much less on it (COMET does not converge at 0.003)."""
+"""``--lr``'s default for link prediction in the shuffled order (the node task's is ``TrainConfig.lr``, 0.003).
+Measured in memory (docs/PERFORMANCE.md, "The learning rate"): against 0.003 it gains 3-4 MRR points on Cora and
+citeseer at batch 64 and 13 on amazon-photo, and loses none on Cora at batch 256, where 0.0003 loses 3 (too few
+steps)."""
+
+DEFAULT_BUFFER_LR = 0.0003
+"""``--lr``'s default for a partition buffer order (``--link-order comet|beta``, or a daemon whose hierarchical mode
+serves one): a state trains its buckets' edges as one block of correlated batches, and on amazon-photo (14 batches
+a state) COMET at 0.001 lost 20 MRR points to the shuffled order and at 0.0003 about 9 (at 0.003 it did not
+converge); on Cora it is as good as 0.001, on citeseer 1.2 points below (docs/PERFORMANCE.md)."""
+
+
+def default_lr(order: str) -> float:
+    """``--lr``'s default for link prediction in ``order`` ("shuffled", "comet" or "beta")."""
+    return DEFAULT_LINK_LR if order == "shuffled" else DEFAULT_BUFFER_LR
 
 
 def ema_decay(text: str) -> float:

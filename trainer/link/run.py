@@ -7,6 +7,7 @@ final line), with the link source, loop and result.
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     from trainer.distributed import process_group, training_device
     from trainer.link.inmemory import LinkInMemorySource
     from trainer.link.loop import train_link
-    from trainer.link.options import DEFAULT_EMA, DEFAULT_LINK_LR
+    from trainer.link.options import DEFAULT_EMA, default_lr
     from trainer.link.records import LinkConfig
     from trainer.link.source import LinkSource
     from trainer.metrics import TrainerMetrics
@@ -46,7 +47,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     from trainer.scrape import served
 
     train = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout,
-                        lr=DEFAULT_LINK_LR if args.lr is None else args.lr,
+                        lr=default_lr(args.link_order or "shuffled") if args.lr is None else args.lr,
                         weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                         patience=args.patience, seed=args.seed, device=args.device,
                         checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
@@ -59,6 +60,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                                   ranks=ranks)
         source = daemon
         negatives, disjoint, per_rank = daemon.negatives, daemon.disjoint, daemon.batch_size
+        if args.lr is None:  # the order is the daemon's: a buffer order trains at its own default
+            train = dataclasses.replace(train, lr=default_lr(daemon.served_order))
     else:
         assert sampler is not None
         negatives, disjoint, per_rank = args.negatives or 1, bool(args.disjoint), sampler.batch_size

@@ -107,6 +107,14 @@ class HierarchicalMode(TrainingMode):
         serving.metrics.static_nodes.set(static_rows)
         serving.metrics.static_bytes.set(arena.static_bytes)
 
+    def link_order(self) -> str:
+        """``[link] order`` where the buffer holds fewer than every partition; a buffer of all trains the shuffled
+        order."""
+        link, per = self.context.link, self.budget_plan.buffer.partitions
+        if link is None or per >= len(self.context.resident.partitions):
+            return "shuffled"
+        return link.order
+
     def summary(self) -> str:
         per, total = self.budget_plan.buffer.partitions, len(self.context.resident.partitions)
         link = self.context.link

@@ -70,7 +70,7 @@ def test_training_batches_are_the_in_memory_reference(link_ds, tmp_path, mode):
         info = client.welcome.dataset
         assert (info.task, info.link_negatives, info.link_disjoint, info.link_eval_negatives) == \
             ("link", negatives, disjoint, 7)
-        assert info.link_positives[0] == train.shape[1]
+        assert info.link_positives[0] == train.shape[1] and info.link_order == "shuffled"
         epochs = {epoch: epoch_batches(client, epoch) for epoch in (1, 2)}
     for epoch, batches in epochs.items():
         plan = link_batch_plan(train.shape[1], BATCH, 0, epoch)
@@ -197,6 +197,7 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
     config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5}, link=link)
     with running_daemon(config) as daemon, credited_client(config, task="link") as client:
         assert daemon.mode.summary() == f"link prediction in {order} order, a buffer of 4 of 8 partitions"
+        assert client.welcome.dataset.link_order == order  # the trainer's default lr depends on it
         # its states measure no coverage or skew: `megabatch status` says nothing of training quality
         assert daemon.metrics.build_info._value["measures_quality"] == "false"
         epochs = {epoch: epoch_batches(client, epoch) for epoch in (1, 2)}
@@ -241,6 +242,7 @@ def test_a_hierarchical_buffer_of_every_partition_trains_the_shuffled_order(link
     config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 1.0})
     with running_daemon(config) as daemon, credited_client(config, task="link") as client:
         assert daemon.mode.summary() == "8 partitions, 8 per mega-batch"
+        assert client.welcome.dataset.link_order == "shuffled"
         batches = epoch_batches(client, 3)
     plan = link_batch_plan(train.shape[1], BATCH, 0, 3)
     assert len(batches) == plan.num_batches
