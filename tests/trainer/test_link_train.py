@@ -375,7 +375,7 @@ def test_the_shuffled_order_is_the_loaders_plan_over_the_whole_graph(link_datase
         np.testing.assert_array_equal(batch.graph.n_id.numpy(), expected.nodes)
         np.testing.assert_array_equal(batch.graph.edge_index.numpy(), expected.edge_index)
         np.testing.assert_array_equal(batch.edge_label_index.numpy(), expected.edge_label_index)
-    assert LINK_ORDERS == FLAG_ORDERS  # the parser spells them out to stay clear of the loader's imports
+    assert LINK_ORDERS == FLAG_ORDERS  # the parser takes the protocol's names, to stay clear of the loader's imports
 
 
 @pytest.mark.parametrize("extra, fragment", [

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from proto.cli_types import positive_int
+from proto.messages import LINK_ORDERS  # the wire's names (DatasetInfo.link_order), the loader's too: no loader import
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
@@ -17,8 +18,6 @@ __all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EM
 
 TASKS = ("node", "link")
 DECODERS = ("dot", "mlp")
-LINK_ORDERS = ("shuffled", "comet", "beta")
-"""``--link-order``: ``loader.sampling.buffer_order.LINK_ORDERS``, spelled out so that the parser imports no loader."""
 
 ALL_METRIC_CHOICES = (*METRIC_CHOICES, *(name for name in LINK_METRICS if name not in METRIC_CHOICES))
 """What ``--metric`` accepts: the node task's choices, then the link task's that are not among them."""
