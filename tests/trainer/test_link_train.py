@@ -76,6 +76,7 @@ def test_link_training_end_to_end(link_dataset, tmp_path):
     assert [EPOCH_LINE.match(line) is not None for line in lines[:3]] == [True] * 3, lines
     assert FINAL_LINE.match(lines[3]) and len(lines) == 4, lines
     assert "metric mrr (auto: link prediction" in run.stderr and "Traceback" not in run.stderr
+    assert f"lr {DEFAULT_LINK_LR}: link prediction's default in the shuffled order" in run.stderr
     result = json.loads(out.read_text())
     link = open_dataset(link_dataset).manifest.link
     assert result["task"] == "link" and result["metric"] == "mrr" and result["device"] == "cpu"

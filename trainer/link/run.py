@@ -46,8 +46,10 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
     from trainer.records import StopControl, TrainConfig
     from trainer.scrape import served
 
+    # the order the training edges follow, which sets the default lr: --link-order in memory, the daemon's through one
+    order = args.link_order or "shuffled"
     train = TrainConfig(model=args.model, hidden=args.hidden, dropout=args.dropout,
-                        lr=default_lr(args.link_order or "shuffled") if args.lr is None else args.lr,
+                        lr=default_lr(order) if args.lr is None else args.lr,
                         weight_decay=args.weight_decay, epochs=args.epochs, eval_every=args.eval_every,
                         patience=args.patience, seed=args.seed, device=args.device,
                         checkpoint=Path(args.checkpoint) if args.checkpoint else None, resume=args.resume,
@@ -60,8 +62,9 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                                   ranks=ranks)
         source = daemon
         negatives, disjoint, per_rank = daemon.negatives, daemon.disjoint, daemon.batch_size
-        if args.lr is None:  # the order is the daemon's: a buffer order trains at its own default
-            train = dataclasses.replace(train, lr=default_lr(daemon.served_order))
+        order = daemon.served_order
+        if args.lr is None:  # a buffer order trains at its own default
+            train = dataclasses.replace(train, lr=default_lr(order))
     else:
         assert sampler is not None
         negatives, disjoint, per_rank = args.negatives or 1, bool(args.disjoint), sampler.batch_size
@@ -90,6 +93,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                      "negatives each)", source.description, source.num_features, source.num_hops,
                      source.train_positives, source.positives("val"), source.positives("test"),
                      source.eval_negatives)
+            if args.lr is None:  # which default applied depends on the order, so say it
+                log.info("lr %g: link prediction's default in the %s order (--lr sets another)", train.lr, order)
             with contextlib.ExitStack() as group:
                 if ranks.distributed:
                     group.enter_context(process_group(ranks, training_device(args.device, ranks), args.dist_timeout))
