@@ -80,6 +80,8 @@ UNWEIGHTED_ORDERS = ("comet-unweighted", "beta-unweighted")
 DEFAULT_ORDERS = ("shuffled", "comet", "beta", "daemon")
 """``daemon``: the shuffled order's batches served by ``megabatch serve`` in mode ``exact`` (``DAEMON_BUDGET``), the
 trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise)."""
+UNBUFFERED_ORDERS = ("shuffled", "daemon")
+"""The orders over the whole graph: no buffer in their names or commands, the shuffled order's default lr."""
 ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *VARIANT_ORDERS)
 """Every order ``--orders`` takes; the unweighted and variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
@@ -180,12 +182,12 @@ def run_lr(order: str, args: argparse.Namespace) -> float:
     """The lr an order's runs train at: ``--lr``, or the trainer's default for the order (a buffer order's own)."""
     if args.lr is not None:
         return args.lr
-    return default_lr("shuffled" if order in ("shuffled", "daemon") else "comet")
+    return default_lr("shuffled" if order in UNBUFFERED_ORDERS else "comet")
 
 
 def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     """A run's file names: they name what the run depends on, so --reuse never takes another setting's run."""
-    buffer = "" if order in ("shuffled", "daemon") else f"-c{args.buffer_partitions}"
+    buffer = "" if order in UNBUFFERED_ORDERS else f"-c{args.buffer_partitions}"
     if order.startswith("comet") and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
     partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
@@ -218,7 +220,7 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
                "mlp", "--seed", str(seed), "--epochs", str(args.max_epochs), "--patience", str(args.patience),
                "--lr", str(run_lr(order, args)), "--device", args.device, "--ema", str(args.ema), "--json-out",
                str(out), "--no-progress", "-q"]
-    if order not in ("shuffled", "daemon"):
+    if order not in UNBUFFERED_ORDERS:
         beta = order.startswith("beta")
         command += ["--link-order", "beta" if beta else "comet", "--buffer-partitions", str(args.buffer_partitions)]
         if not beta and args.logical_partitions is not None:

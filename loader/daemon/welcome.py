@@ -41,4 +41,4 @@ def dataset_info(dataset: Dataset, resident: ResidentData, config: LoaderConfig,
                        task="node" if link is None else "link", link_negatives=0 if link is None else link.negatives,
                        link_disjoint=link is not None and link.disjoint,
                        link_eval_negatives=0 if link is None else link.eval_negatives, link_positives=positives,
-                       link_order="shuffled" if link is None else link_order)
+                       link_order=link_order)

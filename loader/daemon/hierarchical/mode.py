@@ -117,9 +117,9 @@ class HierarchicalMode(TrainingMode):
 
     def summary(self) -> str:
         per, total = self.budget_plan.buffer.partitions, len(self.context.resident.partitions)
-        link = self.context.link
-        if link is not None and per < total:
-            return f"link prediction in {link.order} order, a buffer of {per} of {total} partitions"
+        order = self.link_order()
+        if order != "shuffled":
+            return f"link prediction in {order} order, a buffer of {per} of {total} partitions"
         if self.context.config.hierarchy.formation == "comet" and per < total:
             return f"{total} partitions, a buffer of {per} swapping one logical partition at a time"
         return f"{total} partitions, {per} per mega-batch"
