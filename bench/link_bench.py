@@ -62,17 +62,17 @@ if not __package__:  # run as python bench/x.py: bench/harness.py puts the repos
 from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
 from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_EMA, DEFAULT_LINK_LR, default_lr, ema_decay
 
-__all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "LinkRun", "OrderSummary", "parse_args", "run_stem",
-           "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
+__all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "BUCKET_ORDERS", "LinkRun", "OrderSummary", "parse_args",
+           "run_stem", "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
 
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
 VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened", "comet-hybrid-negatives",
-                  "comet-source-weighted-negatives", "comet-tail-batches")
+                  "comet-source-weighted-negatives", "comet-tail-batches", "comet-bucket-assignment")
 """COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of.
 Each takes apart plain COMET, its negatives unweighted (``--no-negative-weights``), except ``WEIGHTED_VARIANTS``."""
-WEIGHTED_VARIANTS = ("comet-tail-batches",)
+WEIGHTED_VARIANTS = ("comet-tail-batches", "comet-bucket-assignment")
 """Variants of the product's COMET (weighted negatives): what one of its later changes bought."""
 UNWEIGHTED_ORDERS = ("comet-unweighted", "beta-unweighted")
 """The buffer orders as MariusGNN has them: negatives from the buffer, unweighted (``--no-negative-weights``;
@@ -90,6 +90,11 @@ UNNAMED_LR = 0.003
 """The learning rate of runs whose names carry no ``-lr``: every run before the link task got its own default
 (``DEFAULT_LINK_LR``, 2026-11-29) trained at the trainer's 0.003 and was named without it; a run at any other lr
 is named with it, so --reuse never mistakes one for the other."""
+BUCKET_ORDERS = ("comet-bucket-assignment",)
+"""COMET orders that train each bucket whole in one state. Every COMET run before 2026-11-29 did (MariusGNN's form);
+since then COMET splits each bucket among its co-resident states (``buffer_order.ASSIGNMENTS``) and its runs, the
+variants' too, are named ``-edges``, so --reuse never takes a run of the other assignment (the earlier ``comet``
+runs are ``comet-bucket-assignment``'s)."""
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
@@ -190,6 +195,8 @@ def run_stem(name: str, order: str, seed: int, args: argparse.Namespace) -> str:
     buffer = "" if order in UNBUFFERED_ORDERS else f"-c{args.buffer_partitions}"
     if order.startswith("comet") and args.logical_partitions is not None:
         buffer += f"-l{args.logical_partitions}"
+    if order.startswith("comet") and order not in BUCKET_ORDERS:
+        buffer += "-edges"
     partitions = f"p{args.partitions}" + ("" if args.partitioner == "metis" else f"-{args.partitioner}")
     # settings at their defaults add nothing, so the runs named before they were named stay reusable; those runs
     # evaluated their last weights, so a moving average is named unless it is off

@@ -14,12 +14,13 @@ trainer does, and each batch carries its share of the split's positives and thei
 
 The hierarchical mode serves MariusGNN's partition buffer orders (``[link] order``, COMET by default): its
 mega-batch is the buffer, of as many partitions as the budget holds (``link_states``); each state of the
-epoch's ``buffer_epoch`` is a mega-batch, loaded whole, whose edge buckets are trained with neighbours sampled
-in the subgraph the buffer induces and negatives drawn from its nodes (``sample_link_state``), exactly as
-``megabatch train --mode inmemory --link-order comet`` emulates it; a buffer of every partition trains the
-shuffled order. The static cache is off for a link dataset (a static node joining the buffer would change the
-subgraph the order's batches are defined on). A state's partitions that the previous state held are copied
-from the other buffer and only the swapped-in ones are read (``megabatch_partitions_loaded{source}``), so an
+epoch's ``buffer_epoch`` is a mega-batch, loaded whole, whose edges (COMET: its share of every bucket it holds)
+are trained with neighbours sampled in the subgraph the buffer induces and negatives drawn from its nodes
+(``sample_link_state``), exactly as ``megabatch train --mode inmemory --link-order comet`` emulates it; a
+buffer of every partition trains the shuffled order. The static cache is off for a link dataset (a static
+node joining the buffer would change the subgraph the order's batches are defined on). A state's partitions
+that the previous state held are copied from the other buffer and only the swapped-in ones are read
+(``megabatch_partitions_loaded{source}``), so an
 epoch reads what MariusGNN's I/O model says: one logical partition per swap.
 
 A training job of several ranks (DDP) is served by the full-graph modes as the in-memory trainer deals it: epoch

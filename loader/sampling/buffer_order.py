@@ -8,10 +8,9 @@ the batches of one epoch, so that the in-memory trainer can measure what the ord
 before any daemon mode serves it (``--link-order comet|beta``):
 
 * ``buffer_plan(order, p, c, l, seed, epoch)``: ``comet_plan`` or ``beta_plan`` of (seed, epoch).
-* ``buffer_epoch(plan, edge_buckets, partitions, batch_size)``: for each state t in plan order, the
-  training edges of its buckets (``bucket_order(plan)[t]``; bucket (i, j) is positions
-  ``edge_buckets[i*P + j]:edge_buckets[i*P + j + 1]`` of ``train_edges.npy``, docs/FORMAT.md), in
-  bucket order, shuffled by ``shuffle(positions, key_t)`` with key_t = key t of
+* ``buffer_epoch(plan, edge_buckets, partitions, batch_size)``: for each state t in plan order, its training
+  edges (bucket (i, j) is positions ``edge_buckets[i*P + j]:edge_buckets[i*P + j + 1]`` of ``train_edges.npy``,
+  docs/FORMAT.md), in bucket order, shuffled by ``shuffle(positions, key_t)`` with key_t = key t of
   ``batch_keys(seed, STREAM_LINK_BUFFER, epoch, 0, 0, num_states)``, and cut into the fewest batches of
   at most ``batch_size``, as equal as they can be (``balanced_cuts``: a batch never spans two states, since
   the buffer changes between them, and a short tail would be a full optimizer step on a few pairs). A state
@@ -21,6 +20,17 @@ before any daemon mode serves it (``--link-order comet|beta``):
 * The epoch's batches are ``link_batch_plan_in_order`` over the states' orders concatenated, with the
   states' batch boundaries: batch b gets the same key as batch b of the shuffled order
   (``STREAM_LINK_TRAIN``), so the one link sampler serves both orders.
+
+Which edges a state trains (``assignment``). BETA: the buckets ``bucket_order(plan)[t]`` assigns it, whole.
+COMET, ``"edge"`` (the default): every bucket (i, j) whose two partitions state t holds, ascending by (i, j), and
+of each only the edges of state t's share: with n_ij the states holding both i and j and m the states before t
+that held both (``comet.bucket_shares``), edge e (its position) is in share
+``key_shares(position_keys(seed, STREAM_LINK_EDGE_STATE, epoch, [e]), [n_ij])``, and state t keeps the edges of
+share m. So each edge goes to one of its bucket's co-resident states, uniformly and independently of the others,
+and a METIS partition's own bucket (i, i), most of its edges, is spread over every state that holds i instead of
+falling whole on one of them: a state trains a share of each resident partition's edges, not one or two
+partitions' all (MariusGNN's form, ``"bucket"``: ``bucket_order(plan)[t]``, whole). It reads nothing more: a
+state's edges are the resident partitions' either way.
 
 What a state's batches may see (the trainer's part, ``trainer/link/inmemory.py``): negatives drawn
 from the resident nodes (``BufferState.node_begin``/``node_end``, the resident partitions' node
@@ -35,13 +45,13 @@ from typing import Literal
 import numpy as np
 
 from loader.format.partition_table import PartitionTable
-from loader.sampling.comet import BufferPlan, beta_plan, bucket_order, comet_plan, default_logical
+from loader.sampling.comet import BufferPlan, beta_plan, bucket_order, bucket_shares, comet_plan, default_logical
 from loader.sampling.induced import range_nodes
 from loader.sampling.link_sampling import LinkEpochPlan, link_batch_plan_in_order
-from loader.sampling.sampling import as_int, as_int_array, batch_keys, shuffle
+from loader.sampling.sampling import as_int, as_int_array, batch_keys, key_shares, position_keys, shuffle
 
-__all__ = ["LINK_ORDERS", "LinkOrder", "STREAM_LINK_BUFFER", "BufferState", "BufferEpoch", "balanced_cuts",
-           "buffer_plan", "buffer_epoch", "resolved_logical"]
+__all__ = ["LINK_ORDERS", "LinkOrder", "STREAM_LINK_BUFFER", "STREAM_LINK_EDGE_STATE", "Assignment", "ASSIGNMENTS",
+           "BufferState", "BufferEpoch", "balanced_cuts", "buffer_plan", "buffer_epoch", "resolved_logical"]
 
 LinkOrder = Literal["shuffled", "comet", "beta"]
 LINK_ORDERS: tuple[LinkOrder, ...] = ("shuffled", "comet", "beta")
@@ -50,6 +60,14 @@ or a partition buffer order of ``comet.py``."""
 
 STREAM_LINK_BUFFER = 28
 """``batch_keys`` stream of the shuffle of each buffer state's edges (the next of the link block 24-27)."""
+STREAM_LINK_EDGE_STATE = 30
+"""``position_keys`` stream of COMET's edge assignment: which share of its bucket an edge is (after 29, the ranks')."""
+
+Assignment = Literal["edge", "bucket"]
+ASSIGNMENTS: tuple[Assignment, ...] = ("edge", "bucket")
+"""How a COMET epoch gives its states their edges: ``edge`` (the default since 2026-11-29) splits each bucket's
+edges at random among all the states that hold both its partitions; ``bucket`` trains each bucket whole in one of
+them, drawn at random (MariusGNN's ``randomlyAssignEdgeBucketsToBuffers``, ``BufferPlan.bucket_state``)."""
 
 
 @dataclass(frozen=True)
@@ -146,12 +164,34 @@ def balanced_cuts(count: int, batch_size: int) -> np.ndarray:
     return (np.arange(batches + 1, dtype=np.int64) * count) // batches
 
 
+def _state_edges_by_bucket(offsets: np.ndarray, p: int, buckets: np.ndarray) -> np.ndarray:
+    """The edges of whole buckets (int64 (k, 2), ascending), bucket after bucket."""
+    flat = buckets[:, 0] * p + buckets[:, 1]
+    return range_nodes(offsets[flat], offsets[flat + 1])
+
+
+def _state_edges_by_edge(plan: BufferPlan, offsets: np.ndarray, t: int, counts: np.ndarray,
+                         shares: np.ndarray) -> np.ndarray:
+    """State t's share of every bucket whose two partitions it holds (module docstring: edge assignment)."""
+    p = plan.num_partitions
+    members = plan.states[t]
+    flat = (members[:, None] * p + members[None, :]).ravel()  # ascending (i, j): members are ascending
+    begin, end = offsets[flat], offsets[flat + 1]
+    positions = range_nodes(begin, end)
+    lengths = end - begin
+    keys = position_keys(plan.seed, STREAM_LINK_EDGE_STATE, plan.epoch, positions)
+    share = key_shares(keys, np.repeat(counts.ravel()[flat], lengths))
+    return positions[share == np.repeat(shares.ravel(), lengths)]
+
+
 def buffer_epoch(plan: BufferPlan, edge_buckets: np.ndarray, partitions: PartitionTable,
-                 batch_size: int, *, balanced: bool = True) -> BufferEpoch:
+                 batch_size: int, *, balanced: bool = True, assignment: Assignment = "edge") -> BufferEpoch:
     """The epoch of ``plan`` (its seed and epoch key the shuffles and batches; module docstring).
 
     balanced=False cuts each state into full batches and a short last one, the form before 2026-11-28
-    (bench/link_variants.py's ``comet-tail-batches`` measures what balancing changed).
+    (bench/link_variants.py's ``comet-tail-batches`` measures what balancing changed). assignment: how a COMET
+    plan's states get their edges (``ASSIGNMENTS``; BETA trains each bucket whole in its first co-resident state
+    whatever this says).
 
     edge_buckets: int64 (P*P + 1,), the bucket offsets of ``train_edges.npy`` (the edges are
     positions 0..edge_buckets[-1]-1); partitions: the dataset's P partitions (their node ranges).
@@ -164,12 +204,17 @@ def buffer_epoch(plan: BufferPlan, edge_buckets: np.ndarray, partitions: Partiti
     size = as_int("batch_size", batch_size)
     if size < 1:
         raise ValueError(f"batch_size: {size}, expected >= 1")
+    if assignment not in ASSIGNMENTS:
+        raise ValueError(f"assignment must be one of {ASSIGNMENTS}, got {assignment!r}")
     keys = batch_keys(plan.seed, STREAM_LINK_BUFFER, plan.epoch, 0, 0, plan.num_states)
+    by_edge = assignment == "edge" and plan.policy == "comet"
+    counts, shares = bucket_shares(plan) if by_edge else (None, None)
     states: list[BufferState] = []
     for t, (members, buckets) in enumerate(zip(plan.states, bucket_order(plan), strict=True)):
-        flat = buckets[:, 0] * p + buckets[:, 1]
-        begin = offsets[flat]
-        positions = range_nodes(begin, offsets[flat + 1])  # the buckets' edges, bucket after bucket
+        if counts is not None and shares is not None:
+            positions = _state_edges_by_edge(plan, offsets, t, counts, shares[t])
+        else:
+            positions = _state_edges_by_bucket(offsets, p, buckets)
         order = shuffle(positions, int(keys[t]))
         ptr = balanced_cuts(len(order), size) if balanced else \
             np.append(np.arange(0, len(order), size, dtype=np.int64), np.int64(len(order)))

@@ -24,7 +24,10 @@ COMET (``comet_plan``) adds randomness at two levels:
    few nodes together for good; large logical ones make few, large reads.
 2. Every bucket (i, j) is trained in a state drawn uniformly at random among the states where
    both i and j are resident, each directed bucket on its own, as MariusGNN's
-   ``randomlyAssignEdgeBucketsToBuffers`` does: a state's buckets come from many partitions.
+   ``randomlyAssignEdgeBucketsToBuffers`` does: a state's buckets come from many partitions
+   (``BufferPlan.bucket_state``). The product goes one step further by default: ``buffer_order`` splits
+   each bucket's edges at random among all those states (``bucket_shares`` says which share is whose), so
+   no state trains a partition's whole own bucket.
 
 Choosing l (``default_logical``). MariusGNN sets l = 2p/c, the least l under its constraints
 c_l >= 2 and p/c = l/c_l (so c_l = 2: the buffer holds two logical partitions of c/2 physical
@@ -64,7 +67,7 @@ import numpy as np
 
 __all__ = ["BufferPlan", "Policy", "STREAM_GROUPS", "STREAM_STATES", "STREAM_BUCKETS", "STREAM_BETA",
            "default_logical", "logical_capacity", "logical_groups", "comet_states", "comet_plan", "beta_plan",
-           "bucket_order", "bucket_correlation"]
+           "bucket_order", "bucket_shares", "bucket_correlation"]
 
 Policy = Literal["comet", "beta"]
 
@@ -336,6 +339,21 @@ def bucket_order(plan: BufferPlan) -> list[np.ndarray]:
     counts = np.bincount(plan.bucket_state.ravel(), minlength=plan.num_states)
     pairs = np.stack(np.divmod(flat, p), axis=1).astype(np.int64)
     return np.split(pairs, np.cumsum(counts)[:-1])
+
+
+def bucket_shares(plan: BufferPlan) -> tuple[np.ndarray, list[np.ndarray]]:
+    """What splitting every bucket's edges among all its co-resident states needs (``buffer_order``'s edge
+    assignment): int64 (p, p), the states in which each bucket's two partitions are both resident (>= 1 for every
+    bucket of a complete plan), and per state t an int64 (k_t, k_t) block, k_t = len(states[t]): the share
+    (0-based) of bucket (states[t][a], states[t][b]) that state t trains, the count of earlier co-resident states.
+    Over a plan each bucket's shares 0..count-1 fall on its co-resident states once each, in plan order."""
+    seen = np.zeros((plan.num_partitions, plan.num_partitions), dtype=np.int64)
+    shares = []
+    for members in plan.states:
+        block = np.ix_(members, members)
+        shares.append(seen[block].copy())
+        seen[block] += 1
+    return seen, shares
 
 
 def bucket_correlation(plan: BufferPlan) -> float:

@@ -49,7 +49,8 @@ import numpy as np
 from loader.sampling.sampling_kernels import STATUS_BAD_NEIGHBOUR, STATUS_DUPLICATE_SEED, sample_pass_kernel
 
 __all__ = ["CSCGraph", "SampledBatch", "SampledBatches", "SampledPass", "batch_keys", "shuffle", "sample_pass",
-           "check_pass_args", "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass", "mix64_array"]
+           "check_pass_args", "as_int", "as_int_array", "empty_pass", "concat_passes", "slice_pass", "mix64_array",
+           "position_keys", "key_shares"]
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -314,11 +315,36 @@ def batch_keys(seed: int, stream: int, epoch: int, pass_index: int, first_batch:
         raise ValueError(f"first_batch: {first} is negative")
     if count < 0:
         raise ValueError(f"num_batches: {count} is negative")
+    counters = np.arange(first + 1, first + count + 1, dtype=np.uint64)
+    return _mix64_array(np.uint64(_stream_base(seed, stream, epoch, pass_index)) + counters * np.uint64(_GAMMA))
+
+
+def _stream_base(seed: int, stream: int, epoch: int, pass_index: int) -> int:
     base = _mix64(as_int("seed", seed) & _MASK)
     for name, value in (("stream", stream), ("epoch", epoch), ("pass_index", pass_index)):
         base = _mix64(base ^ _mix64((as_int(name, value) + _GAMMA) & _MASK))
-    counters = np.arange(first + 1, first + count + 1, dtype=np.uint64)
-    return _mix64_array(np.uint64(base) + counters * np.uint64(_GAMMA))
+    return base
+
+
+def position_keys(seed: int, stream: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """uint64 keys of arbitrary non-negative positions: key i is ``batch_keys(seed, stream, epoch, 0, p, 1)[0]``
+    for p = positions[i], without the arange in between (a draw per item of a scattered set, e.g. an edge's)."""
+    where = as_int_array("positions", positions, (np.int64,))
+    if where.size and where.min() < 0:
+        raise ValueError(f"positions: {where.min()} is negative")
+    counters = where.astype(np.uint64) + np.uint64(1)
+    return _mix64_array(np.uint64(_stream_base(seed, stream, epoch, 0)) + counters * np.uint64(_GAMMA))
+
+
+def key_shares(keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """int64: key i's share among counts[i] equal shares, floor(k_hi * counts[i] / 2^32) with k_hi the key's top 32
+    bits (exact integer arithmetic; counts in [1, 2^32)), so a uniform key falls in each share with probability
+    1 / counts[i] (to within counts[i] / 2^32)."""
+    many = np.asarray(counts, dtype=np.int64)
+    if many.size and (many.min() < 1 or many.max() >= 1 << 32):
+        raise ValueError(f"counts: {many.min()}..{many.max()}, expected within [1, 2^32)")
+    top = np.asarray(keys, dtype=np.uint64) >> np.uint64(32)
+    return ((top * many.astype(np.uint64)) >> np.uint64(32)).astype(np.int64)
 
 
 def shuffle(ids: np.ndarray, key: int) -> np.ndarray:

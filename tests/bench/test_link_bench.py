@@ -51,7 +51,10 @@ def test_defaults_and_commands():
              for extra in ([], ["--buffer-partitions", "4"], ["--logical-partitions", "16"])}
     # shuffled does not depend on the buffer, nor beta on L: 1 + 3 + 2
     assert names == {f"cora-p32-{run}-b256-{BUFFER_LR if run != 'shuffled' else LR}-ema0.99-seed0" for run in (
-        "shuffled", "comet-c8", "comet-c4", "comet-c8-l16", "beta-c8", "beta-c4")}
+        "shuffled", "comet-c8-edges", "comet-c4-edges", "comet-c8-l16-edges", "beta-c8", "beta-c4")}
+    # COMET's runs since it splits buckets among states are named so; its runs before were bucket assignment's
+    assert run_stem("cora", "comet-bucket-assignment", 0, args) == \
+        f"cora-p32-comet-bucket-assignment-c8-b256-{BUFFER_LR}-ema0.99-seed0"
     # a run of other epochs, patience or fanouts is another run (a 2-epoch smoke run is no 100-epoch run)
     smoke = parse_args(["--max-epochs", "2", "--patience", "5", "--fanouts", "5,5", "--ema", "0"])
     assert run_stem("cora", "shuffled", 0, smoke) == f"cora-p32-shuffled-b256-f5_5-e2-pat5-{LR}-seed0"
@@ -64,12 +67,12 @@ def test_defaults_and_commands():
     assert daemon[daemon.index("--lr") + 1] == str(DEFAULT_LINK_LR)
     assert plain[plain.index("--lr") + 1] == str(DEFAULT_BUFFER_LR)  # beta
     fast = parse_args(["--lr", "0.01"])
-    assert run_stem("cora", "comet", 0, fast) == "cora-p32-comet-c8-b256-lr0.01-ema0.99-seed0"
+    assert run_stem("cora", "comet", 0, fast) == "cora-p32-comet-c8-edges-b256-lr0.01-ema0.99-seed0"
     assert run_stem("cora", "shuffled", 0, parse_args(["--lr", "0.003"])) == "cora-p32-shuffled-b256-ema0.99-seed0"
     comet = train_command(Path("/ds"), "comet", 1, out, fast)
     assert comet[comet.index("--lr") + 1] == "0.01"
     random = parse_args(["--partitioner", "random"])
-    assert run_stem("cora", "comet", 0, random) == f"cora-p32-random-comet-c8-b256-{BUFFER_LR}-ema0.99-seed0"
+    assert run_stem("cora", "comet", 0, random) == f"cora-p32-random-comet-c8-edges-b256-{BUFFER_LR}-ema0.99-seed0"
 
 
 @pytest.mark.parametrize("argv, message", [(["--orders", "comet,marius"], "unknown marius"),

@@ -33,6 +33,7 @@ from loader.format.dataset import Dataset
 from loader.format.link import HELD_OUT, read_edge_buckets, read_link_tables
 from loader.sampling.buffer_order import (
     LINK_ORDERS,
+    Assignment,
     BufferEpoch,
     BufferState,
     LinkOrder,
@@ -89,6 +90,10 @@ class LinkInMemorySource:
     balanced_batches = True
     """``buffer_epoch(balanced=...)``: each state cut into even batches (bench/link_variants.py's
     ``comet-tail-batches`` turns it off to measure the cut it replaced)."""
+
+    assignment: Assignment = "edge"
+    """``buffer_epoch(assignment=...)``, the daemon's too: each COMET bucket split among its co-resident states
+    (bench/link_variants.py's ``comet-bucket-assignment`` trains each whole in one, as MariusGNN does)."""
 
     def __init__(self, dataset: Dataset, *, batch_size: int = 1024, negatives: int = 1, disjoint: bool = False,
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
@@ -187,7 +192,7 @@ class LinkInMemorySource:
                                epoch)
             # cut into global batches: rank r trains the r-th even piece of each (_buffer_batches)
             self._epoch = buffer_epoch(plan, self.edge_buckets, self.partitions, self.batch_size * self.world_size,
-                                       balanced=self.balanced_batches)
+                                       balanced=self.balanced_batches, assignment=self.assignment)
         return self._epoch
 
     def train_batches(self, epoch: int) -> Generator[LinkBatch, None, None]:

@@ -124,9 +124,10 @@ async def _scheduler(ctx: PipelineContext, start_epoch: int, local: LocalRanks,
     for epoch in itertools.count(start_epoch):
         t0 = time.perf_counter()
         if ctx.link is not None:
-            states, total = link_states(ctx.link, ctx.resident.partitions, ctx.partitions_per_megabatch,
-                                        cfg.sampler.batch_size, cfg.sampler.seed, epoch, local.world_size)
-            ctx.metrics.stage_busy.labels("scheduler").inc(time.perf_counter() - t0)
+            # off the event loop: an epoch's plan splits every training edge among its states (seconds on millions)
+            states, total = await _timed(ctx, "scheduler", link_states, ctx.link, ctx.resident.partitions,
+                                         ctx.partitions_per_megabatch, cfg.sampler.batch_size, cfg.sampler.seed,
+                                         epoch, local.world_size)
             for index, (partitions, work) in enumerate(states):
                 await schedule_queue.put(ScheduledMegaBatch(epoch, index, len(states), partitions, total, work))
             continue

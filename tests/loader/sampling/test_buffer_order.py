@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from loader.format.partition_table import PARTITION_COLUMNS, PartitionTable
 from loader.sampling.buffer_order import (
+    ASSIGNMENTS,
     STREAM_LINK_BUFFER,
+    STREAM_LINK_EDGE_STATE,
     balanced_cuts,
     buffer_epoch,
     buffer_plan,
@@ -39,17 +41,29 @@ def bucketed_edges(rng: np.random.Generator, parts: PartitionTable, counts: np.n
     return np.concatenate(columns, axis=1) if columns else np.zeros((2, 0), dtype=np.int64)
 
 
-def ref_epoch(plan, offsets: list[int], batch_size: int) -> list[tuple[list[int], list[int]]]:
+def ref_epoch(plan, offsets: list[int], batch_size: int, assignment: str = "edge"
+              ) -> list[tuple[list[int], list[int]]]:
     """(order, batch_ptr) of each state, bucket by bucket and edge by edge, from the module docstring."""
     p = plan.num_partitions
     keys = batch_keys(plan.seed, STREAM_LINK_BUFFER, plan.epoch, 0, 0, plan.num_states)
+    held = [set(members.tolist()) for members in plan.states]
     out = []
     for t in range(plan.num_states):
         positions = []
         for i in range(p):
-            for j in range(p):
-                if plan.bucket_state[i, j] == t:  # ascending (i, j): bucket_order's order
-                    positions += range(offsets[i * p + j], offsets[i * p + j + 1])
+            for j in range(p):  # ascending (i, j): bucket_order's order
+                bucket = range(offsets[i * p + j], offsets[i * p + j + 1])
+                if assignment == "bucket" or plan.policy == "beta":
+                    positions += bucket if plan.bucket_state[i, j] == t else []
+                elif i in held[t] and j in held[t]:
+                    # the edge's share of its bucket among the states holding both ends; this one trains share
+                    # "how many earlier states held both"
+                    shares = sum(i in h and j in h for h in held)
+                    mine = sum(i in h and j in h for h in held[:t])
+                    for e in bucket:
+                        key = int(batch_keys(plan.seed, STREAM_LINK_EDGE_STATE, plan.epoch, 0, e, 1)[0])
+                        if ((key >> 32) * shares) >> 32 == mine:
+                            positions.append(e)
         order = shuffle(np.array(positions, dtype=np.int64), int(keys[t])).tolist()
         out.append((order, ref_cuts(len(order), batch_size)))
     return out
@@ -71,23 +85,23 @@ def epochs(draw):
     logical = None if order == "beta" else draw(st.one_of(st.none(), st.integers(default_logical(p, capacity), p)))
     sizes = draw(st.lists(st.integers(1, 6), min_size=p, max_size=p))
     return (order, p, capacity, logical, sizes, draw(st.integers(1, 7)), draw(st.integers(0, 2**63)),
-            draw(st.integers(0, 40)), draw(st.integers(0, 2**32 - 1)))
+            draw(st.integers(0, 40)), draw(st.integers(0, 2**32 - 1)), draw(st.sampled_from(ASSIGNMENTS)))
 
 
 @PROPERTY
 @given(epochs())
 def test_an_epoch_trains_every_edge_once_with_both_ends_resident(case):
-    order, p, capacity, logical, sizes, batch_size, seed, epoch, data_seed = case
+    order, p, capacity, logical, sizes, batch_size, seed, epoch, data_seed, assignment = case
     rng = np.random.default_rng(data_seed)
     parts = table(sizes)
     counts = rng.integers(0, 5, p * p) * (rng.random(p * p) < 0.7)  # empty buckets too
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     edges = bucketed_edges(rng, parts, counts)
     plan = buffer_plan(order, p, capacity, logical, seed, epoch)
-    result = buffer_epoch(plan, offsets, parts, batch_size)
+    result = buffer_epoch(plan, offsets, parts, batch_size, assignment=assignment)
 
-    assert [(s.order.tolist(), s.batch_ptr.tolist()) for s in result.states] == ref_epoch(plan, offsets.tolist(),
-                                                                                          batch_size)
+    assert [(s.order.tolist(), s.batch_ptr.tolist()) for s in result.states] == ref_epoch(
+        plan, offsets.tolist(), batch_size, assignment)
     everything = np.concatenate([s.order for s in result.states])
     assert sorted(everything.tolist()) == list(range(int(offsets[-1])))  # each training edge exactly once
     batches = result.batches
@@ -107,7 +121,8 @@ def test_an_epoch_trains_every_edge_once_with_both_ends_resident(case):
             assert positions.tolist() == state.order[state.batch_ptr[k]:state.batch_ptr[k + 1]].tolist()
             assert 1 <= len(positions) <= batch_size
     # a pure function of the plan's (seed, epoch)
-    again = buffer_epoch(buffer_plan(order, p, capacity, logical, seed, epoch), offsets, parts, batch_size)
+    again = buffer_epoch(buffer_plan(order, p, capacity, logical, seed, epoch), offsets, parts, batch_size,
+                         assignment=assignment)
     assert again.batches.order.tolist() == everything.tolist()
     assert again.batches.batch_ptr.tolist() == batches.batch_ptr.tolist()
 
@@ -155,6 +170,26 @@ def test_beta_trains_a_states_buckets_around_the_incoming_partition():
         assert ((ends[0] == incoming) | (ends[1] == incoming)).all()
 
 
+def test_comet_spreads_a_bucket_over_every_state_that_holds_it():
+    """Edge assignment: a big diagonal bucket is trained a share at a time in every state holding its partition,
+    in shares about equal; bucket assignment trains it whole in one of them."""
+    p, capacity = 16, 4
+    parts = table([10] * p)
+    counts = np.where(np.eye(p, dtype=bool).ravel(), 2000, 0)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    plan = buffer_plan("comet", p, capacity, None, 3, 1)
+    holding = [t for t, members in enumerate(plan.states) if 0 in members.tolist()]
+    assert len(holding) >= 3
+    by_edge = buffer_epoch(plan, offsets, parts, 64)
+    ours = [int(((by_edge.states[t].order >= 0) & (by_edge.states[t].order < 2000)).sum()) for t in holding]
+    assert sum(ours) == 2000 and min(ours) > 0
+    expected = 2000 / len(holding)
+    assert all(abs(n - expected) < 5 * np.sqrt(expected) for n in ours)  # binomial shares, 5 sigma
+    by_bucket = buffer_epoch(plan, offsets, parts, 64, assignment="bucket")
+    whole = [int(((by_bucket.states[t].order >= 0) & (by_bucket.states[t].order < 2000)).sum()) for t in holding]
+    assert sorted(whole) == [0] * (len(holding) - 1) + [2000]
+
+
 def test_resolved_logical():
     assert resolved_logical("comet", 32, 8, None) == default_logical(32, 8) == 8
     assert resolved_logical("comet", 32, 8, 16) == 16
@@ -172,6 +207,8 @@ def test_resolved_logical():
      "rise from 0"),
     (lambda: buffer_epoch(buffer_plan("comet", 4, 2, None, 0, 1), np.zeros(17, np.int64), table([2] * 4), 0),
      "batch_size: 0"),
+    (lambda: buffer_epoch(buffer_plan("comet", 4, 2, None, 0, 1), np.zeros(17, np.int64), table([2] * 4), 4,
+                          assignment="pair"), "assignment must be one of"),
 ])
 def test_bad_arguments_are_refused(call, message):
     with pytest.raises(ValueError, match=message):

@@ -5,7 +5,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.sampling.sampling import CSCGraph, SampledPass, batch_keys, sample_pass, shuffle
+from loader.sampling.sampling import (
+    CSCGraph,
+    SampledPass,
+    batch_keys,
+    key_shares,
+    position_keys,
+    sample_pass,
+    shuffle,
+)
 from loader.sampling.sampling_kernels import pick_table_size
 
 MASK = (1 << 64) - 1
@@ -278,6 +286,34 @@ def test_batch_keys_follow_the_documented_derivation():
         batch_keys(0, 0, 0, 0, 0, -1)
     with pytest.raises(ValueError, match="first_batch"):
         batch_keys(0, 0, 0, 0, -1, 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**40), max_size=50), st.integers(0, 2**63), st.integers(0, 40))
+def test_position_keys_are_the_batch_keys_of_each_position(positions, seed, epoch):
+    keys = position_keys(seed, 30, epoch, np.array(positions, dtype=np.int64))
+    assert keys.dtype == np.uint64
+    assert keys.tolist() == [int(batch_keys(seed, 30, epoch, 0, p, 1)[0]) for p in positions]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(1, 2**32 - 1)), max_size=50))
+def test_key_shares_is_the_top_32_bits_scaled(pairs):
+    keys = np.array([k for k, _ in pairs], dtype=np.uint64)
+    counts = np.array([c for _, c in pairs], dtype=np.int64)
+    shares = key_shares(keys, counts)
+    assert shares.tolist() == [((k >> 32) * c) >> 32 for k, c in pairs]  # Python integers: no wrap-around
+    assert all(0 <= s < c for s, (_, c) in zip(shares.tolist(), pairs))
+
+
+def test_key_shares_are_about_even_and_refuse_bad_counts():
+    shares = key_shares(position_keys(1, 30, 1, np.arange(70_000, dtype=np.int64)), np.full(70_000, 7))
+    assert np.bincount(shares, minlength=7).min() > 9_500  # 10,000 each expected, sd about 93
+    for bad in (0, 2**32):
+        with pytest.raises(ValueError, match="counts"):
+            key_shares(np.zeros(1, dtype=np.uint64), np.array([bad]))
+    with pytest.raises(ValueError, match="negative"):
+        position_keys(0, 0, 0, np.array([-1]))
 
 
 def test_shuffle_is_a_deterministic_permutation_copy():
