@@ -69,10 +69,10 @@ PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
 DATASETS = ("cora-planetoid", "citeseer-planetoid", "amazon-photo")
 VARIANT_ORDERS = ("comet-global-neighbours", "comet-uniform-negatives", "comet-widened", "comet-hybrid-negatives",
-                  "comet-source-weighted-negatives", "comet-tail-batches", "comet-bucket-assignment")
+                  "comet-source-weighted-negatives", "comet-tail-batches")
 """COMET with one or two of its changes undone, in memory (``bench/link_variants.py``): what its gap is made of.
 Each takes apart plain COMET, its negatives unweighted (``--no-negative-weights``), except ``WEIGHTED_VARIANTS``."""
-WEIGHTED_VARIANTS = ("comet-tail-batches", "comet-bucket-assignment")
+WEIGHTED_VARIANTS = ("comet-tail-batches",)
 """Variants of the product's COMET (weighted negatives): what one of its later changes bought."""
 UNWEIGHTED_ORDERS = ("comet-unweighted", "beta-unweighted")
 """The buffer orders as MariusGNN has them: negatives from the buffer, unweighted (``--no-negative-weights``;
@@ -82,7 +82,12 @@ DEFAULT_ORDERS = ("shuffled", "comet", "beta", "daemon")
 trainer reading them through its socket: the out-of-core path a user runs (its batches are shuffled's, bitwise)."""
 UNBUFFERED_ORDERS = ("shuffled", "daemon")
 """The orders over the whole graph: no buffer in their names or commands, the shuffled order's default lr."""
-ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *VARIANT_ORDERS)
+BUCKET_ORDERS = ("comet-bucket-assignment",)
+"""COMET trained with ``--link-assignment bucket``: each bucket whole in one state, MariusGNN's form, as every COMET
+run before 2026-11-29 was; since then COMET splits each bucket among its co-resident states (the trainer's default)
+and its runs, the variants' too, are named ``-edges``, so --reuse never takes a run of the other assignment (the
+earlier ``comet`` runs are ``comet-bucket-assignment``'s)."""
+ORDERS = (*DEFAULT_ORDERS, *UNWEIGHTED_ORDERS, *BUCKET_ORDERS, *VARIANT_ORDERS)
 """Every order ``--orders`` takes; the unweighted and variant orders are not in the default."""
 DAEMON_BUDGET = "256M"
 DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, DEFAULT_FANOUTS = 100, 10, "10,5"
@@ -90,11 +95,6 @@ UNNAMED_LR = 0.003
 """The learning rate of runs whose names carry no ``-lr``: every run before the link task got its own default
 (``DEFAULT_LINK_LR``, 2026-11-29) trained at the trainer's 0.003 and was named without it; a run at any other lr
 is named with it, so --reuse never mistakes one for the other."""
-BUCKET_ORDERS = ("comet-bucket-assignment",)
-"""COMET orders that train each bucket whole in one state. Every COMET run before 2026-11-29 did (MariusGNN's form);
-since then COMET splits each bucket among its co-resident states (``buffer_order.ASSIGNMENTS``) and its runs, the
-variants' too, are named ``-edges``, so --reuse never takes a run of the other assignment (the earlier ``comet``
-runs are ``comet-bucket-assignment``'s)."""
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
@@ -234,6 +234,8 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
             command += ["--logical-partitions", str(args.logical_partitions)]
         if order in UNWEIGHTED_ORDERS or (variant and order not in WEIGHTED_VARIANTS):
             command.append("--no-negative-weights")
+        if order in BUCKET_ORDERS:
+            command += ["--link-assignment", "bucket"]
     return command
 
 

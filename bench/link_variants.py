@@ -23,10 +23,6 @@ one or two of the others, so the difference to COMET says what that part costs:
 - ``comet-tail-batches``: COMET as it was cut before 2026-11-28, each state into full batches and a short last
   one (``buffer_epoch(balanced=False)``), against the product's equal batches.
 
-- ``comet-bucket-assignment``: COMET as MariusGNN assigns its edges and as this product did before 2026-11-29,
-  each bucket whole in one co-resident state drawn at random (``buffer_epoch(assignment="bucket")``), against the
-  product's split of every bucket among all of them.
-
 The variants are emulations in memory only (no daemon serves them). Run as ``python bench/link_variants.py
 VARIANT TRAINER-ARGS...``: the trainer's ``--mode inmemory --task link --link-order comet`` run, with the
 variant's batches.
@@ -48,7 +44,7 @@ from trainer.link import inmemory
 from trainer.link.batches import LinkBatch
 
 __all__ = ["VARIANTS", "WIDEN", "GlobalNeighbours", "UniformNegatives", "Widened", "HybridNegatives",
-           "SourceWeightedNegatives", "TailBatches", "BucketAssignment", "main"]
+           "SourceWeightedNegatives", "TailBatches", "main"]
 
 WIDEN = 0.5
 """``comet-widened``: nodes added to each state's buffer, as a share of the buffer's nodes."""
@@ -133,17 +129,10 @@ class TailBatches(inmemory.LinkInMemorySource):
     balanced_batches = False
 
 
-class BucketAssignment(inmemory.LinkInMemorySource):
-    """COMET with each bucket trained whole in one of its co-resident states, drawn at random (MariusGNN's)."""
-
-    assignment = "bucket"
-
-
 VARIANTS: dict[str, type[inmemory.LinkInMemorySource]] = {
     "comet-global-neighbours": GlobalNeighbours, "comet-uniform-negatives": UniformNegatives,
     "comet-widened": Widened, "comet-hybrid-negatives": HybridNegatives,
-    "comet-source-weighted-negatives": SourceWeightedNegatives, "comet-tail-batches": TailBatches,
-    "comet-bucket-assignment": BucketAssignment}
+    "comet-source-weighted-negatives": SourceWeightedNegatives, "comet-tail-batches": TailBatches}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

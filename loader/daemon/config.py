@@ -38,6 +38,8 @@ RENAMED_TABLES = {"exact": "fullgraph"}
 
 LINK_BUFFER_ORDERS = ("comet", "beta")
 """``[link] order``: MariusGNN's partition buffer orders (``loader.sampling.buffer_order``)."""
+LINK_ASSIGNMENTS = ("edge", "bucket")
+"""``[link] assignment``: how COMET gives its states their edges (``loader.sampling.buffer_order.ASSIGNMENTS``)."""
 
 SCHEDULES = ("balanced", "random")
 """How the hierarchical mode groups partitions into mega-batches (``loader.daemon.hierarchical.schedule``)."""
@@ -175,6 +177,10 @@ class LinkConfig:
     """Mode "hierarchical" with a buffer of fewer than every partition: weigh each negative in the loss so that
     the pair's own partitions, always resident with it, weigh what they would among uniform draws (batches carry
     ``edge_weight``; ``loader.sampling.negative_weights``; default true)."""
+    assignment: str = "edge"
+    """Mode "hierarchical", order "comet": "edge" (default) splits each edge bucket's edges at random among every
+    state holding both its partitions; "bucket" trains each bucket whole in one of them, MariusGNN's form
+    (``loader.sampling.buffer_order``)."""
 
 
 @dataclass(frozen=True)
@@ -536,9 +542,14 @@ def config_from_mapping(data: Mapping[str, Any], *, base: Path = Path(".")) -> L
                       logical_partitions=_int_or_auto("link", "logical_partitions",
                                                       link_t.get("logical_partitions", "auto"), minimum=1),
                       negative_weights=_bool("link", "negative_weights",
-                                             link_t.get("negative_weights", LinkConfig().negative_weights)))
+                                             link_t.get("negative_weights", LinkConfig().negative_weights)),
+                      assignment=_choice("link", "assignment", link_t.get("assignment", LinkConfig().assignment),
+                                         LINK_ASSIGNMENTS))
     if link.order == "beta" and link.logical_partitions is not None:
         raise _fail("link", "logical_partitions", "BETA swaps physical partitions (order = \"comet\" takes it)")
+    if link.order == "beta" and "assignment" in link_t:
+        raise _fail("link", "assignment", "BETA trains each bucket in its first co-resident state (order = "
+                                          "\"comet\" takes it)")
 
     mode = _mode(_table(data, "loader"))
     return LoaderConfig(dataset=dataset, loader=mode,

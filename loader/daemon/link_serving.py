@@ -45,7 +45,7 @@ from loader.daemon.config import LoaderConfig
 from loader.format.dataset import Dataset
 from loader.format.link import HELD_OUT, read_edge_buckets, read_link_tables
 from loader.format.partition_table import PartitionTable
-from loader.sampling.buffer_order import LinkOrder, buffer_epoch, buffer_plan, resolved_logical
+from loader.sampling.buffer_order import Assignment, LinkOrder, buffer_epoch, buffer_plan, resolved_logical
 from loader.sampling.comet import logical_capacity
 from loader.sampling.link_sampling import (
     LinkEpochPlan,
@@ -94,6 +94,8 @@ class LinkServing:
     logical_partitions: int | None = None
     negative_weights: bool = False
     """A buffer state's negatives weighted (``[link] negative_weights``; ``loader.sampling.negative_weights``)."""
+    assignment: Assignment = "edge"
+    """How a COMET epoch gives its states their edges (``[link] assignment``; ``buffer_order.ASSIGNMENTS``)."""
 
     @property
     def train_positives(self) -> int:
@@ -152,7 +154,7 @@ def link_states(link: LinkServing, partitions: PartitionTable, capacity: int, ba
         return [(np.arange(p, dtype=np.int64), work)], plan.num_batches
     logical = None if link.order == "beta" else resolved_logical(link.order, p, capacity, link.logical_partitions)
     epoch_order = buffer_epoch(buffer_plan(link.order, p, capacity, logical, seed, epoch), link.edge_buckets,
-                               partitions, global_size)
+                               partitions, global_size, assignment=link.assignment)
     states = []
     for state in epoch_order.states:
         if not state.num_batches:  # a state that trains nothing is not loaded
@@ -262,7 +264,7 @@ def load_link_serving(dataset: Dataset, config: LoaderConfig) -> LinkServing | N
     buckets = read_edge_buckets(dataset, link, dataset.manifest.num_partitions)
     return LinkServing(tables.train_edges, held, link.eval_negatives, config.link.negatives, config.link.disjoint,
                        buckets, cast(LinkOrder, config.link.order), config.link.logical_partitions,
-                       config.link.negative_weights)
+                       config.link.negative_weights, cast(Assignment, config.link.assignment))
 
 
 @dataclass(frozen=True)

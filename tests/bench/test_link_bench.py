@@ -40,6 +40,9 @@ def test_defaults_and_commands():
     assert plain[-5:] == ["--link-order", "beta", "--buffer-partitions", "8", "--no-negative-weights"]
     assert train_command(Path("/ds"), "comet-unweighted", 1, out, args)[-5:] == [
         "--link-order", "comet", "--buffer-partitions", "8", "--no-negative-weights"]
+    # MariusGNN's whole buckets: the trainer's option, its negatives weighted as the product's
+    assert train_command(Path("/ds"), "comet-bucket-assignment", 1, out, args)[-6:] == [
+        "--link-order", "comet", "--buffer-partitions", "8", "--link-assignment", "bucket"]
     daemon = train_command(Path("/ds"), "daemon", 1, out, args, Path("/s.sock"))
     assert daemon[daemon.index("--socket") + 1] == "/s.sock" and "--dataset" not in daemon
     assert "--sampler-seed" not in daemon and "--link-order" not in daemon  # the daemon's config sets the sampler

@@ -26,7 +26,7 @@ def pairs_and_negatives(source, epoch):
     return positives, negatives
 
 
-@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"comet-tail-batches", "comet-bucket-assignment"}))
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"comet-tail-batches"}))
 def test_a_variant_keeps_comets_edge_order(link_dataset, variant):  # noqa: F811
     dataset = open_dataset(link_dataset)
     settings = {"batch_size": 32, "fanouts": (3, 3), "seed": 4, "link_order": "comet", "buffer_partitions": 2}
@@ -68,26 +68,6 @@ def test_tail_batches_cut_comets_states_into_full_batches_and_a_short_last_one(l
     got, _ = pairs_and_negatives(tail, 1)
     np.testing.assert_array_equal(np.concatenate(want, axis=1), np.concatenate(got, axis=1))
     command = train_command(link_dataset, "comet-tail-batches", 0, Path("/o.json"), parse_args([]))
-    assert command[-4:] == ["--link-order", "comet", "--buffer-partitions", "8"]  # the product's weighted negatives
-
-
-def test_bucket_assignment_trains_each_bucket_whole_in_one_state(link_dataset):  # noqa: F811
-    dataset = open_dataset(link_dataset)
-    settings = {"batch_size": 32, "fanouts": (3, 3), "seed": 4, "link_order": "comet", "buffer_partitions": 2}
-    comet, whole = LinkInMemorySource(dataset, **settings), VARIANTS["comet-bucket-assignment"](dataset, **settings)
-    split, plain = comet.buffer_epoch(1), whole.buffer_epoch(1)
-    buckets = np.searchsorted(comet.edge_buckets, np.arange(int(comet.edge_buckets[-1])), side="right") - 1
-
-    def states_per_bucket(epoch):
-        state_of = np.empty(len(buckets), dtype=np.int64)
-        for state in epoch.states:
-            state_of[state.order] = state.index
-        return {b: len(set(state_of[buckets == b].tolist())) for b in np.unique(buckets).tolist()}
-
-    assert sorted(plain.batches.order.tolist()) == sorted(split.batches.order.tolist()) == list(range(len(buckets)))
-    assert set(states_per_bucket(plain).values()) == {1}
-    assert max(states_per_bucket(split).values()) > 1  # the product spreads a bucket over its states
-    command = train_command(link_dataset, "comet-bucket-assignment", 0, Path("/o.json"), parse_args([]))
     assert command[-4:] == ["--link-order", "comet", "--buffer-partitions", "8"]  # the product's weighted negatives
 
 

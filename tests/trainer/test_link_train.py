@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from loader.format.dataset import open_dataset
+from loader.format.link import read_edge_buckets
 from loader.offline.prepare import PrepareOptions, prepare_dataset
-from loader.sampling.buffer_order import LINK_ORDERS, buffer_plan
+from loader.sampling.buffer_order import ASSIGNMENTS, LINK_ORDERS, buffer_plan
 from loader.sampling.link_sampling import link_batch_plan, sample_link_batch
 from loader.sampling.negative_weights import buffer_negative_weights
 from proto.errors import UserError
@@ -20,7 +21,7 @@ from tests.graphs import link_input_graph, link_raw
 from trainer.cli import main
 from trainer.link.inmemory import LinkInMemorySource
 from trainer.link.model import LinkModel
-from trainer.link.options import DEFAULT_LINK_LR
+from trainer.link.options import DEFAULT_LINK_LR, LINK_ASSIGNMENTS
 from trainer.link.options import LINK_ORDERS as FLAG_ORDERS
 from trainer.link.ranking import LINK_METRICS
 
@@ -184,6 +185,15 @@ def test_options_reach_the_run(link_dataset, tmp_path, capsys, model, extra):
      "--micro-batches, --aggregation-cache: node-classification options so far (not --task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet", "--buffer-partitions", "0"],
      "--buffer-partitions"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-assignment", "bucket"],
+     "--link-assignment: buffer options (--link-order comet or beta)"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "beta", "--buffer-partitions", "4",
+      "--link-assignment", "edge"], "--link-assignment: BETA trains each bucket in its first co-resident state"),
+    (["--socket", "s", "--task", "link", "--link-assignment", "bucket"], "--link-assignment: not with --task link"),
+    (["--mode", "inmemory", "--dataset", "x", "--link-assignment", "edge"],
+     "--link-assignment: link-prediction options (--task link)"),
+    (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--link-order", "comet", "--buffer-partitions", "4",
+      "--link-assignment", "pair"], "invalid choice"),
     (["--mode", "inmemory", "--dataset", "x", "--ema", "0.9"], "--ema: link-prediction options (--task link)"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--ema", "1"], "expected a number in [0, 1), got 1"),
     (["--mode", "inmemory", "--dataset", "x", "--task", "link", "--ema", "fast"], "expected a number in [0, 1)"),
@@ -329,6 +339,7 @@ def test_buffer_orders_run_and_record_their_plan(link_dataset, tmp_path, capsys,
     assert result["config"]["link_order"] == order and result["config"]["buffer_partitions"] == 2
     assert result["config"]["logical_partitions"] is None
     assert result["config"]["negative_weights"] is True  # a buffer order weighs its negatives by default
+    assert result["config"]["assignment"] == "edge"  # COMET splits its buckets by default (BETA ignores it)
     # 4 partitions, 2 resident: COMET's default groups them into 4 logical ones of 1, 2 at a time
     assert result["buffer"] == {"order": order, "capacity": 2, "physical_partitions": 4, "logical_partitions": 4,
                                 "logical_capacity": 2}
@@ -360,6 +371,33 @@ def test_buffer_batches_cover_the_edges_and_stay_in_the_buffer(link_dataset, ord
             pairs.update(zip(labelled[0, :batch.positives].tolist(), labelled[1, :batch.positives].tolist()))
             np.testing.assert_array_equal(batch.graph.x.numpy(), source.data.features[ids])
         assert pairs == Counter(zip(train[0].tolist(), train[1].tolist()))
+
+
+def test_bucket_assignment_trains_each_bucket_whole_in_one_state(link_dataset, tmp_path, capsys):
+    dataset = open_dataset(link_dataset)
+    settings = {"batch_size": 32, "fanouts": (3, 3), "seed": 4, "link_order": "comet", "buffer_partitions": 2}
+    split = LinkInMemorySource(dataset, **settings).buffer_epoch(1)
+    whole = LinkInMemorySource(dataset, assignment="bucket", **settings).buffer_epoch(1)
+    buckets = read_edge_buckets(dataset, dataset.manifest.link, 4)
+    bucket_of = np.searchsorted(buckets, np.arange(int(buckets[-1])), side="right") - 1
+
+    def states_per_bucket(epoch):
+        state_of = np.empty(len(bucket_of), dtype=np.int64)
+        for state in epoch.states:
+            state_of[state.order] = state.index
+        return [len(set(state_of[bucket_of == b].tolist())) for b in np.unique(bucket_of).tolist()]
+
+    assert sorted(whole.batches.order.tolist()) == sorted(split.batches.order.tolist()) == list(range(len(bucket_of)))
+    assert set(states_per_bucket(whole)) == {1}
+    assert max(states_per_bucket(split)) > 1  # the default spreads a bucket over its states
+    with pytest.raises(UserError, match="assignment must be one of edge, bucket"):
+        LinkInMemorySource(dataset, assignment="pair", **settings)
+    out = tmp_path / "r.json"
+    code, _, err = in_process(capsys, *link_args(link_dataset, "--epochs", 1, "--link-order", "comet",
+                                                 "--buffer-partitions", 2, "--link-assignment", "bucket",
+                                                 "--json-out", out))
+    assert code == 0 and not err and json.loads(out.read_text())["config"]["assignment"] == "bucket"
+    assert LINK_ASSIGNMENTS == ASSIGNMENTS  # the trainer's choices are the loader's
 
 
 def test_the_shuffled_order_is_the_loaders_plan_over_the_whole_graph(link_dataset):

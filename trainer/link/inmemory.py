@@ -32,6 +32,7 @@ import torch
 from loader.format.dataset import Dataset
 from loader.format.link import HELD_OUT, read_edge_buckets, read_link_tables
 from loader.sampling.buffer_order import (
+    ASSIGNMENTS,
     LINK_ORDERS,
     Assignment,
     BufferEpoch,
@@ -83,7 +84,8 @@ class LinkInMemorySource:
     where a batch has fewer positives than ranks; rank 0 of 1 is the single process exactly), in
     a buffer order too: its states are cut into global batches, so every rank steps through the same states.
     negative_weights: weigh each negative of a buffer order by ``loader.sampling.negative_weights`` (its batches
-    carry ``edge_weight``). A dataset that is not a link dataset, or whose link files do not fit its manifest,
+    carry ``edge_weight``). assignment: how a COMET epoch gives its states their edges (``buffer_epoch``'s, the
+    daemon's ``[link] assignment``). A dataset that is not a link dataset, or whose link files do not fit its manifest,
     and a buffer the dataset's partitions do not allow, are UserErrors.
     """
 
@@ -91,15 +93,12 @@ class LinkInMemorySource:
     """``buffer_epoch(balanced=...)``: each state cut into even batches (bench/link_variants.py's
     ``comet-tail-batches`` turns it off to measure the cut it replaced)."""
 
-    assignment: Assignment = "edge"
-    """``buffer_epoch(assignment=...)``, the daemon's too: each COMET bucket split among its co-resident states
-    (bench/link_variants.py's ``comet-bucket-assignment`` trains each whole in one, as MariusGNN does)."""
 
     def __init__(self, dataset: Dataset, *, batch_size: int = 1024, negatives: int = 1, disjoint: bool = False,
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
                  eval_batch_size: int = 1024, seed: int = 0, link_order: str = "shuffled",
                  buffer_partitions: int | None = None, logical_partitions: int | None = None, rank: int = 0,
-                 world_size: int = 1, negative_weights: bool = False) -> None:
+                 world_size: int = 1, negative_weights: bool = False, assignment: str = "edge") -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("negatives", negatives)):
             if value <= 0:
@@ -128,6 +127,9 @@ class LinkInMemorySource:
         if negative_weights and self.buffer is None:
             raise UserError("--negative-weights: weighs a buffer order's negatives (--link-order comet or beta)")
         self.negative_weights = negative_weights
+        if assignment not in ASSIGNMENTS:
+            raise UserError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
+        self.assignment = cast(Assignment, assignment)
         self.data: InMemoryGraph = load_in_memory(dataset)
         n = self.data.num_nodes
         tables = read_link_tables(dataset, link, n)

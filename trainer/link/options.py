@@ -14,7 +14,8 @@ from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.scores import METRIC_CHOICES
 
 __all__ = ["TASKS", "DECODERS", "LINK_ORDERS", "ALL_METRIC_CHOICES", "DEFAULT_EMA", "DEFAULT_LINK_LR",
-           "DEFAULT_BUFFER_LR", "default_lr", "add_arguments", "check_arguments", "ema_decay", "DAEMON_REFUSAL"]
+           "DEFAULT_BUFFER_LR", "LINK_ASSIGNMENTS", "default_lr", "add_arguments", "check_arguments", "ema_decay",
+           "DAEMON_REFUSAL"]
 
 TASKS = ("node", "link")
 DECODERS = ("dot", "mlp")
@@ -38,6 +39,11 @@ DEFAULT_BUFFER_LR = 0.0003
 serves one): a state trains its buckets' edges as one block of correlated batches, and on amazon-photo (14 batches
 a state) COMET at 0.001 lost 20 MRR points to the shuffled order and at 0.0003 about 9 (at 0.003 it did not
 converge); on Cora it is as good as 0.001, on citeseer 1.2 points below (docs/PERFORMANCE.md)."""
+
+
+LINK_ASSIGNMENTS = ("edge", "bucket")
+"""``--link-assignment``: ``loader.sampling.buffer_order.ASSIGNMENTS`` (a test keeps them equal; this module parses
+the command line without importing the loader)."""
 
 
 def default_lr(order: str) -> float:
@@ -88,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="evaluate (and keep as the trained model) an exponential moving average of the weights, "
                            "updated after every step with this decay; 0 evaluates the last weights (default "
                            f"{DEFAULT_EMA}, about an epoch of steps at batch 64 on the small shared graphs)")
+    link.add_argument("--link-assignment", choices=LINK_ASSIGNMENTS, default=None,
+                      help="--link-order comet: edge splits each edge bucket's edges at random among every buffer "
+                           "state that holds both its partitions; bucket trains each bucket whole in one of them, "
+                           "as MariusGNN does (default edge; a daemon's is [link] assignment)")
     link.add_argument("--logical-partitions", type=positive_int, default=None, metavar="L",
                       help="--link-order comet: logical partitions the physical ones are grouped into each epoch "
                            "(default MariusGNN's 2P/C, rounded so that two fit the buffer)")
@@ -101,6 +111,7 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                                           ("--disjoint", args.disjoint), ("--link-order", args.link_order),
                                           ("--buffer-partitions", args.buffer_partitions),
                                           ("--logical-partitions", args.logical_partitions),
+                                          ("--link-assignment", args.link_assignment),
                                           ("--negative-weights", args.negative_weights),
                                           ("--ema", args.ema)) if value is not None]
         if given:
@@ -114,6 +125,7 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
                                           ("--link-order", args.link_order),
                                           ("--buffer-partitions", args.buffer_partitions),
                                           ("--logical-partitions", args.logical_partitions),
+                                          ("--link-assignment", args.link_assignment),
                                           ("--negative-weights", args.negative_weights),
                                           ("--feature-cache", args.feature_cache or None)) if value is not None]
         if given:
@@ -131,6 +143,7 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
     if order == "shuffled":
         given = [flag for flag, value in (("--buffer-partitions", args.buffer_partitions),
                                           ("--logical-partitions", args.logical_partitions),
+                                          ("--link-assignment", args.link_assignment),
                                           ("--negative-weights", args.negative_weights)) if value is not None]
         if given:
             error(f"{', '.join(given)}: buffer options (--link-order comet or beta)")
@@ -138,3 +151,6 @@ def check_arguments(args: argparse.Namespace, error: Callable[[str], NoReturn]) 
         error(f"--link-order {order} needs --buffer-partitions C (the partitions resident at once)")
     elif order == "beta" and args.logical_partitions is not None:
         error("--logical-partitions: BETA swaps physical partitions (--link-order comet takes it)")
+    elif order == "beta" and args.link_assignment is not None:
+        error("--link-assignment: BETA trains each bucket in its first co-resident state (--link-order comet takes "
+              "it)")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from proto.errors import UserError
-from trainer.link.options import DECODERS, LINK_ORDERS
+from trainer.link.options import DECODERS, LINK_ASSIGNMENTS, LINK_ORDERS
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
 from trainer.records import TrainConfig
 
@@ -32,8 +32,9 @@ class LinkConfig:
     metric (a ``LINK_METRIC_CHOICES`` name; "auto", the default, is mrr) and the training order: link_order
     ("shuffled", the default, or the buffer orders "comet" and "beta"), buffer_partitions and
     logical_partitions as given (None: not given; the source checks them against the dataset),
-    negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``), and ema (the
-    decay of the moving average of the weights that evaluation uses; 0: the last weights)."""
+    negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``), ema (the
+    decay of the moving average of the weights that evaluation uses; 0: the last weights) and assignment (how COMET
+    gives its states their edges, ``--link-assignment``: "edge", the default, or "bucket")."""
 
     train: TrainConfig
     decoder: str = "dot"
@@ -45,6 +46,7 @@ class LinkConfig:
     logical_partitions: int | None = None
     negative_weights: bool = False
     ema: float = 0.0
+    assignment: str = "edge"
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -53,6 +55,8 @@ class LinkConfig:
             raise UserError(f"negatives must be positive, got {self.negatives}")
         if self.link_order not in LINK_ORDERS:
             raise UserError(f"link order must be one of {', '.join(LINK_ORDERS)}, got {self.link_order!r}")
+        if self.assignment not in LINK_ASSIGNMENTS:
+            raise UserError(f"assignment must be one of {', '.join(LINK_ASSIGNMENTS)}, got {self.assignment!r}")
         if not 0.0 <= self.ema < 1.0:
             raise UserError(f"ema must be in [0, 1), got {self.ema}")
         if self.metric not in LINK_METRIC_CHOICES:
@@ -63,7 +67,7 @@ class LinkConfig:
         return {**self.train.to_json(), "task": "link", "decoder": self.decoder, "negatives": self.negatives,
                 "disjoint": self.disjoint, "metric": self.metric, "link_order": self.link_order,
                 "buffer_partitions": self.buffer_partitions, "logical_partitions": self.logical_partitions,
-                "negative_weights": self.negative_weights, "ema": self.ema}
+                "negative_weights": self.negative_weights, "ema": self.ema, "assignment": self.assignment}
 
 
 def _json_float(value: float | None) -> float | None:

@@ -72,7 +72,7 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                      metric=args.metric, link_order=args.link_order or "shuffled",
                      buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions,
                      negative_weights=args.link_order not in (None, "shuffled") and args.negative_weights is not False,
-                     ema=DEFAULT_EMA if args.ema is None else args.ema)
+                     ema=DEFAULT_EMA if args.ema is None else args.ema, assignment=args.link_assignment or "edge")
     if dataset is not None:
         assert sampler is not None
         source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
@@ -80,7 +80,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                                     eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
                                     link_order=cfg.link_order, buffer_partitions=cfg.buffer_partitions,
                                     logical_partitions=cfg.logical_partitions, rank=ranks.rank,
-                                    world_size=ranks.world_size, negative_weights=cfg.negative_weights)
+                                    world_size=ranks.world_size, negative_weights=cfg.negative_weights,
+                                    assignment=cfg.assignment)
     # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()

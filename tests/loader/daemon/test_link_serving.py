@@ -182,10 +182,11 @@ def test_a_client_of_the_other_task_is_refused(link_ds, dataset_3k, tmp_path):
         ControlClient.connect(str(config.server.socket), client="test", timeout=30, task="link")
 
 
-@pytest.mark.parametrize("order, logical, weighted", [("comet", None, True), ("comet", 4, True), ("beta", None, True),
-                                                      ("comet", None, False)])
+@pytest.mark.parametrize("order, logical, weighted, assignment", [
+    ("comet", None, True, "edge"), ("comet", 4, True, "edge"), ("beta", None, True, "edge"),
+    ("comet", None, False, "edge"), ("comet", None, True, "bucket")])
 def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulation(link_ds, tmp_path, order, logical,
-                                                                                   weighted, monkeypatch):
+                                                                                   weighted, assignment, monkeypatch):
     path, _, dataset = link_ds
     if logical is not None:  # states cut into passes of 2 batches: the same batches, in the same order
         monkeypatch.setattr(pipeline, "LINK_PASS_BATCHES", 2)
@@ -194,6 +195,8 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
         link["logical_partitions"] = logical
     if not weighted:
         link["negative_weights"] = False
+    if assignment != "edge":  # [link] assignment, "edge" by default
+        link["assignment"] = assignment
     config = link_config(path, tmp_path / "s.sock", "hierarchical", hierarchy={"megabatch_fraction": 0.5}, link=link)
     with running_daemon(config) as daemon, credited_client(config, task="link") as client:
         assert daemon.mode.summary() == f"link prediction in {order} order, a buffer of 4 of 8 partitions"
@@ -206,7 +209,8 @@ def test_the_hierarchical_mode_trains_the_buffer_order_of_the_in_memory_emulatio
                   for source in ("disk", "previous")}
     reference = LinkInMemorySource(dataset, batch_size=BATCH, negatives=2, disjoint=order == "beta", fanouts=FANOUTS,
                                    link_order=order, buffer_partitions=4, logical_partitions=logical,
-                                   negative_weights=weighted)  # [link] negative_weights, true by default
+                                   negative_weights=weighted,  # [link] negative_weights, true by default
+                                   assignment=assignment)
     assert reads > 0  # each state's partitions come from the disk, or from the previous state's buffer
     # consecutive states share partitions: those are copied from the other buffer (and the batches above are
     # still the reference's)
@@ -277,12 +281,16 @@ def test_link_config_table_is_checked():
     assert config_from_mapping({**base, "link": {"negatives": 3, "disjoint": True}}).link.negatives == 3
     assert config_from_mapping(base).link.negative_weights is True
     assert config_from_mapping({**base, "link": {"negative_weights": False}}).link.negative_weights is False
+    assert config_from_mapping(base).link.assignment == "edge"
+    assert config_from_mapping({**base, "link": {"assignment": "bucket"}}).link.assignment == "bucket"
     for bad, fragment in (({"negatives": 0}, r"\[link\] negatives: must be >= 1"),
                           ({"negative_weights": "yes"}, r"\[link\] negative_weights: expected true or false"),
                           ({"disjoint": 1}, r"\[link\] disjoint: expected true or false"),
                           ({"negative": 2}, r"\[link\] negative: unknown option"),
                           ({"order": "marius"}, r"\[link\] order: expected one of comet, beta"),
-                          ({"order": "beta", "logical_partitions": 4}, "BETA swaps physical partitions")):
+                          ({"order": "beta", "logical_partitions": 4}, "BETA swaps physical partitions"),
+                          ({"assignment": "pair"}, r"\[link\] assignment: expected one of edge, bucket"),
+                          ({"order": "beta", "assignment": "edge"}, "BETA trains each bucket in its first")):
         with pytest.raises(UserError, match=fragment):
             config_from_mapping({**base, "link": bad})
 
