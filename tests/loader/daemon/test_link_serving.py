@@ -305,4 +305,4 @@ def test_a_buffer_order_warns_at_startup_that_it_costs_accuracy(link_ds, tmp_pat
     assert len(lines) == (1 if warned else 0), lines
     if warned:
         assert lines[0].startswith("link order comet with a buffer of 4 of 8 partitions: at the trainer's default "
-                                   "learning rates it cost")
+                                   "learning rates, with a buffer of a quarter of the graph, COMET")
