@@ -93,7 +93,6 @@ class LinkInMemorySource:
     """``buffer_epoch(balanced=...)``: each state cut into even batches (bench/link_variants.py's
     ``comet-tail-batches`` turns it off to measure the cut it replaced)."""
 
-
     def __init__(self, dataset: Dataset, *, batch_size: int = 1024, negatives: int = 1, disjoint: bool = False,
                  fanouts: Sequence[int] = (10, 5), eval_fanouts: Sequence[int] | None = None,
                  eval_batch_size: int = 1024, seed: int = 0, link_order: str = "shuffled",

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from loader.daemon.check import check_serve
-from loader.daemon.config import config_from_mapping
+from loader.daemon.config import LINK_ASSIGNMENTS, config_from_mapping
 from loader.daemon.hierarchical import pipeline
 from loader.format.dataset import open_dataset
 from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.sampling.buffer_order import ASSIGNMENTS
 from loader.sampling.inmemory import eval_split_batches, load_in_memory
 from loader.sampling.link_sampling import (
     STREAM_LINK_VAL,
@@ -283,6 +284,7 @@ def test_link_config_table_is_checked():
     assert config_from_mapping({**base, "link": {"negative_weights": False}}).link.negative_weights is False
     assert config_from_mapping(base).link.assignment == "edge"
     assert config_from_mapping({**base, "link": {"assignment": "bucket"}}).link.assignment == "bucket"
+    assert LINK_ASSIGNMENTS == ASSIGNMENTS  # the config's choices are the sampler's (config imports no sampler)
     for bad, fragment in (({"negatives": 0}, r"\[link\] negatives: must be >= 1"),
                           ({"negative_weights": "yes"}, r"\[link\] negative_weights: expected true or false"),
                           ({"disjoint": 1}, r"\[link\] disjoint: expected true or false"),
