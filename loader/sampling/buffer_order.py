@@ -209,12 +209,14 @@ def buffer_epoch(plan: BufferPlan, edge_buckets: np.ndarray, partitions: Partiti
     keys = batch_keys(plan.seed, STREAM_LINK_BUFFER, plan.epoch, 0, 0, plan.num_states)
     by_edge = assignment == "edge" and plan.policy == "comet"
     counts, shares = bucket_shares(plan) if by_edge else (None, None)
+    whole = None if by_edge else bucket_order(plan)
     states: list[BufferState] = []
-    for t, (members, buckets) in enumerate(zip(plan.states, bucket_order(plan), strict=True)):
+    for t, members in enumerate(plan.states):
         if counts is not None and shares is not None:
             positions = _state_edges_by_edge(plan, offsets, t, counts, shares[t])
         else:
-            positions = _state_edges_by_bucket(offsets, p, buckets)
+            assert whole is not None
+            positions = _state_edges_by_bucket(offsets, p, whole[t])
         order = shuffle(positions, int(keys[t]))
         ptr = balanced_cuts(len(order), size) if balanced else \
             np.append(np.arange(0, len(order), size, dtype=np.int64), np.int64(len(order)))

@@ -339,7 +339,8 @@ def test_buffer_orders_run_and_record_their_plan(link_dataset, tmp_path, capsys,
     assert result["config"]["link_order"] == order and result["config"]["buffer_partitions"] == 2
     assert result["config"]["logical_partitions"] is None
     assert result["config"]["negative_weights"] is True  # a buffer order weighs its negatives by default
-    assert result["config"]["assignment"] == "edge"  # COMET splits its buckets by default (BETA ignores it)
+    # COMET splits its buckets by default; BETA has no choice to record
+    assert result["config"]["assignment"] == ("edge" if order == "comet" else None)
     # 4 partitions, 2 resident: COMET's default groups them into 4 logical ones of 1, 2 at a time
     assert result["buffer"] == {"order": order, "capacity": 2, "physical_partitions": 4, "logical_partitions": 4,
                                 "logical_capacity": 2}
@@ -455,8 +456,12 @@ def test_two_ranks_through_the_daemon_train_what_two_ranks_in_memory_train(link_
             done = subprocess.run([sys.executable, "-m", "trainer", *source, *common, "--json-out", str(out)],
                                   capture_output=True, text=True, timeout=600)
             assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
-            results[name] = json.loads(out.read_text())["epochs"]
-    daemon, memory = results["daemon"], results["memory"]
+            results[name] = json.loads(out.read_text())
+    # the record names the order the daemon served, and leaves what only its [link] config knows unsaid
+    config = results["daemon"]["config"]
+    assert config["link_order"] == results["memory"]["config"]["link_order"] == (order[1] if order else "shuffled")
+    assert config["negative_weights"] is None and config["assignment"] is None
+    daemon, memory = results["daemon"]["epochs"], results["memory"]["epochs"]
     assert [(e["samples"], e["batches"]) for e in daemon] == [(e["samples"], e["batches"]) for e in memory]
     for mine, reference in zip(daemon, memory, strict=True):
         for key in ("loss", "val_score"):

@@ -34,7 +34,9 @@ class LinkConfig:
     logical_partitions as given (None: not given; the source checks them against the dataset),
     negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``), ema (the
     decay of the moving average of the weights that evaluation uses; 0: the last weights) and assignment (how COMET
-    gives its states their edges, ``--link-assignment``: "edge", the default, or "bucket")."""
+    gives its states their edges, ``--link-assignment``: "edge", the default, or "bucket"; None where no COMET plan
+    is trained in this process). Through a daemon, link_order is the order it serves and negative_weights and
+    assignment are None: its ``[link]`` config decides them, and the trainer is not told."""
 
     train: TrainConfig
     decoder: str = "dot"
@@ -44,9 +46,9 @@ class LinkConfig:
     link_order: str = "shuffled"
     buffer_partitions: int | None = None
     logical_partitions: int | None = None
-    negative_weights: bool = False
+    negative_weights: bool | None = False
     ema: float = 0.0
-    assignment: str = "edge"
+    assignment: str | None = "edge"
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -55,7 +57,7 @@ class LinkConfig:
             raise UserError(f"negatives must be positive, got {self.negatives}")
         if self.link_order not in LINK_ORDERS:
             raise UserError(f"link order must be one of {', '.join(LINK_ORDERS)}, got {self.link_order!r}")
-        if self.assignment not in LINK_ASSIGNMENTS:
+        if self.assignment is not None and self.assignment not in LINK_ASSIGNMENTS:
             raise UserError(f"assignment must be one of {', '.join(LINK_ASSIGNMENTS)}, got {self.assignment!r}")
         if not 0.0 <= self.ema < 1.0:
             raise UserError(f"ema must be in [0, 1), got {self.ema}")

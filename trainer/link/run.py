@@ -65,14 +65,19 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
         order = daemon.served_order
         if args.lr is None:  # a buffer order trains at its own default
             train = dataclasses.replace(train, lr=default_lr(order))
+        # the daemon's [link] config weighs the negatives and assigns COMET's edges; the wire does not say how
+        negative_weights: bool | None = None
+        assignment: str | None = None
     else:
         assert sampler is not None
         negatives, disjoint, per_rank = args.negatives or 1, bool(args.disjoint), sampler.batch_size
+        negative_weights = order != "shuffled" and args.negative_weights is not False
+        assignment = (args.link_assignment or "edge") if order == "comet" else None
     cfg = LinkConfig(train, decoder=args.decoder or "dot", negatives=negatives, disjoint=disjoint,
-                     metric=args.metric, link_order=args.link_order or "shuffled",
+                     metric=args.metric, link_order=order,
                      buffer_partitions=args.buffer_partitions, logical_partitions=args.logical_partitions,
-                     negative_weights=args.link_order not in (None, "shuffled") and args.negative_weights is not False,
-                     ema=DEFAULT_EMA if args.ema is None else args.ema, assignment=args.link_assignment or "edge")
+                     negative_weights=negative_weights, ema=DEFAULT_EMA if args.ema is None else args.ema,
+                     assignment=assignment)
     if dataset is not None:
         assert sampler is not None
         source = LinkInMemorySource(dataset, batch_size=sampler.batch_size, negatives=cfg.negatives,
@@ -80,8 +85,8 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
                                     eval_batch_size=sampler.eval_batch_size, seed=sampler.seed,
                                     link_order=cfg.link_order, buffer_partitions=cfg.buffer_partitions,
                                     logical_partitions=cfg.logical_partitions, rank=ranks.rank,
-                                    world_size=ranks.world_size, negative_weights=cfg.negative_weights,
-                                    assignment=cfg.assignment)
+                                    world_size=ranks.world_size, negative_weights=bool(cfg.negative_weights),
+                                    assignment=cfg.assignment or "edge")
     # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()
