@@ -42,6 +42,7 @@ from proto.cli_types import non_negative_int, non_negative_seconds, parse_fanout
 from proto.errors import UserError
 from proto.logs import configure_logging, error_line
 from proto.sizes import format_size, parse_size
+from trainer.allocator import keep_freed_memory
 from trainer.link.options import ALL_METRIC_CHOICES, DEFAULT_BUFFER_LR, DEFAULT_LINK_LR
 from trainer.link.options import add_arguments as add_link_arguments
 from trainer.link.options import check_arguments as check_link_arguments
@@ -485,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_mode(parser, args)
+    keep_freed_memory()  # before the first batch: wide features otherwise cost a kernel page fault per 4 KiB a step
     try:
         ranks = ranks_from_env()
     except UserError as err:
