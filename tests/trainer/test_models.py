@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 from trainer.models import MODELS, build_model, mean_weights
@@ -87,3 +89,37 @@ def test_mean_weights_average_each_target_over_its_neighbours_and_itself():
     totals = torch.zeros(4).index_add_(0, edges[1], weights)
     torch.testing.assert_close(totals, torch.ones(4))
     torch.testing.assert_close(weights[:3], torch.tensor([1 / 3, 1 / 3, 1 / 2]))
+
+
+def _pyg_layer_zero(model, x, edge_index, targets):
+    """Layer 0 as PyG's own message passing computes it (the plain reference of ``input_layer``)."""
+    conv = model.convs[0]
+    if model.kind == "sage":
+        return conv((x, x[:targets]), edge_index)
+    edges, weights = mean_weights(edge_index, x.size(0))
+    return conv(x, edges, weights)[:targets]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), kind=st.sampled_from(["sage", "gcn"]))
+def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind):
+    # any sampled-subgraph shape: repeated edges, targets without in-edges, no edges at all; sources past the
+    # targets (the outermost hop), which send messages only, as trim_to_layer leaves them
+    sources = data.draw(st.integers(1, 40), label="sources")
+    targets = data.draw(st.integers(1, sources), label="targets")
+    edges = data.draw(st.integers(0, 120), label="edges")
+    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    edge_index = torch.stack([torch.randint(0, sources, (edges,), generator=gen),
+                              torch.randint(0, targets, (edges,), generator=gen)])
+    torch.manual_seed(seed)
+    model = build_model(kind, 9, 6, 3, 2, 0.0)
+    x = torch.randn(sources, 9, generator=gen)
+    want = _pyg_layer_zero(model, x, edge_index, targets)
+    got = model.layer(0, x, edge_index, targets)
+    assert got.shape == want.shape == (targets, 6)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    # and the same gradients for every parameter
+    grads = [torch.autograd.grad(out.square().sum(), list(model.convs[0].parameters())) for out in (got, want)]
+    for mine, reference in zip(*grads, strict=True):
+        assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)

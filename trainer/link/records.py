@@ -35,8 +35,8 @@ class LinkConfig:
     negative_weights (a buffer order's negatives weighted, ``loader.sampling.negative_weights``), ema (the
     decay of the moving average of the weights that evaluation uses; 0: the last weights) and assignment (how COMET
     gives its states their edges, ``--link-assignment``: "edge", the default, or "bucket"; None where no COMET plan
-    is trained in this process). Through a daemon, link_order is the order it serves and negative_weights and
-    assignment are None: its ``[link]`` config decides them, and the trainer is not told."""
+    is trained in this process). Through a daemon, link_order is the order it serves and, for a buffer order,
+    negative_weights and assignment are None: its ``[link]`` config decides them, and the trainer is not told."""
 
     train: TrainConfig
     decoder: str = "dot"

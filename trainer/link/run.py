@@ -65,8 +65,9 @@ def run_link(args: argparse.Namespace, dataset: "Dataset | None", sampler: "Samp
         order = daemon.served_order
         if args.lr is None:  # a buffer order trains at its own default
             train = dataclasses.replace(train, lr=default_lr(order))
-        # the daemon's [link] config weighs the negatives and assigns COMET's edges; the wire does not say how
-        negative_weights: bool | None = None
+        # a buffer order's negative weights and COMET's edge assignment are the daemon's [link] config, which the
+        # wire does not carry; the shuffled order has neither
+        negative_weights: bool | None = False if order == "shuffled" else None
         assignment: str | None = None
     else:
         assert sampler is not None

@@ -1,0 +1,91 @@
+"""The trainer's input layer, aggregated by a sparse product (``SampledGNN.input_layer``), against PyG's message
+passing, side by side on batch-shaped inputs: seconds per forward + backward and the ratio.
+
+Shapes (sources, targets, edges, input width) stand for a layer 0 the trainer runs: a link batch of 256 pairs on
+coauthor-cs (6,805 features), bench/compare's 1024-seed batch (256 features), a Cora link batch of 256 pairs
+(1,433 features). The graph is random (the cost depends on the sizes, not on who links to whom); every input is
+seeded. Both paths are checked equal (to float32 rounding) before they are timed.
+
+    .venv/bin/python bench/input_layer_bench.py [--models sage,gcn] [--repeats 5] [--threads 1]
+
+Prints a markdown table; nothing is written.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+
+from trainer.models import build_model, mean_weights
+
+SHAPES = {
+    "coauthor-cs link batch": (12_000, 5_000, 38_000, 6_805),
+    "bench/compare batch": (55_000, 11_000, 51_000, 256),
+    "cora link batch": (3_000, 700, 6_000, 1_433),
+}
+HIDDEN = 128
+
+
+def pyg_layer(model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor, targets: int) -> torch.Tensor:
+    """Layer 0 by PyG's own message passing (what ``SampledGNN.layer`` ran before the sparse input layer)."""
+    conv = model.convs[0]
+    if model.kind == "sage":
+        return conv((x, x[:targets]), edge_index)
+    edges, weights = mean_weights(edge_index, x.size(0))
+    return conv(x, edges, weights)[:targets]
+
+
+def sparse_layer(model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor, targets: int) -> torch.Tensor:
+    """Layer 0 as the trainer runs it now."""
+    return model.layer(0, x, edge_index, targets)
+
+
+def seconds(layer, model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor, targets: int,
+            repeats: int) -> float:
+    """Mean seconds of ``layer``'s forward and backward, after one untimed call (first-call allocations)."""
+    layer(model, x, edge_index, targets).sum().backward()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        layer(model, x, edge_index, targets).sum().backward()
+    return (time.perf_counter() - start) / repeats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="sage,gcn", help="comma-separated: sage, gcn")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if not models or any(m not in ("sage", "gcn") for m in models) or args.repeats < 1 or args.threads < 1:
+        print("input_layer_bench: error: --models takes sage and/or gcn; --repeats and --threads >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), hidden {HIDDEN}, forward + backward of layer 0, "
+          f"mean of {args.repeats}\n")
+    print("| shape | model | sources, targets, edges, width | PyG message passing | sparse input layer | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, (sources, targets, edges, width) in SHAPES.items():
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(sources, width, generator=gen)
+        edge_index = torch.stack([torch.randint(0, sources, (edges,), generator=gen),
+                                  torch.randint(0, targets, (edges,), generator=gen)])
+        for kind in models:
+            torch.manual_seed(0)
+            model = build_model(kind, width, HIDDEN, 8, 2, 0.0)
+            with torch.no_grad():
+                want, got = pyg_layer(model, x, edge_index, targets), sparse_layer(model, x, edge_index, targets)
+            if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+                print(f"input_layer_bench: error: {name}, {kind}: the two paths differ by "
+                      f"{(got - want).abs().max().item():.2e}", file=sys.stderr)
+                return 1
+            old = seconds(pyg_layer, model, x, edge_index, targets, args.repeats)
+            new = seconds(sparse_layer, model, x, edge_index, targets, args.repeats)
+            print(f"| {name} | {kind} | {sources:,}, {targets:,}, {edges:,}, {width:,} | {old * 1000:.1f} ms | "
+                  f"{new * 1000:.1f} ms | {old / new:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
