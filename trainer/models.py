@@ -118,8 +118,9 @@ class SampledGNN(torch.nn.Module):
         by a sparse product over the target rows, then transformed: PyG's message passing would gather one
         feature row per edge (an E x F tensor, 1 GB for a link batch on coauthor-cs's 6,805 features) and GCN
         would transform every source row, where only the targets' are read. On the input rows, which need no
-        gradient, this is 1.4-3x faster (docs/PERFORMANCE.md, "The input layer"); deeper layers, narrow and with a
-        gradient to carry back, stay on PyG's path, which is faster there."""
+        gradient, SAGE measured 1.3-2.1x faster and GCN up to 5x, though 10% slower on 6,805 features
+        (docs/PERFORMANCE.md, "The input layer"); deeper layers, narrow and with a gradient to carry back, stay on
+        PyG's path, which is faster there."""
         conv = self.convs[0]
         sources = x.size(0)
         if self.kind == "sage":
