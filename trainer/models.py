@@ -121,22 +121,21 @@ class SampledGNN(torch.nn.Module):
         gradient, SAGE measured 1.3-2.1x faster and GCN up to 5x, though 10% slower on 6,805 features
         (docs/PERFORMANCE.md, "The input layer"); deeper layers, narrow and with a gradient to carry back, stay on
         PyG's path, which is faster there."""
-        conv = self.convs[0]
         sources = x.size(0)
         if self.kind == "sage":
-            assert isinstance(conv, SAGEConv)
             degree = torch.bincount(edge_index[1], minlength=sources).clamp_(min=1).to(x.dtype)
             rows = target_rows(edge_index, degree.reciprocal()[edge_index[1]], num_targets, sources)
-            return conv.lin_l(torch.sparse.mm(rows, x)) + conv.lin_r(x[:num_targets])
-        assert isinstance(conv, GCNConv) and conv.bias is not None
-        edges, weights = mean_weights(edge_index, sources)
-        return conv.lin(torch.sparse.mm(target_rows(edges, weights.to(x.dtype), num_targets, sources), x)) \
-            + conv.bias
+        else:
+            edges, weights = mean_weights(edge_index, sources)
+            rows = target_rows(edges, weights.to(x.dtype), num_targets, sources)
+        # the sampled neighbours' aggregate takes the place of the cache's: the same linear maps follow
+        return self.aggregated_layer(x[:num_targets], torch.sparse.mm(rows, x))
 
     def aggregated_layer(self, x: Tensor, x_agg: Tensor) -> Tensor:
-        """Layer 0 from the aggregation cache, for every node of the batch, no message passing: SAGE's
-        ``lin_l(mean of all neighbours) + lin_r(x)``, GCN's ``(A_hat X) W + b`` (the cache holds A_hat X with
-        the global degrees, BatchGNN's normalization), with the same parameters as the sampled layer."""
+        """Layer 0's linear maps on an aggregate of the input rows ``x_agg`` (one row per row of ``x``): SAGE's
+        ``lin_l(mean of the neighbours) + lin_r(x)``, GCN's ``(A_hat X) W + b``. From the aggregation cache, for
+        every node of the batch and no message passing (the cache holds A_hat X with the global degrees, BatchGNN's
+        normalization), or from ``input_layer``'s aggregate over the sampled neighbours: the same parameters."""
         conv = self.convs[0]
         if self.kind == "sage":
             assert isinstance(conv, SAGEConv)

@@ -1,6 +1,7 @@
 """trainer.allocator: after ``keep_freed_memory`` a batch-sized block comes from malloc's heap and its pages are
 reused, where glibc's default maps (and the kernel zero-fills) a fresh one every time."""
 
+import ctypes
 import subprocess
 import sys
 
@@ -38,7 +39,7 @@ def probe(mode: str) -> str:
 
 
 def test_glibc_maps_a_batch_sized_block_by_default_and_the_heap_serves_it_after_keep_freed_memory():
-    if not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"):
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("not glibc >= 2.33: no mallinfo2 to see where a block came from")
     assert probe("default")[:2] == ["None", "True"]  # its own mapping, unmapped when freed
     taken, mapped, reused = probe("keep")
