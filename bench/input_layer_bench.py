@@ -1,12 +1,15 @@
 """The trainer's input layer, aggregated by a sparse product (``SampledGNN.input_layer``), against PyG's message
-passing, side by side on batch-shaped inputs: seconds per forward + backward and the ratio.
+passing, side by side on batch-shaped inputs: seconds per forward + backward and the ratios. The input layer runs
+twice: on dense rows (``dense_inputs`` set), and as the trainer runs it, where its cost rule
+(``max_sparse_entries``) multiplies sparse enough rows as sparse rows (trainer/sparse_input.py).
 
 Shapes (sources, targets, edges, input width) stand for a layer 0 the trainer runs: a link batch of 256 pairs on
 coauthor-cs (6,805 features), bench/compare's 1024-seed batch (256 features), a Cora link batch of 256 pairs
-(1,433 features). The graph is random (the cost depends on the sizes, not on who links to whom); every input is
-seeded. Both paths are checked equal (to float32 rounding) before they are timed.
+(1,433 features). The graph is random (the cost depends on the sizes, not on who links to whom); the rows are
+normal draws, each non-zero with probability ``--densities`` (default 1, and coauthor-cs's 0.009); every input is
+seeded. The paths are checked equal (to float32 rounding) before they are timed.
 
-    .venv/bin/python bench/input_layer_bench.py [--models sage,gcn] [--repeats 5] [--threads 1]
+    .venv/bin/python bench/input_layer_bench.py [--models sage,gcn] [--densities 1,0.009] [--repeats 5] [--threads 1]
 
 Prints a markdown table; nothing is written.
 """
@@ -36,8 +39,15 @@ def pyg_layer(model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor,
     return conv(x, edges, weights)[:targets]
 
 
+def dense_layer(model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor, targets: int) -> torch.Tensor:
+    """Layer 0 as the trainer runs it on dense rows."""
+    model.dense_inputs = True
+    return model.layer(0, x, edge_index, targets)
+
+
 def sparse_layer(model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor, targets: int) -> torch.Tensor:
-    """Layer 0 as the trainer runs it now."""
+    """Layer 0 as the trainer runs it now: sparse rows where they are sparse enough."""
+    model.dense_inputs = False
     return model.layer(0, x, edge_index, targets)
 
 
@@ -54,36 +64,50 @@ def seconds(layer, model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Te
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="sage,gcn", help="comma-separated: sage, gcn")
+    parser.add_argument("--densities", default="1,0.009", help="comma-separated shares of non-zero input entries")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
+    try:
+        densities = [float(d) for d in args.densities.split(",")]
+    except ValueError:
+        densities = []
     if not models or any(m not in ("sage", "gcn") for m in models) or args.repeats < 1 or args.threads < 1:
         print("input_layer_bench: error: --models takes sage and/or gcn; --repeats and --threads >= 1", file=sys.stderr)
+        return 2
+    if not densities or any(not 0.0 < d <= 1.0 for d in densities):
+        print(f"input_layer_bench: error: --densities takes numbers in (0, 1], got {args.densities!r}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), hidden {HIDDEN}, forward + backward of layer 0, "
           f"mean of {args.repeats}\n")
-    print("| shape | model | sources, targets, edges, width | PyG message passing | sparse input layer | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("| shape | model | sources, targets, edges, width | non-zero | PyG message passing | input layer, dense rows "
+          "| input layer as run | vs PyG | vs dense rows |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, (sources, targets, edges, width) in SHAPES.items():
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(sources, width, generator=gen)
-        edge_index = torch.stack([torch.randint(0, sources, (edges,), generator=gen),
-                                  torch.randint(0, targets, (edges,), generator=gen)])
-        for kind in models:
-            torch.manual_seed(0)
-            model = build_model(kind, width, HIDDEN, 8, 2, 0.0)
-            with torch.no_grad():
-                want, got = pyg_layer(model, x, edge_index, targets), sparse_layer(model, x, edge_index, targets)
-            if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
-                print(f"input_layer_bench: error: {name}, {kind}: the two paths differ by "
-                      f"{(got - want).abs().max().item():.2e}", file=sys.stderr)
-                return 1
-            old = seconds(pyg_layer, model, x, edge_index, targets, args.repeats)
-            new = seconds(sparse_layer, model, x, edge_index, targets, args.repeats)
-            print(f"| {name} | {kind} | {sources:,}, {targets:,}, {edges:,}, {width:,} | {old * 1000:.1f} ms | "
-                  f"{new * 1000:.1f} ms | {old / new:.2f}x |")
+        for density in densities:
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randn(sources, width, generator=gen)
+            if density < 1.0:
+                x *= torch.rand(sources, width, generator=gen) < density
+            edge_index = torch.stack([torch.randint(0, sources, (edges,), generator=gen),
+                                      torch.randint(0, targets, (edges,), generator=gen)])
+            for kind in models:
+                torch.manual_seed(0)
+                model = build_model(kind, width, HIDDEN, 8, 2, 0.0)
+                layers = (pyg_layer, dense_layer, sparse_layer)
+                with torch.no_grad():
+                    want, *gots = (layer(model, x, edge_index, targets) for layer in layers)
+                for layer, got in zip(layers[1:], gots, strict=True):
+                    if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+                        print(f"input_layer_bench: error: {name}, {kind}, {layer.__name__}: differs from PyG's by "
+                              f"{(got - want).abs().max().item():.2e}", file=sys.stderr)
+                        return 1
+                old, dense, new = (seconds(layer, model, x, edge_index, targets, args.repeats) for layer in layers)
+                print(f"| {name} | {kind} | {sources:,}, {targets:,}, {edges:,}, {width:,} | {density:g} | "
+                      f"{old * 1000:.1f} ms | {dense * 1000:.1f} ms | {new * 1000:.1f} ms | {old / new:.2f}x | "
+                      f"{dense / new:.2f}x |")
     return 0
 
 

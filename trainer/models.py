@@ -14,6 +14,8 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.utils import trim_to_layer
 
+from trainer.sparse_input import SparseRows, max_sparse_entries, rows_times_weight, sparse_rows
+
 __all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "mean_weights", "target_rows"]
 
 MODELS = ("sage", "gcn", "gat")
@@ -76,6 +78,8 @@ class SampledGNN(torch.nn.Module):
         if kind == "gat" and hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads}) for gat")
         self.kind = kind
+        self.dense_inputs = False
+        """Set, layer 0 never takes ``sparse_input_layer`` (tests and bench/input_layer_bench.py compare the paths)."""
         self.num_layers = num_layers
         self.dropout = dropout
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
@@ -128,8 +132,27 @@ class SampledGNN(torch.nn.Module):
         else:
             edges, weights = mean_weights(edge_index, sources)
             rows = target_rows(edges, weights.to(x.dtype), num_targets, sources)
+        budget = 0 if self.dense_inputs else max_sparse_entries(sources, num_targets, x.size(1))
+        features = sparse_rows(x, budget)
+        if features is not None:
+            return self.sparse_input_layer(features, rows, num_targets)
         # the sampled neighbours' aggregate takes the place of the cache's: the same linear maps follow
         return self.aggregated_layer(x[:num_targets], torch.sparse.mm(rows, x))
+
+    def sparse_input_layer(self, features: SparseRows, rows: Tensor, num_targets: int) -> Tensor:
+        """``input_layer`` on sparse input rows (trainer/sparse_input.py): transformed first, then aggregated, which
+        linearity allows (``A (X W) = (A X) W``) and which costs in proportion to the non-zeros of ``X``."""
+        conv = self.convs[0]
+        if self.kind == "sage":
+            assert isinstance(conv, SAGEConv)
+            out = (torch.sparse.mm(rows, rows_times_weight(features, conv.lin_l.weight))
+                   + rows_times_weight(features.first(num_targets), conv.lin_r.weight))
+            for bias in (conv.lin_l.bias, conv.lin_r.bias):
+                if bias is not None:
+                    out = out + bias
+            return out
+        assert isinstance(conv, GCNConv) and conv.bias is not None
+        return torch.sparse.mm(rows, rows_times_weight(features, conv.lin.weight)) + conv.bias
 
     def aggregated_layer(self, x: Tensor, x_agg: Tensor) -> Tensor:
         """Layer 0's linear maps on an aggregate of the input rows ``x_agg`` (one row per row of ``x``): SAGE's

@@ -1,5 +1,7 @@
 """The models on real sampled batches: shapes, trimming equals the full computation, gradients flow."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -101,8 +103,8 @@ def _pyg_layer_zero(model, x, edge_index, targets):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), kind=st.sampled_from(["sage", "gcn"]))
-def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind):
+@given(data=st.data(), kind=st.sampled_from(["sage", "gcn"]), inputs=st.sampled_from(["dense", "sparse"]))
+def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind, inputs):
     # any sampled-subgraph shape: repeated edges, targets without in-edges, no edges at all; sources past the
     # targets (the outermost hop), which send messages only, as trim_to_layer leaves them
     sources = data.draw(st.integers(1, 40), label="sources")
@@ -114,9 +116,16 @@ def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind):
                               torch.randint(0, targets, (edges,), generator=gen)])
     torch.manual_seed(seed)
     model = build_model(kind, 9, 6, 3, 2, 0.0)
-    x = torch.randn(sources, 9, generator=gen)
+    # input rows with any share of zeros, multiplied densely or as sparse rows (trainer/sparse_input.py) whatever
+    # their density
+    zeros = data.draw(st.floats(0.0, 1.0), label="zeros")
+    x = torch.randn(sources, 9, generator=gen) * (torch.rand(sources, 9, generator=gen) >= zeros)
     want = _pyg_layer_zero(model, x, edge_index, targets)
-    got = model.layer(0, x, edge_index, targets)
+    model.dense_inputs = inputs == "dense"
+    with (mock.patch("trainer.models.max_sparse_entries", return_value=x.numel()),
+          mock.patch.object(model, "sparse_input_layer", wraps=model.sparse_input_layer) as sparse_path):
+        got = model.layer(0, x, edge_index, targets)
+    assert sparse_path.called == (inputs == "sparse")  # the path asked for is the path taken
     assert got.shape == want.shape == (targets, 6)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     # and the same gradients for every parameter
