@@ -11,6 +11,13 @@ seeded. The paths are checked equal (to float32 rounding) before they are timed.
 
     .venv/bin/python bench/input_layer_bench.py [--models sage,gcn] [--densities 1,0.009] [--repeats 5] [--threads 1]
 
+With ``--dataset DS`` (a dataset imported with ``--task link`` and prepared) it times whole training steps
+instead (forward, loss, backward; GraphSAGE/GCN hidden 128, MLP decoder, fanouts 10,5) on the first
+``--repeats`` + 1 batches of ``--batch-size`` pairs of DS's shuffled order, layer 0 on dense rows against layer 0 as
+the trainer runs it, the first batch untimed; each batch's logits and gradients are checked equal first:
+
+    .venv/bin/python bench/input_layer_bench.py --dataset DS [--batch-size 256] [--models sage,gcn]
+
 Prints a markdown table; nothing is written.
 """
 
@@ -19,6 +26,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from trainer.models import build_model, mean_weights
 
@@ -67,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--densities", default="1,0.009", help="comma-separated shares of non-zero input entries")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--dataset", default=None, help="a prepared link dataset: whole steps on its batches")
+    parser.add_argument("--batch-size", type=int, default=256, help="with --dataset: pairs per batch (default 256)")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     try:
@@ -76,10 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     if not models or any(m not in ("sage", "gcn") for m in models) or args.repeats < 1 or args.threads < 1:
         print("input_layer_bench: error: --models takes sage and/or gcn; --repeats and --threads >= 1", file=sys.stderr)
         return 2
+    if args.batch_size < 1:
+        print("input_layer_bench: error: --batch-size must be >= 1", file=sys.stderr)
+        return 2
     if not densities or any(not 0.0 < d <= 1.0 for d in densities):
         print(f"input_layer_bench: error: --densities takes numbers in (0, 1], got {args.densities!r}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    if args.dataset is not None:
+        return step_table(args.dataset, models, args.batch_size, args.repeats, args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), hidden {HIDDEN}, forward + backward of layer 0, "
           f"mean of {args.repeats}\n")
     print("| shape | model | sources, targets, edges, width | non-zero | PyG message passing | input layer, dense rows "
@@ -108,6 +123,59 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} | {kind} | {sources:,}, {targets:,}, {edges:,}, {width:,} | {density:g} | "
                       f"{old * 1000:.1f} ms | {dense * 1000:.1f} ms | {new * 1000:.1f} ms | {old / new:.2f}x | "
                       f"{dense / new:.2f}x |")
+    return 0
+
+
+def step_seconds(model: torch.nn.Module, batch, dense: bool) -> tuple[float, torch.Tensor, list[torch.Tensor]]:
+    """One training step's forward, loss and backward on ``batch`` (a ``LinkBatch``), layer 0 on dense rows or as
+    run: (seconds, logits, every parameter's gradient)."""
+    model.encoder.dense_inputs = dense
+    model.zero_grad()
+    graph = batch.graph
+    start = time.perf_counter()
+    logits = model(graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges,
+                   batch.edge_label_index)
+    F.binary_cross_entropy_with_logits(logits, batch.edge_label).backward()
+    took = time.perf_counter() - start
+    return took, logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def step_table(path: str, models: list[str], batch_size: int, repeats: int, threads: int) -> int:
+    """``--dataset``: whole steps on the dataset's own batches, dense rows against as run."""
+    from loader.format.dataset import open_dataset
+    from proto.errors import UserError
+    from trainer.link.inmemory import LinkInMemorySource
+    from trainer.link.model import LinkModel
+
+    try:
+        source = LinkInMemorySource(open_dataset(path), batch_size=batch_size, seed=0)
+    except (UserError, OSError) as err:
+        print(f"input_layer_bench: error: {err}", file=sys.stderr)
+        return 2
+    stream = source.train_batches(1)
+    batches = [batch for _, batch in zip(range(repeats + 1), stream, strict=False)]
+    first = batches[0].graph
+    print(f"torch {torch.__version__}, {threads} thread(s), {path}: batches of {batch_size} pairs, "
+          f"{first.x.shape[0]:,} nodes of {first.x.shape[1]:,} features in the first; whole steps (forward, loss, "
+          f"backward), mean of {len(batches) - 1} after one untimed\n")
+    print("| model | dense rows | as run | ratio |")
+    print("|---|---|---|---|")
+    for kind in models:
+        torch.manual_seed(0)
+        model = LinkModel(kind, source.num_features, HIDDEN, 2, 0.0, decoder="mlp")
+        totals = {True: 0.0, False: 0.0}
+        for index, batch in enumerate(batches):
+            results = {dense: step_seconds(model, batch, dense) for dense in (True, False)}
+            (_, want, want_grads), (_, got, got_grads) = results[True], results[False]
+            if not torch.allclose(got, want, atol=1e-4, rtol=1e-4) or not all(
+                    torch.allclose(a, b, atol=1e-4, rtol=1e-3) for a, b in zip(got_grads, want_grads, strict=True)):
+                print(f"input_layer_bench: error: {kind}, batch {index}: the paths' steps differ", file=sys.stderr)
+                return 1
+            if index:
+                for dense in totals:
+                    totals[dense] += results[dense][0]
+        dense, run = (totals[d] / max(1, len(batches) - 1) for d in (True, False))
+        print(f"| {kind} | {dense * 1000:.1f} ms | {run * 1000:.1f} ms | {dense / run:.2f}x |")
     return 0
 
 

@@ -44,13 +44,17 @@ def max_sparse_entries(num_sources: int, num_targets: int, width: int) -> int:
 @kernel
 def _csr_of_dense(x: np.ndarray, max_nnz: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """(indptr, indices, values, True) of the non-zero entries of the 2-D ``x``, row by row; (..., False) as soon
-    as there are more than ``max_nnz`` of them."""
+    as there are more than ``max_nnz`` of them, or when the first eighth of the rows holds more than a
+    quarter of them (a matrix just too dense would otherwise cost a nearly whole scan before the dense path)."""
     n, f = x.shape
     indptr = np.zeros(n + 1, np.int64)
     indices = np.empty(max_nnz, np.int64)
     values = np.empty(max_nnz, x.dtype)
     k = 0
+    probe = n // 8
     for i in range(n):
+        if i == probe and probe >= 8 and 4 * k > max_nnz:
+            return indptr, indices[:0].copy(), values[:0].copy(), False
         for j in range(f):
             v = x[i, j]
             if v != 0:

@@ -6,8 +6,27 @@ from bench import input_layer_bench
 
 
 @pytest.mark.parametrize("argv", [["--models", "gat"], ["--models", ""], ["--repeats", "0"], ["--threads", "0"],
-                                  ["--densities", "0"], ["--densities", "x"], ["--densities", "1.5"]])
+                                  ["--densities", "0"], ["--densities", "x"], ["--densities", "1.5"],
+                                  ["--batch-size", "0"]])
 def test_bad_arguments_are_one_line_and_exit_2(capsys, argv):
     assert input_layer_bench.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("input_layer_bench: error:")
+
+
+def test_whole_steps_on_a_datasets_batches(tmp_path, capsys):
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
+    from tests.graphs import link_input_graph, link_raw
+
+    src, dst = link_input_graph(5, 200, 800, symmetric=True)
+    raw = link_raw(tmp_path / "raw", src, dst, 200, feat_dim=8, undirected=True)
+    prepare_dataset(raw.path, tmp_path / "ds", PrepareOptions(num_partitions=2, memory_budget=64 << 20, progress=False))
+    assert input_layer_bench.main(["--dataset", str(tmp_path / "ds"), "--batch-size", "32", "--repeats", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| sage", "| gcn"))]
+    assert len(rows) == 2
+
+
+def test_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys):
+    assert input_layer_bench.main(["--dataset", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("input_layer_bench: error:")

@@ -40,11 +40,17 @@ def test_csr_of_dense_and_its_transpose_match_numpy(x):
         np.testing.assert_array_equal(mine, reference)
 
 
-@settings(max_examples=100, deadline=None)
-@given(x=_MATRICES, limit=st.integers(0, 20))
-def test_csr_of_dense_gives_up_past_its_limit(x, limit):
+@settings(max_examples=200, deadline=None)
+@given(x=_matrices(), rows=st.integers(0, 80), limit=st.integers(0, 40))
+def test_csr_of_dense_gives_up_past_its_limit(x, rows, limit):
+    x = np.resize(x, (rows, x.shape[1])) if x.size else x  # up to 80 rows: past the first eighth's probe
     *_, fits = _csr_of_dense(x, limit)
-    assert fits == (np.count_nonzero(x) <= limit)
+    count = np.count_nonzero(x)
+    if count > limit:
+        assert not fits
+    probe = x.shape[0] // 8
+    if count <= limit and (probe < 8 or 4 * np.count_nonzero(x[:probe]) <= limit):
+        assert fits  # gives up early only where the first eighth of the rows holds over a quarter of the limit
 
 
 @settings(max_examples=100, deadline=None)
