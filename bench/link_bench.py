@@ -31,7 +31,8 @@ Reported per graph (bench/results/link-<graphs>[-tag].{md,json}): per order the 
 ROC AUC at the best validation epoch (mean of the seeds, then each seed), the MRR's difference to
 shuffled in points (seed by seed, with the standard error of the mean difference: ``paired_gap``), the
 best epoch, the epochs to accuracy (the first epoch whose validation MRR reaches shuffled's mean best
-validation MRR minus 1 point, mean over the seeds that reach it, "never" if none), the buffer states and
+validation MRR minus 1 point, mean over the seeds that reach it, "never" if none) and the seconds of training
+and evaluation to it (time to accuracy; runs that share the cores slow each other), the buffer states and
 the partitions an epoch reads (``BufferPlan.io_partitions``: what the order would
 cost out of core; shuffled reads the whole graph and has no plan), and seconds of training per epoch.
 
@@ -118,10 +119,17 @@ class LinkRun:
     """Physical partitions read per epoch (empty for shuffled)."""
     train_s: float
     """Seconds of training per epoch, mean."""
+    elapsed_s: list[tuple[int, float]]
+    """(epoch, seconds of training and evaluation from the start through that epoch) of every epoch."""
 
     def epochs_to(self, target: float) -> int | None:
         """The first epoch whose validation MRR reaches ``target``, None if none does."""
         return next((epoch for epoch, mrr in self.val_mrr if mrr >= target), None)
+
+    def seconds_to(self, target: float) -> float | None:
+        """Seconds of training and evaluation through the first epoch whose validation MRR reaches ``target``."""
+        epoch = self.epochs_to(target)
+        return None if epoch is None else next(s for e, s in self.elapsed_s if e == epoch)
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,8 @@ class OrderSummary:
     best_epoch: list[int]
     epochs_run: list[int]
     epochs_to_target: list[int | None]
+    seconds_to_target: list[float | None]
+    """Training and evaluation seconds to the target (time to accuracy; runs sharing the cores slow each other)."""
     states_per_epoch: float | None
     loads_per_epoch: float | None
     train_s_per_epoch: float | None
@@ -250,7 +260,15 @@ def read_run(order: str, seed: int, data: dict) -> LinkRun:
                    {k: float("nan") if v is None else float(v) for k, v in data["test_at_best"].items()},
                    len(epochs), [int(e["buffer_states"]) for e in epochs if e.get("buffer_states") is not None],
                    [int(e["partition_loads"]) for e in epochs if e.get("partition_loads") is not None],
-                   _mean([float(e["train_s"]) for e in epochs]))
+                   _mean([float(e["train_s"]) for e in epochs]), _elapsed(epochs))
+
+
+def _elapsed(epochs: list[dict]) -> list[tuple[int, float]]:
+    total, out = 0.0, []
+    for e in epochs:
+        total += float(e["train_s"]) + float(e.get("eval_s") or 0.0)
+        out.append((int(e["epoch"]), total))
+    return out
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -272,6 +290,7 @@ def summarize(runs: dict[str, list[LinkRun]]) -> tuple[float | None, list[OrderS
             order, [r.seed for r in group], [r.test["mrr"] for r in group], [r.test["hits@10"] for r in group],
             [r.test["roc_auc"] for r in group], [r.best_epoch for r in group], [r.epochs_run for r in group],
             [None if target is None else r.epochs_to(target) for r in group],
+            [None if target is None else r.seconds_to(target) for r in group],
             _defined(_mean([s for r in group for s in r.states])), _defined(_mean([x for r in group for x in r.loads])),
             _defined(_mean([r.train_s for r in group]))))
     return target, summaries
@@ -286,14 +305,14 @@ def _number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _reached(values: list[int | None], has_target: bool) -> str:
+def _reached(values: Sequence[float | None], has_target: bool, digits: int = 1) -> str:
     if not has_target:
         return "-"
     reached = [v for v in values if v is not None]
     if not reached:
         return "never"
     missed = f" ({len(values) - len(reached)} never)" if len(reached) < len(values) else ""
-    return f"{_mean(reached):.1f}{missed}"
+    return f"{_mean(reached):.{digits}f}{missed}"
 
 
 def paired_gap(order: OrderSummary, base: OrderSummary) -> str:
@@ -319,14 +338,15 @@ def dataset_markdown(name: str, target: float | None, summaries: list[OrderSumma
              f"{buffer}; target validation MRR "
              + ("-" if target is None else f"{target:.4f} (shuffled's mean best minus 1 point)") + ".", "",
              "| order | test MRR (per seed) | vs shuffled (points, paired by seed ± s.e.) | Hits@10 | ROC AUC | "
-             "best epoch | epochs run | epochs to target | states / epoch | partitions read / epoch | "
-             "train s / epoch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "best epoch | epochs run | epochs to target | s to target (train + eval) | states / epoch | "
+             "partitions read / epoch | train s / epoch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         delta = "-" if base is None or s.order == "shuffled" else paired_gap(s, base)
         lines.append(f"| {s.order} | {_scores(s.mrr)} | {delta} | {_scores(s.hits10)} | {_scores(s.auc)} | "
                      f"{_mean(s.best_epoch):.1f} | {_mean(s.epochs_run):.1f} | "
-                     f"{_reached(s.epochs_to_target, target is not None)} | {_number(s.states_per_epoch)} | "
+                     f"{_reached(s.epochs_to_target, target is not None)} | "
+                     f"{_reached(s.seconds_to_target, target is not None, 0)} | {_number(s.states_per_epoch)} | "
                      f"{_number(s.loads_per_epoch)} | {_number(s.train_s_per_epoch, 2)} |")
     return "\n".join(lines) + "\n"
 

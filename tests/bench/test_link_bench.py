@@ -15,8 +15,8 @@ LR, BUFFER_LR = f"lr{DEFAULT_LINK_LR}", f"lr{DEFAULT_BUFFER_LR}"
 
 def result(best: int, val: list[float], test_mrr: float, loads: int | None) -> dict:
     """A trainer ``--json-out`` as the link task writes it, the fields the bench reads."""
-    epochs = [{"epoch": e + 1, "val": {"mrr": v}, "train_s": 2.0, "buffer_states": None if loads is None else 5,
-               "partition_loads": loads} for e, v in enumerate(val)]
+    epochs = [{"epoch": e + 1, "val": {"mrr": v}, "train_s": 2.0, "eval_s": 0.5,
+               "buffer_states": None if loads is None else 5, "partition_loads": loads} for e, v in enumerate(val)]
     return {"epochs": epochs, "best_epoch": best, "best_val": {"mrr": val[best - 1]},
             "test_at_best": {"mrr": test_mrr, "hits@10": 0.8, "roc_auc": None}}
 
@@ -95,11 +95,13 @@ def test_the_report_compares_with_shuffled():
     target, (shuffled, comet) = summarize(runs)
     assert target == pytest.approx(0.50)  # the mean best validation MRR, 0.51, minus 1 point
     assert shuffled.epochs_to_target == [2, 3] and comet.epochs_to_target == [3, None]
+    assert shuffled.seconds_to_target == [5.0, 7.5] and comet.seconds_to_target == [7.5, None]  # 2.5 s an epoch
     assert shuffled.loads_per_epoch is None and comet.loads_per_epoch == pytest.approx(110)
     assert comet.states_per_epoch == 5 and comet.train_s_per_epoch == 2.0 and math.isnan(comet.auc[0])
     text = dataset_markdown("g", target, [shuffled, comet], "buffer of C = 8 of 32 partitions")
     rows = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     assert rows["| comet"][1] == "0.4300 (0.460, 0.400)"
     assert rows["| comet"][2] == "-6.0 ± 4.0"  # seed by seed: -2 and -10
-    assert rows["| comet"][7] == "3.0 (1 never)" and rows["| comet"][9] == "110.0"
-    assert rows["| shuffled"][2] == "-" and rows["| shuffled"][9] == "-"
+    assert rows["| comet"][7] == "3.0 (1 never)" and rows["| comet"][8] == "8 (1 never)"
+    assert rows["| comet"][10] == "110.0" and rows["| shuffled"][8] == "6"
+    assert rows["| shuffled"][2] == "-" and rows["| shuffled"][10] == "-"
