@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from loader.jit import kernel
+from trainer.sparse_input_kernels import csr_of_dense, transpose_csr
 
 __all__ = ["SparseRows", "max_sparse_entries", "rows_times_weight", "sparse_rows"]
 
@@ -39,52 +39,6 @@ def max_sparse_entries(num_sources: int, num_targets: int, width: int) -> int:
     """The most non-zero input entries for which the sparse product beats the dense one on a layer of
     ``num_sources`` input rows of ``width`` columns and ``num_targets`` output rows (0: it never does)."""
     return max(0, int((BREAK_EVEN * num_targets * width - ROW_COST * num_sources) / NNZ_COST))
-
-
-@kernel
-def _csr_of_dense(x: np.ndarray, max_nnz: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """(indptr, indices, values, True) of the non-zero entries of the 2-D ``x``, row by row; (..., False) as soon
-    as there are more than ``max_nnz`` of them, or when the first eighth of the rows holds more than a
-    quarter of them (a matrix just too dense would otherwise cost a nearly whole scan before the dense path)."""
-    n, f = x.shape
-    indptr = np.zeros(n + 1, np.int64)
-    indices = np.empty(max_nnz, np.int64)
-    values = np.empty(max_nnz, x.dtype)
-    k = 0
-    probe = n // 8
-    for i in range(n):
-        if i == probe and probe >= 8 and 4 * k > max_nnz:
-            return indptr, indices[:0].copy(), values[:0].copy(), False
-        for j in range(f):
-            v = x[i, j]
-            if v != 0:
-                if k == max_nnz:
-                    return indptr, indices[:0].copy(), values[:0].copy(), False
-                indices[k] = j
-                values[k] = v
-                k += 1
-        indptr[i + 1] = k
-    return indptr, indices[:k].copy(), values[:k].copy(), True
-
-
-@kernel
-def _transpose_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
-                   num_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The CSR of the transpose: a counting sort of the entries by column, rows ascending within a column."""
-    counts = np.zeros(num_cols + 1, np.int64)
-    for k in range(indices.size):
-        counts[indices[k] + 1] += 1
-    t_indptr = np.cumsum(counts)
-    fill = t_indptr[:-1].copy()
-    t_indices = np.empty(indices.size, np.int64)
-    t_values = np.empty(values.size, values.dtype)
-    for i in range(indptr.size - 1):
-        for k in range(indptr[i], indptr[i + 1]):
-            at = fill[indices[k]]
-            t_indices[at] = i
-            t_values[at] = values[k]
-            fill[indices[k]] = at + 1
-    return t_indptr, t_indices, t_values
 
 
 def _csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> Tensor:
@@ -113,7 +67,7 @@ class SparseRows:
     def transposed_csr(self) -> Tensor:
         if self._transposed is None:
             rows, cols = self.shape
-            self._transposed = _csr(*_transpose_csr(self.indptr, self.indices, self.values, cols), (cols, rows))
+            self._transposed = _csr(*transpose_csr(self.indptr, self.indices, self.values, cols), (cols, rows))
         return self._transposed
 
 
@@ -123,7 +77,7 @@ def sparse_rows(x: Tensor, max_entries: int) -> SparseRows | None:
     if (max_entries <= 0 or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.requires_grad
             or x.numel() == 0):
         return None
-    indptr, indices, values, fits = _csr_of_dense(x.detach().contiguous().numpy(), min(max_entries, x.numel()))
+    indptr, indices, values, fits = csr_of_dense(x.detach().contiguous().numpy(), min(max_entries, x.numel()))
     if not fits:
         return None
     return SparseRows(indptr, indices, values, (int(x.shape[0]), int(x.shape[1])))

@@ -8,7 +8,7 @@ scratch entry is touched, because numba does not bounds-check.
 
 import numpy as np
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["plan_kernel", "copy_hit_rows", "copy_rows", "STATUS_OK", "STATUS_ID_OUT_OF_RANGE",
            "STATUS_DUPLICATE_ID", "STATUS_PRIOR_ID_OUT_OF_RANGE", "STATUS_PRIOR_SLOT_OUT_OF_RANGE",

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from loader.format.checksum_kernels import PAGE_BYTES, bad_block_in
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["STATUS_EOF", "STATUS_OK", "STATUS_OS_ERROR", "STATUS_CORRUPT", "RESULT_FIELDS", "plan_spans",
            "read_groups"]

@@ -7,7 +7,7 @@ mega-batch, and ``gather_rows`` copies the rows of each batch's nodes into its s
 
 import numpy as np
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["gather_rows"]
 

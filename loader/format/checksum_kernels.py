@@ -29,7 +29,7 @@ import numba
 import numpy as np
 from llvmlite import binding as llvm
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["PAGE_BYTES", "MIN_BLOCK_BYTES", "check_block_bytes", "block_checksums", "first_bad_block",
            "bad_block_in", "first_bad_row", "USING_C_XXH3"]

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["KIND_CODES", "aggregate_chunk", "half_to_float", "kernel_features"]
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["has_edges"]
 

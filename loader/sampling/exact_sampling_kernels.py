@@ -16,8 +16,8 @@ in place, never copied per hop.
 
 import numpy as np
 
-from loader.jit import kernel
 from loader.sampling.sampling_kernels import GAMMA, _grown, _pick_positions, mix64, number_first_seen
+from proto.jit import kernel
 
 __all__ = ["scatter_lists", "first_duplicate_seed", "frontier_union", "sample_group_hop", "append_group",
            "STATUS_OK", "STATUS_BAD_NEIGHBOUR"]

@@ -6,7 +6,7 @@ kernels are its hot path and trust the arrays that ``CSCGraph`` and ``sample_pas
 
 import numpy as np
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["GAMMA", "mix64", "number_first_seen", "pick_table_size", "sample_pass_kernel", "STATUS_OK",
            "STATUS_DUPLICATE_SEED", "STATUS_BAD_NEIGHBOUR"]

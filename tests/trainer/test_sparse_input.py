@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from trainer.models import build_model
-from trainer.sparse_input import _csr_of_dense, _transpose_csr, max_sparse_entries, rows_times_weight, sparse_rows
+from trainer.sparse_input import max_sparse_entries, rows_times_weight, sparse_rows
+from trainer.sparse_input_kernels import csr_of_dense, transpose_csr
 
 
 def _matrices(min_side: int = 0) -> st.SearchStrategy[np.ndarray]:
@@ -31,11 +32,11 @@ def _reference_csr(x):
 @settings(max_examples=200, deadline=None)
 @given(x=_MATRICES)
 def test_csr_of_dense_and_its_transpose_match_numpy(x):
-    indptr, indices, values, fits = _csr_of_dense(x, x.size)
+    indptr, indices, values, fits = csr_of_dense(x, x.size)
     assert fits
     for mine, reference in zip((indptr, indices, values), _reference_csr(x), strict=True):
         np.testing.assert_array_equal(mine, reference)
-    transposed = _transpose_csr(indptr, indices, values, x.shape[1])
+    transposed = transpose_csr(indptr, indices, values, x.shape[1])
     for mine, reference in zip(transposed, _reference_csr(np.ascontiguousarray(x.T)), strict=True):
         np.testing.assert_array_equal(mine, reference)
 
@@ -44,7 +45,7 @@ def test_csr_of_dense_and_its_transpose_match_numpy(x):
 @given(x=_matrices(), rows=st.integers(0, 80), limit=st.integers(0, 40))
 def test_csr_of_dense_gives_up_past_its_limit(x, rows, limit):
     x = np.resize(x, (rows, x.shape[1])) if x.size else x  # up to 80 rows: past the first eighth's probe
-    *_, fits = _csr_of_dense(x, limit)
+    *_, fits = csr_of_dense(x, limit)
     count = np.count_nonzero(x)
     if count > limit:
         assert not fits

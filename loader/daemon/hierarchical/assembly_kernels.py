@@ -7,7 +7,7 @@ cleared per mega-batch in O(M), so assembling a mega-batch never costs O(N).
 
 import numpy as np
 
-from loader.jit import kernel
+from proto.jit import kernel
 
 __all__ = ["induce_subgraph", "fill_local_of", "clear_local_of"]
 

@@ -1,4 +1,4 @@
-"""loader.jit.kernel: cached where numba can cache, compiled per process (one warning) where it cannot."""
+"""proto.jit.kernel: cached where numba can cache, compiled per process (one warning) where it cannot."""
 
 import logging
 
@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pytest
 
-import loader.jit as jit
+import proto.jit as jit
 
 
 def _double(x: np.ndarray) -> np.ndarray:

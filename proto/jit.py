@@ -1,4 +1,5 @@
-"""The decorator of the loader's numba kernels: nopython, GIL released, compiled once into numba's cache.
+"""The decorator of every numba kernel (the loader's and the trainer's): nopython, GIL released, compiled once
+into numba's cache. In ``proto``, which both packages import, so that the trainer needs no ``loader`` for it.
 
 Compiling in the process costs seconds at every daemon start, and LLVM keeps ~70 MiB it never
 returns (docs/PERFORMANCE.md, "Daemon memory in the exact mode"), so kernels are cached on disk:
