@@ -37,7 +37,8 @@ the partitions an epoch reads (``BufferPlan.io_partitions``: what the order woul
 cost out of core; shuffled reads the whole graph and has no plan), and seconds of training per epoch.
 
 Usage (cora takes minutes per run on 2 cores, amazon-photo far longer; keep --work to rerun without
-importing and preparing, and --reuse to resume):
+importing and preparing, and --reuse to resume: finished runs are read back, and an in-memory run cut short, by a
+kill or a session's end, continues from the checkpoint of its last whole epoch, ending as it would have uninterrupted):
 
     .venv/bin/python bench/link_bench.py [--work /var/tmp/mb-link]
     .venv/bin/python bench/link_bench.py --datasets cora-planetoid --seeds 0 --max-epochs 2 --tag smoke
@@ -386,7 +387,16 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
         out.unlink(missing_ok=True)
         socket = dirs["work"] / f"{stem}.sock"
         command = train_command(dataset, order, seed, out, args, socket)
-        with log.open("w") as sink, contextlib.ExitStack() as served:
+        # an in-memory run checkpoints every epoch, so a run cut short (a session's end, a kill) resumes from its
+        # last whole epoch under --reuse and ends as the uninterrupted run would (the trainer's resume is bitwise)
+        checkpoint = dirs["runs"] / f"{stem}.ckpt"
+        if order != "daemon":
+            command += ["--checkpoint", str(checkpoint)]
+            if args.reuse and checkpoint.exists():
+                command.append("--resume")
+            else:
+                checkpoint.unlink(missing_ok=True)
+        with log.open("a" if "--resume" in command else "w") as sink, contextlib.ExitStack() as served:
             if order == "daemon":
                 config = dirs["work"] / f"{stem}.toml"
                 config.write_text(daemon_config(dataset, socket, seed, args))
@@ -399,6 +409,7 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
         if code != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
             raise SystemExit(f"bench: {stem}: exit {code}\n{tail}")
+        checkpoint.unlink(missing_ok=True)
     try:
         return read_run(order, seed, json.loads(out.read_text()))
     except (ValueError, KeyError, TypeError) as err:

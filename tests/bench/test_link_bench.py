@@ -1,11 +1,14 @@
 """bench/link_bench.py: its runs' commands and names, and the report from the trainer's JSON."""
 
+import json
 import math
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from bench import link_bench
 from bench.link_bench import daemon_config, dataset_markdown, parse_args, read_run, run_stem, summarize, train_command
 from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_LINK_LR
 
@@ -105,3 +108,32 @@ def test_the_report_compares_with_shuffled():
     assert rows["| comet"][7] == "3.0 (1 never)" and rows["| comet"][8] == "8 (1 never)"
     assert rows["| comet"][10] == "110.0" and rows["| shuffled"][8] == "6"
     assert rows["| shuffled"][2] == "-" and rows["| shuffled"][10] == "-"
+
+
+def test_a_run_cut_short_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    dirs = {key: tmp_path / key for key in ("work", "runs", "logs")}
+    for path in dirs.values():
+        path.mkdir()
+    commands: list[list[str]] = []
+
+    def trainer(command, **_):  # a trainer that checkpoints, then dies on its first run and finishes on its second
+        commands.append(command)
+        Path(command[command.index("--checkpoint") + 1]).write_text("epoch")
+        if len(commands) == 1:
+            return subprocess.CompletedProcess(command, -9)
+        Path(command[command.index("--json-out") + 1]).write_text(json.dumps(result(2, [0.3, 0.5], 0.48, None)))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(link_bench.subprocess, "run", trainer)
+    args = parse_args(["--reuse"])
+    checkpoint = dirs["runs"] / (run_stem("cora", "shuffled", 0, args) + ".ckpt")
+    with pytest.raises(SystemExit, match="exit -9"):
+        link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, args)
+    assert "--resume" not in commands[0] and checkpoint.exists()  # the last whole epoch is kept
+    run = link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, args)
+    assert commands[1][-3:] == ["--checkpoint", str(checkpoint), "--resume"] and run.best_epoch == 2
+    assert not checkpoint.exists()  # a finished run leaves its result, not its checkpoint
+    # without --reuse a run starts over: an old checkpoint is not resumed
+    checkpoint.write_text("stale")
+    link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, parse_args([]))
+    assert "--resume" not in commands[2] and not checkpoint.exists()

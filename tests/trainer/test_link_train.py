@@ -102,9 +102,12 @@ def test_link_training_end_to_end(link_dataset, tmp_path):
     assert without_timings(json.loads(again.read_text())) == without_timings(result)
 
 
-def test_resumed_run_ends_as_an_uninterrupted_one(link_dataset, tmp_path, capsys):
+@pytest.mark.parametrize("order", [(), ("--link-order", "comet", "--buffer-partitions", 2)],
+                         ids=["shuffled", "comet"])
+def test_resumed_run_ends_as_an_uninterrupted_one(link_dataset, tmp_path, capsys, order):
+    # bench/link_bench.py resumes a run cut short from its checkpoint and reports it as the whole run
     straight, resumed, ckpt = tmp_path / "straight.json", tmp_path / "resumed.json", tmp_path / "ck.pt"
-    options = ("--decoder", "mlp", "--negatives", 2)
+    options = ("--decoder", "mlp", "--negatives", 2, *order)
     assert in_process(capsys, *link_args(link_dataset, "--epochs", 3, "--json-out", straight, *options))[0] == 0
     assert in_process(capsys, *link_args(link_dataset, "--epochs", 2, "--checkpoint", ckpt, *options))[0] == 0
     code, lines, _ = in_process(capsys, *link_args(link_dataset, "--epochs", 3, "--checkpoint", ckpt, "--resume",
