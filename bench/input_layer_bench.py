@@ -14,7 +14,10 @@ seeded. The paths are checked equal (to float32 rounding) before they are timed.
 With ``--dataset DS`` (a dataset imported with ``--task link`` and prepared) it times whole training steps
 instead (forward, loss, backward; GraphSAGE/GCN hidden 128, MLP decoder, fanouts 10,5) on the first
 ``--repeats`` + 1 batches of ``--batch-size`` pairs of DS's shuffled order, layer 0 on dense rows against layer 0 as
-the trainer runs it, the first batch untimed; each batch's logits and gradients are checked equal first:
+the trainer runs it, the first batch untimed; each batch's logits and gradients are checked equal first. Where
+the source holds DS's features sparse (trainer/sparse_features.py), the dense column gets the batch's rows dense
+(densified untimed) and a first table times gathering a batch's rows both ways, dense from the feature matrix
+against as CSR from the held non-zeros:
 
     .venv/bin/python bench/input_layer_bench.py --dataset DS [--batch-size 256] [--models sage,gcn]
 
@@ -132,8 +135,9 @@ def step_seconds(model: torch.nn.Module, batch, dense: bool) -> tuple[float, tor
     model.encoder.dense_inputs = dense
     model.zero_grad()
     graph = batch.graph
+    x = graph.x.to_dense() if dense and graph.x.layout == torch.sparse_csr else graph.x
     start = time.perf_counter()
-    logits = model(graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges,
+    logits = model(x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges,
                    batch.edge_label_index)
     F.binary_cross_entropy_with_logits(logits, batch.edge_label).backward()
     took = time.perf_counter() - start
@@ -158,6 +162,8 @@ def step_table(path: str, models: list[str], batch_size: int, repeats: int, thre
     print(f"torch {torch.__version__}, {threads} thread(s), {path}: batches of {batch_size} pairs, "
           f"{first.x.shape[0]:,} nodes of {first.x.shape[1]:,} features in the first; whole steps (forward, loss, "
           f"backward), mean of {len(batches) - 1} after one untimed\n")
+    if source.sparse is not None:
+        gather_table(source, batches, first.x.shape[1])
     print("| model | dense rows | as run | ratio |")
     print("|---|---|---|---|")
     for kind in models:
@@ -177,6 +183,26 @@ def step_table(path: str, models: list[str], batch_size: int, repeats: int, thre
         dense, run = (totals[d] / max(1, len(batches) - 1) for d in (True, False))
         print(f"| {kind} | {dense * 1000:.1f} ms | {run * 1000:.1f} ms | {dense / run:.2f}x |")
     return 0
+
+
+def gather_table(source, batches: list, width: int) -> None:
+    """The rows of each batch gathered dense from the feature matrix against as CSR from the held non-zeros."""
+    from trainer.inmemory_source import float32_rows
+
+    totals = {"dense": 0.0, "held": 0.0}
+    for index, batch in enumerate(batches):
+        nodes = batch.graph.n_id.numpy()
+        for way, gather in (("dense", lambda ids: float32_rows(source.data.feature_rows(ids))),
+                            ("held", source.sparse.rows)):
+            start = time.perf_counter()
+            gather(nodes)
+            if index:
+                totals[way] += time.perf_counter() - start
+    dense, held = (totals[way] / max(1, len(batches) - 1) for way in ("dense", "held"))
+    print(f"features held sparse: {source.sparse.density:.2%} of {width:,} columns non-zero\n")
+    print("| a batch's rows | dense from the matrix | as CSR from the held non-zeros | ratio |")
+    print("|---|---|---|---|")
+    print(f"| gather | {dense * 1000:.1f} ms | {held * 1000:.1f} ms | {dense / held:.1f}x |\n")
 
 
 if __name__ == "__main__":

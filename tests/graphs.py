@@ -75,17 +75,22 @@ def split_dataset_400(root: Path) -> Path:
 
 def link_raw(path: Path, src: np.ndarray, dst: np.ndarray, num_nodes: int, *, feat_dim: int = 4,
              undirected: bool = False, edge_split: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0,
-             eval_negatives: int = 5, memory_budget: int = 64 << 20) -> RawDataset:
+             eval_negatives: int = 5, memory_budget: int = 64 << 20, feature_density: float = 1.0) -> RawDataset:
     """A link-prediction raw dataset at ``path`` (``import --format numpy --task link``) of the edges ``src ->
-    dst`` (input order kept), random features and labels: the reference input of the link tests."""
+    dst`` (input order kept), random features and labels: the reference input of the link tests.
+    ``feature_density`` < 1 keeps about that share of the features non-zero (bag-of-words-like rows)."""
     from loader.offline.importers import ImportOptions, import_dataset
 
     source = path.parent / f"{path.name}-input"
     source.mkdir()
     rng = np.random.default_rng(num_nodes)
     np.save(source / "edge_index.npy", np.stack((np.asarray(src, np.int64), np.asarray(dst, np.int64))))
-    np.save(source / "features.npy", rng.standard_normal((num_nodes, feat_dim)).astype(np.float32))
-    np.save(source / "labels.npy", rng.integers(0, 3, num_nodes))
+    features = rng.standard_normal((num_nodes, feat_dim)).astype(np.float32)
+    labels = rng.integers(0, 3, num_nodes)
+    if feature_density < 1.0:
+        features[np.random.default_rng(feat_dim).random(features.shape) >= feature_density] = 0.0
+    np.save(source / "features.npy", features)
+    np.save(source / "labels.npy", labels)
     options = ImportOptions(undirected=undirected, task="link", edge_split=edge_split, edge_split_seed=seed,
                             eval_negatives=eval_negatives)
     return import_dataset(source, path, fmt="numpy", options=options, memory_budget=memory_budget, progress=False)

@@ -136,6 +136,8 @@ class SampledGNN(torch.nn.Module):
         features = sparse_rows(x, budget)
         if features is not None:
             return self.sparse_input_layer(features, rows, num_targets)
+        if x.layout == torch.sparse_csr:
+            x = x.to_dense()
         # the sampled neighbours' aggregate takes the place of the cache's: the same linear maps follow
         return self.aggregated_layer(x[:num_targets], torch.sparse.mm(rows, x))
 
@@ -176,6 +178,8 @@ class SampledGNN(torch.nn.Module):
             raise ValueError(f"batch has {len(num_sampled_edges)} sampled hops, the model {layers} layers"
                              + ("" if x_agg is None else " and reads an aggregation cache"))
         weight = next(self.parameters())
+        if x.layout == torch.sparse_csr and (x_agg is not None or self.kind not in AGGREGATION_FOR):
+            x = x.to_dense()  # held-sparse rows (trainer/sparse_features.py) that only input_layer takes as such
         if x.dtype != weight.dtype:
             # float16 features (prepare --feat-dtype float16) cross the slot and PCIe at half the bytes and are
             # widened here, on the training device

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from trainer.sparse_input_kernels import csr_of_dense, transpose_csr
 
-__all__ = ["SparseRows", "max_sparse_entries", "rows_times_weight", "sparse_rows"]
+__all__ = ["SparseRows", "csr_tensor", "gives_up_early", "max_sparse_entries", "rows_times_weight", "sparse_rows"]
 
 NNZ_COST = 15.0
 ROW_COST = 221.0
@@ -41,7 +41,7 @@ def max_sparse_entries(num_sources: int, num_targets: int, width: int) -> int:
     return max(0, int((BREAK_EVEN * num_targets * width - ROW_COST * num_sources) / NNZ_COST))
 
 
-def _csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> Tensor:
+def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is not
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse_csr_tensor(torch.from_numpy(indptr), torch.from_numpy(indices),
@@ -67,20 +67,33 @@ class SparseRows:
     def transposed_csr(self) -> Tensor:
         if self._transposed is None:
             rows, cols = self.shape
-            self._transposed = _csr(*transpose_csr(self.indptr, self.indices, self.values, cols), (cols, rows))
+            self._transposed = csr_tensor(*transpose_csr(self.indptr, self.indices, self.values, cols), (cols, rows))
         return self._transposed
+
+
+def gives_up_early(indptr: np.ndarray, max_nnz: int) -> bool:
+    """Whether ``csr_of_dense(x, max_nnz, probe=True)`` gives up on the matrix whose CSR row pointers are
+    ``indptr``: past ``max_nnz`` entries, or a first eighth of the rows holding over a quarter of them."""
+    first_eighth = (indptr.size - 1) // 8
+    return bool(indptr[-1] > max_nnz or (first_eighth >= 8 and 4 * indptr[first_eighth] > max_nnz))
 
 
 def sparse_rows(x: Tensor, max_entries: int) -> SparseRows | None:
     """``x``'s non-zeros where there are at most ``max_entries`` of them and the sparse product applies: ``x`` a
-    float32 2-D CPU tensor needing no gradient; None otherwise (the caller multiplies densely)."""
+    float32 2-D CPU tensor needing no gradient; None otherwise (the caller multiplies densely). ``x`` may be
+    dense or a sparse CSR tensor (trainer/sparse_features.py's rows), which is taken or left by the same rule:
+    a batch trains the same either way."""
     if (max_entries <= 0 or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.requires_grad
             or x.numel() == 0):
         return None
-    indptr, indices, values, fits = csr_of_dense(x.detach().contiguous().numpy(), min(max_entries, x.numel()))
+    shape = (int(x.shape[0]), int(x.shape[1]))
+    if x.layout == torch.sparse_csr:
+        held = SparseRows(x.crow_indices().numpy(), x.col_indices().numpy(), x.values().numpy(), shape)
+        return None if gives_up_early(held.indptr, min(max_entries, x.numel())) else held
+    indptr, indices, values, fits = csr_of_dense(x.detach().contiguous().numpy(), min(max_entries, x.numel()), True)
     if not fits:
         return None
-    return SparseRows(indptr, indices, values, (int(x.shape[0]), int(x.shape[1])))
+    return SparseRows(indptr, indices, values, shape)
 
 
 class _RowsTimesWeight(torch.autograd.Function):

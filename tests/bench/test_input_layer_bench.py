@@ -14,16 +14,20 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys, argv):
     assert len(err) == 1 and err[0].startswith("input_layer_bench: error:")
 
 
-def test_whole_steps_on_a_datasets_batches(tmp_path, capsys):
+@pytest.mark.parametrize("density", [1.0, 0.01], ids=["dense-features", "held-sparse"])
+def test_whole_steps_on_a_datasets_batches(tmp_path, capsys, density):
     from loader.offline.prepare import PrepareOptions, prepare_dataset
     from tests.graphs import link_input_graph, link_raw
 
     src, dst = link_input_graph(5, 200, 800, symmetric=True)
-    raw = link_raw(tmp_path / "raw", src, dst, 200, feat_dim=8, undirected=True)
+    raw = link_raw(tmp_path / "raw", src, dst, 200, feat_dim=8 if density == 1.0 else 1000, undirected=True,
+                   feature_density=density)
     prepare_dataset(raw.path, tmp_path / "ds", PrepareOptions(num_partitions=2, memory_budget=64 << 20, progress=False))
     assert input_layer_bench.main(["--dataset", str(tmp_path / "ds"), "--batch-size", "32", "--repeats", "2"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| sage", "| gcn"))]
-    assert len(rows) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if line.startswith(("| sage", "| gcn"))]) == 2
+    # the gather table only where the features are held sparse
+    assert len([line for line in out if line.startswith("| gather")]) == (density < 1.0)
 
 
 def test_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from trainer.models import build_model
-from trainer.sparse_input import max_sparse_entries, rows_times_weight, sparse_rows
+from trainer.sparse_input import gives_up_early, max_sparse_entries, rows_times_weight, sparse_rows
 from trainer.sparse_input_kernels import csr_of_dense, transpose_csr
 
 
@@ -32,7 +32,7 @@ def _reference_csr(x):
 @settings(max_examples=200, deadline=None)
 @given(x=_MATRICES)
 def test_csr_of_dense_and_its_transpose_match_numpy(x):
-    indptr, indices, values, fits = csr_of_dense(x, x.size)
+    indptr, indices, values, fits = csr_of_dense(x, x.size, True)
     assert fits
     for mine, reference in zip((indptr, indices, values), _reference_csr(x), strict=True):
         np.testing.assert_array_equal(mine, reference)
@@ -45,13 +45,14 @@ def test_csr_of_dense_and_its_transpose_match_numpy(x):
 @given(x=_matrices(), rows=st.integers(0, 80), limit=st.integers(0, 40))
 def test_csr_of_dense_gives_up_past_its_limit(x, rows, limit):
     x = np.resize(x, (rows, x.shape[1])) if x.size else x  # up to 80 rows: past the first eighth's probe
-    *_, fits = csr_of_dense(x, limit)
+    *_, fits = csr_of_dense(x, limit, True)
     count = np.count_nonzero(x)
-    if count > limit:
-        assert not fits
     probe = x.shape[0] // 8
-    if count <= limit and (probe < 8 or 4 * np.count_nonzero(x[:probe]) <= limit):
-        assert fits  # gives up early only where the first eighth of the rows holds over a quarter of the limit
+    # gives up past the limit, or early where the first eighth of the rows holds over a quarter of it
+    assert fits == (count <= limit and (probe < 8 or 4 * np.count_nonzero(x[:probe]) <= limit))
+    # and gives_up_early says so from the CSR (the rule a batch held sparse is taken or left by)
+    assert gives_up_early(_reference_csr(x)[0], limit) == (not fits)
+    assert csr_of_dense(x, count, False)[3]  # without the probe, exactly the count fits, however it is spread
 
 
 @settings(max_examples=100, deadline=None)

@@ -61,6 +61,7 @@ from proto.errors import UserError
 from proto.held_pairs import HeldPairs
 from trainer.inmemory_source import checked_fanouts, float32_rows
 from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
+from trainer.sparse_features import sparse_features
 
 __all__ = ["LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
@@ -130,6 +131,8 @@ class LinkInMemorySource:
             raise UserError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
         self.assignment = cast(Assignment, assignment)
         self.data: InMemoryGraph = load_in_memory(dataset)
+        # bag-of-words features as their non-zeros: a batch's rows gathered as CSR, not as mostly zeros
+        self.sparse = None if self.data.codec is not None else sparse_features(self.data.features)
         n = self.data.num_nodes
         tables = read_link_tables(dataset, link, n)
         self.train_edges = tables.train_edges
@@ -145,7 +148,8 @@ class LinkInMemorySource:
             self.partitions = dataset.partitions()
             self.edge_buckets = read_edge_buckets(dataset, link, self.buffer.physical_partitions)
         order = "" if self.buffer is None else f", {link_order} order"
-        self.description = f"inmemory {dataset.path} (link{order})"
+        held = "" if self.sparse is None else f", features held sparse ({self.sparse.density:.1%} non-zero)"
+        self.description = f"inmemory {dataset.path} (link{order}{held})"
 
     @staticmethod
     def _buffer_settings(dataset: Dataset, order: str, capacity: int | None, logical: int | None
@@ -294,4 +298,7 @@ class LinkInMemorySource:
                                 torch.from_numpy(self.data.graph.global_ids[batch.nodes]))
 
     def _rows(self, nodes: np.ndarray) -> torch.Tensor:
+        """The rows of ``nodes``: a sparse CSR tensor where the features are held sparse, else dense float32."""
+        if self.sparse is not None:
+            return self.sparse.rows(nodes)
         return float32_rows(self.data.feature_rows(nodes))

@@ -1,0 +1,119 @@
+"""Features held sparse (trainer/sparse_features.py): the CSR against numpy, a batch's rows against the dense
+ones, layer 0 the same from either, and a link run that trains bit for bit as from dense rows."""
+
+import json
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from loader.offline.prepare import PrepareOptions, prepare_dataset
+from tests.graphs import link_input_graph, link_raw
+from tests.trainer.test_link_train import without_timings
+from trainer.__main__ import main
+from trainer.models import SampledGNN, build_model
+from trainer.sparse_features import sparse_features
+from trainer.sparse_input import sparse_rows
+
+_ELEMENTS = st.sampled_from([0.0, 0.0, 0.0, 0.0, -0.0, 1.0, -2.5, 3.0, np.nan])
+_MATRICES = hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=12),
+                       elements=_ELEMENTS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=_MATRICES, chunk=st.integers(1, 5), data=st.data())
+def test_held_rows_are_the_dense_rows(x, chunk, data):
+    held = sparse_features(x, max_density=1.0, chunk_rows=chunk)
+    assert held is not None
+    rows, cols = np.nonzero(x)  # NaN is a non-zero, -0.0 is not
+    np.testing.assert_array_equal(held.indices, cols)
+    np.testing.assert_array_equal(held.values, x[rows, cols])
+    np.testing.assert_array_equal(held.indptr, np.concatenate([[0], np.cumsum(np.count_nonzero(x, axis=1))]))
+    nodes = np.asarray(data.draw(st.lists(st.integers(0, x.shape[0] - 1), max_size=20)), np.int64)
+    batch = held.rows(nodes)
+    assert batch.layout == torch.sparse_csr and tuple(batch.shape) == (nodes.size, x.shape[1])
+    want = np.where(x[nodes] == 0, np.float32(0), x[nodes])  # held rows bring back -0.0 as 0.0
+    np.testing.assert_array_equal(batch.to_dense().numpy(), want)
+    # layer 0 takes the held rows or leaves them by the rule it applies to dense ones: the same rows or none
+    budget = data.draw(st.integers(0, max(1, x.size)))
+    got, ref = sparse_rows(batch, budget), sparse_rows(torch.from_numpy(want), budget)
+    assert (got is None) == (ref is None)
+    if got is not None and ref is not None:
+        for mine, reference in zip((got.indptr, got.indices, got.values), (ref.indptr, ref.indices, ref.values),
+                                   strict=True):
+            np.testing.assert_array_equal(mine, reference)
+
+
+def test_only_sparse_float32_features_are_held():
+    x = np.zeros((100, 10), np.float32)
+    x[:, 0] = 1.0  # 10% non-zero
+    assert sparse_features(x, max_density=0.05) is None
+    held = sparse_features(x, max_density=0.1, chunk_rows=7)
+    assert held is not None and held.density == pytest.approx(0.1)
+    assert sparse_features(x.astype(np.float16), max_density=1.0) is None  # widened per batch instead
+    assert sparse_features(np.zeros((0, 10), np.float32)) is None
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("width", [16, 2000], ids=["dense-path", "sparse-path"])
+def test_models_give_the_same_output_and_gradients_from_held_rows(kind, width):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, width)).astype(np.float32)
+    x[rng.random(x.shape) < 0.99] = 0.0
+    held = sparse_features(x, max_density=1.0)
+    assert held is not None
+    nodes = rng.integers(0, 40, 30)
+    # PyG's hop layout: 4 seeds, 8 then 18 sampled nodes; hop 1's 20 edges into the seeds, hop 2's 40 into hop 1
+    hop1 = np.stack([rng.integers(0, 12, 20), rng.integers(0, 4, 20)])
+    hop2 = np.stack([rng.integers(0, 30, 40), rng.integers(0, 12, 40)])
+    edge_index = torch.from_numpy(np.concatenate([hop1, hop2], axis=1))
+    outputs = []
+    for rows in (held.rows(nodes), torch.from_numpy(x[nodes])):
+        torch.manual_seed(0)
+        model = build_model(kind, width, 8, 3, 2, 0.0)
+        with mock.patch.object(model, "sparse_input_layer", wraps=model.sparse_input_layer) as sparse_path:
+            out = model(rows, edge_index, [4, 8, 18], [20, 40])
+        # layer 0's rule: 12 targets x 2,000 columns pay for the non-zeros of 30 rows, 12 x 16 do not (nor GAT)
+        assert sparse_path.called == (width == 2000 and kind != "gat")
+        out.sum().backward()
+        outputs.append((out.detach(), [p.grad for p in model.parameters()]))
+    (got, got_grads), (want, want_grads) = outputs
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(got_grads, want_grads, strict=True))
+
+
+@pytest.fixture(scope="module")
+def sparse_link_dataset(tmp_path_factory):
+    """300 nodes, 2,000 features about 1% non-zero (bag-of-words-like: layer 0 takes the sparse path on SAGE and
+    GCN batches), 4 partitions."""
+    root = tmp_path_factory.mktemp("sparse-link")
+    src, dst = link_input_graph(5, 300, 1200, symmetric=True)
+    raw = link_raw(root / "raw", src, dst, 300, feat_dim=2000, undirected=True, eval_negatives=20,
+                   feature_density=0.01)
+    prepare_dataset(raw.path, root / "ds", PrepareOptions(num_partitions=4, memory_budget=256 << 20, progress=False))
+    return root / "ds"
+
+
+@pytest.mark.parametrize("options", [("--model", "sage"), ("--model", "gcn", "--link-order", "comet",
+                                                          "--buffer-partitions", "2"), ("--model", "gat")],
+                         ids=["sage", "gcn-comet", "gat"])
+def test_a_link_run_on_held_rows_trains_as_on_dense_rows(sparse_link_dataset, tmp_path, monkeypatch, capsys,
+                                                         options):
+    args = ["--mode", "inmemory", "--dataset", str(sparse_link_dataset), "--task", "link", "--hidden", "16",
+            "--batch-size", "128", "--fanouts", "5,5", "--epochs", "2", "--decoder", "mlp", "-q", "--no-progress",
+            *options]
+    held, dense = tmp_path / "held.json", tmp_path / "dense.json"
+    with mock.patch("trainer.models.SampledGNN.sparse_input_layer", autospec=True,
+                    side_effect=SampledGNN.sparse_input_layer) as sparse_path:
+        assert main([*args, "--json-out", str(held)]) == 0
+    assert sparse_path.called == (options[1] != "gat")
+    monkeypatch.setattr("trainer.link.inmemory.sparse_features", lambda features: None)
+    assert main([*args, "--json-out", str(dense)]) == 0
+    first, second = json.loads(held.read_text()), json.loads(dense.read_text())
+    assert "features held sparse" in first["source"] and "held sparse" not in second["source"]
+    first.pop("source"), second.pop("source")
+    assert without_timings(first) == without_timings(second)

@@ -1,0 +1,80 @@
+"""Bag-of-words features held in memory as their non-zeros, so that a batch's rows are gathered as CSR.
+
+With sparse input rows (trainer/sparse_input.py) layer 0 costs in proportion to a batch's non-zeros, and what
+was left of an in-memory step on coauthor-physics (8,415 columns, 0.4% non-zero) was the dense rows
+themselves: 14,600 rows of a link batch are 490 MB gathered from the feature matrix, then scanned again for
+their non-zeros, 0.6 of a 0.9 s step (docs/PERFORMANCE.md, "Sparse features in memory"). Held as CSR, the
+same rows are 2 MB of non-zeros copied by index, and the matrix 25 MB instead of 1.2 GB.
+
+A batch's ``x`` is then a sparse CSR tensor: layer 0 takes it, or leaves it for the dense path, by the rule it
+applies to dense rows (``sparse_rows``), so a batch trains bit for bit as it would from dense rows; a model
+that cannot take it (GAT, an aggregation cache, a GPU) densifies it first.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import Tensor
+
+from trainer.sparse_input import csr_tensor
+from trainer.sparse_input_kernels import csr_of_dense, gather_csr_rows
+
+__all__ = ["MAX_DENSITY", "SparseFeatures", "sparse_features"]
+
+MAX_DENSITY = 0.05
+"""Features are held sparse where at most this share of their entries is non-zero: the shared bag-of-words
+graphs are 0.4-1.3% (their dense rows cost 20x or more the non-zeros' bytes), amazon-photo's 35% stays dense.
+Below about 30% the CSR is the smaller; 5% keeps a margin for the index bytes and the densifying a GAT or GPU
+batch does."""
+
+SCAN_ROWS = 4096
+"""Rows per chunk of the one scan that builds the CSR: the dense copy a chunk makes stays tens of MB."""
+
+
+@dataclass(frozen=True)
+class SparseFeatures:
+    """A (rows x cols) float32 feature matrix as CSR arrays (int64 row pointers and column indices)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    shape: tuple[int, int]
+
+    @property
+    def density(self) -> float:
+        return self.values.size / max(1, self.shape[0] * self.shape[1])
+
+    def rows(self, nodes: np.ndarray) -> Tensor:
+        """The rows of ``nodes`` (int64 ids, in order) as a sparse CSR tensor of ``len(nodes)`` rows."""
+        indptr, indices, values = gather_csr_rows(self.indptr, self.indices, self.values,
+                                                  np.ascontiguousarray(nodes, dtype=np.int64))
+        return csr_tensor(indptr, indices, values, (int(nodes.size), self.shape[1]))
+
+
+def sparse_features(features: np.ndarray, max_density: float = MAX_DENSITY,
+                    chunk_rows: int = SCAN_ROWS) -> SparseFeatures | None:
+    """``features`` (float32, 2-D, e.g. a memory map) as ``SparseFeatures`` where at most ``max_density`` of its
+    entries are non-zero; None otherwise (other dtypes too), found out as soon as the scan passes that share.
+    The scan reads ``chunk_rows`` rows at a time."""
+    if features.dtype != np.float32 or features.ndim != 2 or features.size == 0:
+        return None
+    rows, cols = features.shape
+    budget = int(max_density * rows * cols)
+    pointers, index_parts, value_parts, total = [np.zeros(1, np.int64)], [], [], 0
+    for start in range(0, rows, chunk_rows):
+        chunk = np.ascontiguousarray(features[start:start + chunk_rows])
+        count = int(np.count_nonzero(chunk))
+        if total + count > budget:
+            return None
+        indptr, indices, values, fits = csr_of_dense(chunk, count, False)
+        assert fits  # exactly ``count`` entries, and no early give-up
+        pointers.append(indptr[1:] + total)
+        index_parts.append(indices)
+        value_parts.append(values)
+        total += count
+    return SparseFeatures(np.concatenate(pointers), _joined(index_parts, np.int64), _joined(value_parts, np.float32),
+                          (rows, cols))
+
+
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
