@@ -1,10 +1,10 @@
 """Bag-of-words features held in memory as their non-zeros, so that a batch's rows are gathered as CSR.
 
 With sparse input rows (trainer/sparse_input.py) layer 0 costs in proportion to a batch's non-zeros, and what
-was left of an in-memory step on coauthor-physics (8,415 columns, 0.4% non-zero) was the dense rows
-themselves: 14,600 rows of a link batch are 490 MB gathered from the feature matrix, then scanned again for
-their non-zeros, 0.6 of a 0.9 s step (docs/PERFORMANCE.md, "Sparse features in memory"). Held as CSR, the
-same rows are 2 MB of non-zeros copied by index, and the matrix 25 MB instead of 1.2 GB.
+was left of an in-memory step on coauthor-physics (8,415 columns, 0.4% non-zero) was the dense rows themselves:
+a link batch's 14,300 rows are 480 MB gathered from the feature matrix (0.32 s) and then scanned for their
+non-zeros. Held as CSR (13 MiB for the whole matrix instead of 1.1 GiB) the same rows are gathered by index in
+9 ms, and the step that took 1.3 s on dense rows takes 0.12 s (docs/PERFORMANCE.md, "Features held sparse").
 
 A batch's ``x`` is then a sparse CSR tensor: layer 0 takes it, or leaves it for the dense path, by the rule it
 applies to dense rows (``sparse_rows``), so a batch trains bit for bit as it would from dense rows; a model
