@@ -2,6 +2,8 @@
 ones, layer 0 the same from either, and a link run that trains bit for bit as from dense rows."""
 
 import json
+import subprocess
+import sys
 from unittest import mock
 
 import numpy as np
@@ -117,3 +119,16 @@ def test_a_link_run_on_held_rows_trains_as_on_dense_rows(sparse_link_dataset, tm
     assert "features held sparse" in first["source"] and "held sparse" not in second["source"]
     first.pop("source"), second.pop("source")
     assert without_timings(first) == without_timings(second)
+
+
+def test_ranks_train_on_held_rows(sparse_link_dataset, tmp_path):
+    # DDP hands the held rows' sparse tensor to the model as any input: two ranks train on it
+    out = tmp_path / "ddp.json"
+    args = ["--mode", "inmemory", "--dataset", str(sparse_link_dataset), "--task", "link", "--hidden", "16",
+            "--batch-size", "64", "--fanouts", "5,5", "--epochs", "3", "--nproc-per-node", "2", "--device", "cpu", "-q",
+            "--no-progress", "--json-out", str(out)]
+    done = subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert "features held sparse" in result["source"]
+    assert result["epochs"][-1]["loss"] < result["epochs"][0]["loss"]
