@@ -398,7 +398,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str], ranks: Ranks, stop: _Sig
         source = InMemorySource(opened, batch_size=sampler.batch_size, fanouts=sampler.fanouts,
                                 eval_fanouts=sampler.eval_fanouts, eval_batch_size=sampler.eval_batch_size,
                                 seed=sampler.seed, rank=ranks.rank, world_size=ranks.world_size,
-                                aggregation=args.aggregation_cache, eval_aggregation=args.eval_aggregation)
+                                aggregation=args.aggregation_cache, eval_aggregation=args.eval_aggregation,
+                                # rows held sparse feed layer 0's CPU product; micro-batches index dense rows
+                                hold_sparse=(device.type == "cpu" and not cfg.micro_batches
+                                             and cfg.device_memory is None and not args.aggregation_cache))
     # one set of metrics per job, rank 0's: the ranks would fight over one --metrics-port
     metrics = TrainerMetrics() if ranks.main else None
     control = StopControl()

@@ -31,6 +31,7 @@ from loader.sampling.sampling import SampledBatch, sample_pass
 from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
+from trainer.sparse_features import sparse_features
 
 __all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "checked_fanouts", "float32_rows"]
 
@@ -66,12 +67,15 @@ class InMemorySource(BatchSource):
     batches sample one hop fewer and carry ``x_agg``, every node's features aggregated over all its
     neighbours, for the model's first layer (BatchGNN); eval_aggregation (default True): evaluation batches
     too (False: they sample every hop, and the model's first layer aggregates the sampled neighbours).
+    hold_sparse (default False): hold bag-of-words features (``trainer.sparse_features``) as CSR and give each
+    batch its rows as a sparse CSR tensor, which the model's layer 0 takes on the CPU (the same result bit for
+    bit); for consumers that index rows (micro-batches) leave it off.
     """
 
     def __init__(self, dataset: Path | str | Dataset, *, batch_size: int = 1024, fanouts: Sequence[int] = (10, 5),
                  eval_fanouts: Sequence[int] | None = None, eval_batch_size: int = 1024, seed: int = 0,
                  chunk_batches: int = DEFAULT_CHUNK_BATCHES, rank: int = 0, world_size: int = 1,
-                 aggregation: bool = False, eval_aggregation: bool = True) -> None:
+                 aggregation: bool = False, eval_aggregation: bool = True, hold_sparse: bool = False) -> None:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size),
                             ("chunk_batches", chunk_batches)):
             if value <= 0:
@@ -92,6 +96,7 @@ class InMemorySource(BatchSource):
         self.chunk_batches = chunk_batches
         opened = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
         self.data: InMemoryGraph = load_in_memory(opened)
+        self.sparse = sparse_features(self.data.features) if hold_sparse and self.data.codec is None else None
         self.aggregates: np.ndarray | None = None
         kind = ""
         if aggregation:
@@ -107,7 +112,9 @@ class InMemorySource(BatchSource):
         self._info = SourceInfo(num_features=self.data.feat_dim, num_classes=self.data.num_classes,
                                 num_hops=len(self.fanouts), batch_size=batch_size,
                                 train_nodes=int(self.data.splits["train"].shape[0]),
-                                description=f"inmemory {opened.path}",
+                                description=f"inmemory {opened.path}" + (
+                                    "" if self.sparse is None
+                                    else f" (features held sparse, {self.sparse.density:.1%} non-zero)"),
                                 train_class_counts=tuple(int(c) for c in counts), aggregation=kind)
 
     @property
@@ -167,7 +174,8 @@ class InMemorySource(BatchSource):
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
         x_agg = float32_rows(self.aggregates[nodes]) if aggregated and self.aggregates is not None else None
-        return Batch(x=float32_rows(self.data.feature_rows(nodes)),
+        x = float32_rows(self.data.feature_rows(nodes)) if self.sparse is None else self.sparse.rows(nodes)
+        return Batch(x=x,
                      y=torch.from_numpy(self.data.labels[nodes[:num_seeds]]),
                      edge_index=torch.from_numpy(sampled.edge_index),
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),

@@ -132,3 +132,30 @@ def test_ranks_train_on_held_rows(sparse_link_dataset, tmp_path):
     result = json.loads(out.read_text())
     assert "features held sparse" in result["source"]
     assert result["epochs"][-1]["loss"] < result["epochs"][0]["loss"]
+
+
+def _node_run(dataset, out, *extra):
+    return main(["--mode", "inmemory", "--dataset", str(dataset), "--hidden", "16", "--batch-size", "64", "--fanouts",
+                 "5,5", "--epochs", "2", "-q", "--no-progress", "--json-out", str(out), *extra])
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn"])
+def test_a_node_run_on_held_rows_trains_as_on_dense_rows(sparse_link_dataset, tmp_path, monkeypatch, kind):
+    # a link dataset keeps its labels and node split: node classification trains on it too
+    held, dense = tmp_path / "held.json", tmp_path / "dense.json"
+    with mock.patch("trainer.models.SampledGNN.sparse_input_layer", autospec=True,
+                    side_effect=SampledGNN.sparse_input_layer) as sparse_path:
+        assert _node_run(sparse_link_dataset, held, "--model", kind) == 0
+    assert sparse_path.called
+    monkeypatch.setattr("trainer.inmemory_source.sparse_features", lambda features: None)
+    assert _node_run(sparse_link_dataset, dense, "--model", kind) == 0
+    first, second = json.loads(held.read_text()), json.loads(dense.read_text())
+    assert "features held sparse" in first["source"] and "held sparse" not in second["source"]
+    first.pop("source"), second.pop("source")
+    assert without_timings(first) == without_timings(second)
+
+
+def test_micro_batches_keep_dense_rows(sparse_link_dataset, tmp_path):
+    out = tmp_path / "micro.json"
+    assert _node_run(sparse_link_dataset, out, "--micro-batches", "2") == 0
+    assert "held sparse" not in json.loads(out.read_text())["source"]
