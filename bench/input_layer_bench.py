@@ -21,6 +21,12 @@ against as CSR from the held non-zeros:
 
     .venv/bin/python bench/input_layer_bench.py --dataset DS [--batch-size 256] [--models sage,gcn]
 
+With ``--task node`` it times node-classification batches of the in-memory source instead (``--batch-size``
+seeds; sampling, rows and a training step with Adam, GraphSAGE/GCN hidden 128)
+with the features held dense against held sparse (``InMemorySource(hold_sparse=...)``), the same batches both ways:
+
+    .venv/bin/python bench/input_layer_bench.py --dataset DS --task node --batch-size 1024
+
 Prints a markdown table; nothing is written.
 """
 
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--dataset", default=None, help="a prepared link dataset: whole steps on its batches")
     parser.add_argument("--batch-size", type=int, default=256, help="with --dataset: pairs per batch (default 256)")
+    parser.add_argument("--task", choices=("link", "node"), default="link",
+                        help="with --dataset: link steps (default), or node batches held dense vs sparse")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     try:
@@ -96,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"input_layer_bench: error: --densities takes numbers in (0, 1], got {args.densities!r}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    if args.dataset is not None and args.task == "node":
+        return node_table(args.dataset, models, args.batch_size, args.repeats, args.threads)
     if args.dataset is not None:
         return step_table(args.dataset, models, args.batch_size, args.repeats, args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), hidden {HIDDEN}, forward + backward of layer 0, "
@@ -183,6 +193,58 @@ def step_table(path: str, models: list[str], batch_size: int, repeats: int, thre
         dense, run = (totals[d] / max(1, len(batches) - 1) for d in (True, False))
         print(f"| {kind} | {dense * 1000:.1f} ms | {run * 1000:.1f} ms | {dense / run:.2f}x |")
     return 0
+
+
+def node_table(path: str, models: list[str], batch_size: int, repeats: int, threads: int) -> int:
+    """``--task node``: node-classification batches (sampling, rows, step) with features held dense vs sparse."""
+    from loader.format.dataset import open_dataset
+    from proto.errors import UserError
+    from trainer.inmemory_source import InMemorySource
+
+    try:
+        sources = {hold: InMemorySource(open_dataset(path), batch_size=batch_size, seed=0, hold_sparse=hold)
+                   for hold in (False, True)}
+    except (UserError, OSError) as err:
+        print(f"input_layer_bench: error: {err}", file=sys.stderr)
+        return 2
+    info = sources[False].info
+    held = sources[True].sparse
+    density = "too dense to hold sparse" if held is None else f"held sparse: {held.density:.2%} non-zero"
+    print(f"torch {torch.__version__}, {threads} thread(s), {path}: node batches of {batch_size} seeds, "
+          f"{info.num_features:,} features ({density}); sampling, rows and a step (Adam), mean of {repeats} "
+          f"after one untimed, the two interleaved\n")
+    print("| model | held dense | held sparse | ratio |")
+    print("|---|---|---|---|")
+    for kind in models:
+        runs = {}
+        for hold, source in sources.items():
+            torch.manual_seed(0)
+            model = build_model(kind, info.num_features, HIDDEN, info.num_classes, 2, 0.0)
+            runs[hold] = (model, torch.optim.Adam(model.parameters(), lr=3e-3), _node_batches(source))
+        totals = {False: 0.0, True: 0.0}
+        for index in range(repeats + 1):
+            # alternate which goes first, so neither pays the other's warm-up or cache misses alone
+            for hold in ((False, True) if index % 2 else (True, False)):
+                model, optimizer, stream = runs[hold]
+                start = time.perf_counter()
+                batch = next(stream)
+                optimizer.zero_grad()
+                out = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+                F.cross_entropy(out, batch.y).backward()
+                optimizer.step()
+                if index:
+                    totals[hold] += time.perf_counter() - start
+        dense, sparse = totals[False] / repeats, totals[True] / repeats
+        print(f"| {kind} | {dense * 1000:.1f} ms | {sparse * 1000:.1f} ms | {dense / sparse:.2f}x |")
+    return 0
+
+
+def _node_batches(source):
+    """Training batches epoch after epoch (a small training split is one batch an epoch)."""
+    epoch = 0
+    while True:
+        yield from source.train_batches(epoch)
+        epoch += 1
 
 
 def gather_table(source, batches: list, width: int) -> None:

@@ -34,3 +34,17 @@ def test_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys):
     assert input_layer_bench.main(["--dataset", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("input_layer_bench: error:")
+
+
+def test_node_batches_held_dense_and_sparse(tmp_path, capsys):
+    from loader.offline.prepare import PrepareOptions, prepare_dataset
+    from tests.graphs import link_input_graph, link_raw
+
+    src, dst = link_input_graph(5, 200, 800, symmetric=True)  # a link dataset keeps its labels: node batches too
+    raw = link_raw(tmp_path / "raw", src, dst, 200, feat_dim=1000, undirected=True, feature_density=0.01)
+    prepare_dataset(raw.path, tmp_path / "ds", PrepareOptions(num_partitions=2, memory_budget=64 << 20, progress=False))
+    assert input_layer_bench.main(["--dataset", str(tmp_path / "ds"), "--task", "node", "--batch-size", "32",
+                                   "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "held sparse: 1." in out or "held sparse: 0." in out
+    assert len([line for line in out.splitlines() if line.startswith(("| sage", "| gcn"))]) == 2
