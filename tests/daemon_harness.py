@@ -24,7 +24,7 @@ from proto.batch_arrays import BatchArrays
 from proto.client import ControlClient
 from proto.codec import FrameDecoder
 from proto.errors import RemoteError
-from proto.messages import BatchReady, Credit, Message, Release, StartEpoch
+from proto.messages import BatchReady, Credit, Message, Queued, Release, StartEpoch
 
 __all__ = ["small_dataset", "daemon_config", "running_daemon", "connect", "consume", "read_message",
            "train_until_error"]
@@ -104,9 +104,10 @@ def running_daemon(config: LoaderConfig) -> Iterator[Daemon]:
             raise failure[0]
 
 
-def connect(config: LoaderConfig) -> ControlClient:
-    """A client of the daemon of ``config`` that has granted all its slots."""
-    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30)
+def connect(config: LoaderConfig, *, queue: bool = False) -> ControlClient:
+    """A client of the daemon of ``config`` that has granted all its slots (``queue``: it waits its turn for a
+    busy training pipeline instead of being refused)."""
+    client = ControlClient.connect(str(config.server.socket), client="test", timeout=30, queue=queue)
     client.send(Credit(count=client.welcome.slots.count))
     return client
 
@@ -122,6 +123,8 @@ def consume(client: ControlClient, request: Message, end_type: type
     batches = []
     while True:
         msg = client.recv(timeout=60)
+        if isinstance(msg, Queued):  # a queueing client's place in line, before its stream starts
+            continue
         if isinstance(msg, BatchReady):
             batch = BatchArrays.read(client.read_batch(msg).arrays, client.welcome.feature_cache_rows)
             arrays = {name: np.array(value) for name in BATCH_ARRAY_NAMES

@@ -163,7 +163,9 @@ def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset_3k, tmp_path):
         msg = client.recv(timeout=60)
         assert isinstance(msg, BatchReady)
         client.close()  # never releases, never finishes the epoch
-        with connect(config) as second:
+        # the next trainer queues: it may ask before the daemon has read the first one's hang-up, and then waits
+        # for the pipeline to be freed instead of being refused; a pipeline never freed fails it (no batch in 60 s)
+        with connect(config, queue=True) as second:
             batches, end = consume(second, StartEpoch(epoch=0), EpochEnd)
             assert [r.seq for r, _ in batches] == list(range(len(batches)))
         assert daemon.ownership.owner is None or daemon.ownership.owner.label != "session 1"
