@@ -172,10 +172,9 @@ def buffer_order_warning(link: LinkServing, num_partitions: int, capacity: int) 
         return None
     return (f"link order {link.order} with a buffer of {capacity} of {num_partitions} partitions: at the trainer's "
             f"default learning rates, with a buffer of a quarter of the graph, COMET (its buckets split) was within "
-            f"an MRR point of the shuffled order on Cora, citeseer, amazon-photo and coauthor-cs (3 seeds each), and BETA "
-            f"up to 11 points below "
-            f"it (docs/PERFORMANCE.md, \"Link prediction\"); compare with mode exact, which serves the shuffled "
-            f"order, on this graph")
+            f"an MRR point of the shuffled order on Cora, citeseer, amazon-photo and coauthor-cs (3 seeds each), "
+            f"and BETA up to 11 points below it (docs/PERFORMANCE.md, \"Link prediction\"); compare with mode exact, "
+            f"which serves the shuffled order, on this graph")
 
 
 def check_buffer(link: LinkServing, num_partitions: int, capacity: int) -> str | None:
