@@ -249,13 +249,12 @@ def _node_batches(source):
 
 def gather_table(source, batches: list, width: int) -> None:
     """The rows of each batch gathered dense from the feature matrix against as CSR from the held non-zeros."""
-    from trainer.inmemory_source import float32_rows
+    from trainer.inmemory_source import batch_rows
 
     totals = {"dense": 0.0, "held": 0.0}
     for index, batch in enumerate(batches):
         nodes = batch.graph.n_id.numpy()
-        for way, gather in (("dense", lambda ids: float32_rows(source.data.feature_rows(ids))),
-                            ("held", source.sparse.rows)):
+        for way, gather in (("dense", lambda ids: batch_rows(source.data, None, ids)), ("held", source.sparse.rows)):
             start = time.perf_counter()
             gather(nodes)
             if index:

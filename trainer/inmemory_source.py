@@ -31,9 +31,9 @@ from loader.sampling.sampling import SampledBatch, sample_pass
 from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
-from trainer.sparse_features import sparse_features
+from trainer.sparse_features import SparseFeatures, sparse_features
 
-__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "checked_fanouts", "float32_rows"]
+__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "batch_rows", "checked_fanouts", "float32_rows"]
 
 DEFAULT_CHUNK_BATCHES = 256
 """Batches sampled per ``sample_pass`` call: bounds the sampled-but-unconsumed memory."""
@@ -51,6 +51,12 @@ def checked_fanouts(name: str, values: Sequence[int]) -> tuple[int, ...]:
 def float32_rows(rows: np.ndarray) -> torch.Tensor:
     """``rows`` as a float32 tensor (float16 rows widened; the model's weights are float32)."""
     return torch.from_numpy(rows if rows.dtype == np.float32 else rows.astype(np.float32))
+
+
+def batch_rows(data: InMemoryGraph, held: SparseFeatures | None, nodes: np.ndarray) -> torch.Tensor:
+    """The feature rows of ``nodes``: a sparse CSR tensor from ``held`` (features held sparse), else dense
+    float32 from ``data``."""
+    return float32_rows(data.feature_rows(nodes)) if held is None else held.rows(nodes)
 
 
 class InMemorySource(BatchSource):
@@ -113,8 +119,7 @@ class InMemorySource(BatchSource):
                                 num_hops=len(self.fanouts), batch_size=batch_size,
                                 train_nodes=int(self.data.splits["train"].shape[0]),
                                 description=f"inmemory {opened.path}" + (
-                                    "" if self.sparse is None
-                                    else f" (features held sparse, {self.sparse.density:.1%} non-zero)"),
+                                    "" if self.sparse is None else f" ({self.sparse.summary})"),
                                 train_class_counts=tuple(int(c) for c in counts), aggregation=kind)
 
     @property
@@ -174,8 +179,7 @@ class InMemorySource(BatchSource):
         nodes = sampled.nodes
         num_seeds = int(sampled.num_sampled_nodes[0])
         x_agg = float32_rows(self.aggregates[nodes]) if aggregated and self.aggregates is not None else None
-        x = float32_rows(self.data.feature_rows(nodes)) if self.sparse is None else self.sparse.rows(nodes)
-        return Batch(x=x,
+        return Batch(x=batch_rows(self.data, self.sparse, nodes),
                      y=torch.from_numpy(self.data.labels[nodes[:num_seeds]]),
                      edge_index=torch.from_numpy(sampled.edge_index),
                      n_id=torch.from_numpy(self.data.graph.global_ids[nodes]),

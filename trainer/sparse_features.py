@@ -44,6 +44,11 @@ class SparseFeatures:
     def density(self) -> float:
         return self.values.size / max(1, self.shape[0] * self.shape[1])
 
+    @property
+    def summary(self) -> str:
+        """For a source's description."""
+        return f"features held sparse: {self.density:.1%} non-zero"
+
     def rows(self, nodes: np.ndarray) -> Tensor:
         """The rows of ``nodes`` (int64 ids, in order) as a sparse CSR tensor of ``len(nodes)`` rows."""
         indptr, indices, values = gather_csr_rows(self.indptr, self.indices, self.values,
@@ -72,9 +77,6 @@ def sparse_features(features: np.ndarray, max_density: float = MAX_DENSITY,
         index_parts.append(indices)
         value_parts.append(values)
         total += count
-    return SparseFeatures(np.concatenate(pointers), _joined(index_parts, np.int64), _joined(value_parts, np.float32),
+    # at least one chunk: the matrix has rows
+    return SparseFeatures(np.concatenate(pointers), np.concatenate(index_parts), np.concatenate(value_parts),
                           (rows, cols))
-
-
-def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.empty(0, dtype)

@@ -108,17 +108,26 @@ def test_a_link_run_on_held_rows_trains_as_on_dense_rows(sparse_link_dataset, tm
     args = ["--mode", "inmemory", "--dataset", str(sparse_link_dataset), "--task", "link", "--hidden", "16",
             "--batch-size", "128", "--fanouts", "5,5", "--epochs", "2", "--decoder", "mlp", "-q", "--no-progress",
             *options]
+    took_sparse_path = _held_then_dense(lambda out: main([*args, "--json-out", str(out)]), "trainer.link.inmemory",
+                                        tmp_path, monkeypatch)
+    assert took_sparse_path == (options[1] != "gat")
+
+
+def _held_then_dense(run, source_module, tmp_path, monkeypatch) -> bool:
+    """``run(out)`` (a trainer run writing its JSON to ``out``) with the features held sparse, then with
+    ``source_module``'s source holding them dense: the two results must be equal but for their timings and the
+    source's description. Whether the first run's layer 0 took the sparse path."""
     held, dense = tmp_path / "held.json", tmp_path / "dense.json"
     with mock.patch("trainer.models.SampledGNN.sparse_input_layer", autospec=True,
                     side_effect=SampledGNN.sparse_input_layer) as sparse_path:
-        assert main([*args, "--json-out", str(held)]) == 0
-    assert sparse_path.called == (options[1] != "gat")
-    monkeypatch.setattr("trainer.link.inmemory.sparse_features", lambda features: None)
-    assert main([*args, "--json-out", str(dense)]) == 0
+        assert run(held) == 0
+    monkeypatch.setattr(f"{source_module}.sparse_features", lambda features: None)
+    assert run(dense) == 0
     first, second = json.loads(held.read_text()), json.loads(dense.read_text())
     assert "features held sparse" in first["source"] and "held sparse" not in second["source"]
     first.pop("source"), second.pop("source")
     assert without_timings(first) == without_timings(second)
+    return sparse_path.called
 
 
 def test_ranks_train_on_held_rows(sparse_link_dataset, tmp_path):
@@ -142,17 +151,8 @@ def _node_run(dataset, out, *extra):
 @pytest.mark.parametrize("kind", ["sage", "gcn"])
 def test_a_node_run_on_held_rows_trains_as_on_dense_rows(sparse_link_dataset, tmp_path, monkeypatch, kind):
     # a link dataset keeps its labels and node split: node classification trains on it too
-    held, dense = tmp_path / "held.json", tmp_path / "dense.json"
-    with mock.patch("trainer.models.SampledGNN.sparse_input_layer", autospec=True,
-                    side_effect=SampledGNN.sparse_input_layer) as sparse_path:
-        assert _node_run(sparse_link_dataset, held, "--model", kind) == 0
-    assert sparse_path.called
-    monkeypatch.setattr("trainer.inmemory_source.sparse_features", lambda features: None)
-    assert _node_run(sparse_link_dataset, dense, "--model", kind) == 0
-    first, second = json.loads(held.read_text()), json.loads(dense.read_text())
-    assert "features held sparse" in first["source"] and "held sparse" not in second["source"]
-    first.pop("source"), second.pop("source")
-    assert without_timings(first) == without_timings(second)
+    assert _held_then_dense(lambda out: _node_run(sparse_link_dataset, out, "--model", kind), "trainer.inmemory_source",
+                            tmp_path, monkeypatch)
 
 
 def test_micro_batches_keep_dense_rows(sparse_link_dataset, tmp_path):

@@ -59,7 +59,7 @@ from loader.sampling.ranks import check_rank, even_piece
 from loader.sampling.sampling import CSCGraph, sample_pass
 from proto.errors import UserError
 from proto.held_pairs import HeldPairs
-from trainer.inmemory_source import checked_fanouts, float32_rows
+from trainer.inmemory_source import batch_rows, checked_fanouts
 from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
 from trainer.sparse_features import sparse_features
 
@@ -148,7 +148,7 @@ class LinkInMemorySource:
             self.partitions = dataset.partitions()
             self.edge_buckets = read_edge_buckets(dataset, link, self.buffer.physical_partitions)
         order = "" if self.buffer is None else f", {link_order} order"
-        held = "" if self.sparse is None else f", features held sparse ({self.sparse.density:.1%} non-zero)"
+        held = "" if self.sparse is None else f", {self.sparse.summary}"
         self.description = f"inmemory {dataset.path} (link{order}{held})"
 
     @staticmethod
@@ -298,7 +298,4 @@ class LinkInMemorySource:
                                 torch.from_numpy(self.data.graph.global_ids[batch.nodes]))
 
     def _rows(self, nodes: np.ndarray) -> torch.Tensor:
-        """The rows of ``nodes``: a sparse CSR tensor where the features are held sparse, else dense float32."""
-        if self.sparse is not None:
-            return self.sparse.rows(nodes)
-        return float32_rows(self.data.feature_rows(nodes))
+        return batch_rows(self.data, self.sparse, nodes)
