@@ -55,6 +55,15 @@ class ObservedDaemon(Daemon):
         self.loop = asyncio.get_running_loop()
         self.changed = asyncio.Event()
         self.stopped = threading.Event()
+        # who holds the pipeline changes in callbacks no awaited task covers (a job emptied, a timer): without this
+        # signal a waiter could sleep through the last change and time out on a daemon already settled
+        set_owner = self.ownership._set_owner
+
+        def observed_set_owner(owner: Any) -> None:
+            set_owner(owner)
+            self.changed.set()
+
+        self.ownership._set_owner = observed_set_owner  # type: ignore[method-assign]
         await super().startup()
 
     async def shutdown(self) -> None:
