@@ -53,6 +53,8 @@ class JobMember(Protocol):
 
     def tell_queued(self, position: int, holder: str) -> None: ...
 
+    def hung_up(self) -> bool: ...
+
     async def publish_train(self, epoch: int, item: SampledWork, b: int, step: int, global_seeds: int,
                             pipeline: TrainPipeline, cache_plan: CachePlan | None) -> bool: ...
 
@@ -228,6 +230,11 @@ class Job:
     @property
     def closed(self) -> bool:
         return self.failure is not None or not self.members
+
+    @property
+    def leaving(self) -> bool:
+        """Closed, or every rank's trainer gone (its connection hung up, the daemon has yet to read that)."""
+        return self.closed or all(member.hung_up() for member in self.members.values())
 
     # -- training ---------------------------------------------------------------------------------
     async def train(self, session: JobMember, rank: int, epoch: int) -> EpochEnd | Error | None:

@@ -15,9 +15,15 @@ trainer is a job (``loader.daemon.jobs``; a lone trainer is a job of one rank), 
   pipeline as soon as another trainer asks for it (at once if one is already waiting). It stays
   connected: its next ``StartEpoch`` takes the pipeline again if free, or waits its turn. Nobody
   waiting, a holder keeps the pipeline however long it evaluates, and its run-ahead with it.
+- a holder on its way out (its job closed, or every rank's connection hung up by the peer although the
+  daemon has not read that yet) is not a reason to refuse: a trainer restarted the moment its predecessor
+  died would otherwise be refused by that predecessor's teardown (the publisher may be in a thread, and
+  hands the pipeline back only once out of it). A trainer that does not queue waits up to
+  ``LEAVING_GRACE`` seconds for such a holder to let go before it is refused.
 """
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -27,9 +33,13 @@ from loader.daemon.stages import TrainPipeline
 from loader.daemon.training_queue import TrainingQueue
 from loader.sampling.ranks import SINGLE_RANK, LocalRanks
 
-__all__ = ["PipelineOwner", "PipelineOwnership"]
+__all__ = ["PipelineOwner", "PipelineOwnership", "LEAVING_GRACE"]
 
 log = logging.getLogger("megabatch.ownership")
+
+LEAVING_GRACE = 10.0
+"""Seconds a trainer that does not queue waits for a holder on its way out to hand the pipeline back (its
+publisher leaves the thread pool within one batch's work) before it is refused."""
 
 
 class PipelineOwner(Protocol):
@@ -47,6 +57,10 @@ class PipelineOwner(Protocol):
     def closed(self) -> bool:
         """Whether it has failed or lost every rank."""
 
+    @property
+    def leaving(self) -> bool:
+        """Whether it is on its way out: closed, or every rank's peer hung up (not yet read by the daemon)."""
+
     def tell_queued(self, position: int, holder: str) -> None:
         """It waits for the pipeline at ``position`` in line; ``holder`` holds it."""
 
@@ -55,9 +69,10 @@ class PipelineOwnership:
     """The training pipeline, its holder and the line of trainers waiting for it (lives on the event loop)."""
 
     def __init__(self, start: Callable[[int, LocalRanks], TrainPipeline], idle_timeout: float,
-                 metrics: DaemonMetrics) -> None:
+                 metrics: DaemonMetrics, leaving_grace: float = LEAVING_GRACE) -> None:
         self._start = start
         self.idle_timeout = idle_timeout
+        self.leaving_grace = leaving_grace
         self._metrics = metrics
         self.owner: PipelineOwner | None = None
         self.pipeline: TrainPipeline | None = None
@@ -71,6 +86,8 @@ class PipelineOwnership:
         self._idle_since: float | None = None
         """Loop time the holder's last training stream ended; None while one runs or nobody holds."""
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._owner_changed = asyncio.Event()
+        """Set (and replaced by a fresh one) whenever the holder changes."""
 
     @property
     def waiting(self) -> list[PipelineOwner]:
@@ -90,6 +107,8 @@ class PipelineOwnership:
         not (a refusal, for an owner that does not queue)."""
         if self.owner is not owner:
             self._revoke_if_idle(owner)
+            if not owner.queues and not len(self._queue) and self.owner is not None and self.owner.leaving:
+                await self._until_let_go(self.owner)
             if self.owner is not None or len(self._queue):
                 if not owner.queues:
                     waiting = f"; {len(self._queue)} waiting" if len(self._queue) else ""
@@ -144,6 +163,15 @@ class PipelineOwnership:
             # wait, not gather: a cancelled caller (a drain cut short) must not cancel the stops themselves
             await asyncio.wait(list(self.stopping))
 
+    async def _until_let_go(self, holder: PipelineOwner) -> None:
+        """Wait, up to ``leaving_grace``, for ``holder`` (on its way out) to stop holding the pipeline."""
+        log.info("%s is leaving; waiting up to %g s for it to hand the training pipeline back", holder.label,
+                 self.leaving_grace)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.leaving_grace):
+                while self.owner is holder:
+                    await self._owner_changed.wait()
+
     # -- idle holders ---------------------------------------------------------------------------------
     def _stop_idle_clock(self) -> None:
         self._idle_since = None
@@ -175,6 +203,8 @@ class PipelineOwnership:
             return
         self._stop_idle_clock()
         self.owner = owner
+        changed, self._owner_changed = self._owner_changed, asyncio.Event()
+        changed.set()
         if owner is None:
             self._queue.wake()
         else:

@@ -9,12 +9,13 @@ repeat fast (a flood of refused peers, accept failing for want of descriptors) t
 
 import errno
 import logging
+import select
 import socket
 import struct
 import time
 from dataclasses import dataclass
 
-__all__ = ["PeerCredentials", "peer_credentials", "peer_description", "Throttle", "LOG_INTERVAL"]
+__all__ = ["PeerCredentials", "peer_credentials", "peer_description", "peer_hung_up", "Throttle", "LOG_INTERVAL"]
 
 log = logging.getLogger("megabatch.server")
 
@@ -92,3 +93,12 @@ def peer_description(conn: socket.socket) -> str:
         return "unknown peer"
     return f"pid {pid} uid {uid}"
 
+
+def peer_hung_up(fd: int) -> bool:
+    """Whether the peer of connected socket ``fd`` has closed it (or shut its writing down), as the kernel
+    says now, although bytes it sent before may be unread: a dead trainer's socket is hung up from the moment
+    its process closed its files, before the event loop gets to its EOF."""
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP)
+    return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL)
+               for _, events in poller.poll(0))

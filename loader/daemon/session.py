@@ -24,6 +24,7 @@ from typing import Any
 from loader.caches.changeset import CachePlan
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.jobs import JobFailed, JobRank
+from loader.daemon.peers import peer_hung_up
 from loader.daemon.publisher import SlotFlow, fill_slot, overflow_message
 from loader.daemon.read_metrics import ClientInfo
 from loader.daemon.serving import ServingContext
@@ -129,6 +130,7 @@ class Session:
         long as the session, across epochs, so a reconnecting client starts with an empty cache."""
         self._send: Callable[[Message], None] = lambda msg: None
         self._close: Callable[[], None] = lambda: None
+        self._peer_hung_up: Callable[[], bool] = lambda: False
         self._stream: asyncio.Task[None] | None = None
         self._seq = 0
         self._last_epoch = 0
@@ -150,8 +152,13 @@ class Session:
         """Whether a stream (training or evaluation) is running."""
         return self._stream is not None and not self._stream.done()
 
-    def attach(self, send: Callable[[Message], None], close: Callable[[], None]) -> None:
-        self._send, self._close = send, close
+    def attach(self, send: Callable[[Message], None], close: Callable[[], None],
+               peer_hung_up: Callable[[], bool] = lambda: False) -> None:
+        self._send, self._close, self._peer_hung_up = send, close, peer_hung_up
+
+    def hung_up(self) -> bool:
+        """Whether the client is gone: the session closed, or its peer closed the socket (not yet read)."""
+        return self.closed or self._peer_hung_up()
 
     # -- incoming ------------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -442,9 +449,16 @@ class ControlProtocol(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
         assert self._transport is not None
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
-        self.session.attach(self._write, self._close)
+        self.session.attach(self._write, self._close, self._peer_hung_up)
         # before the transport reads: what came with the Hello precedes any later byte (and the client's EOF)
         self._drain()
+
+    def _peer_hung_up(self) -> bool:
+        transport = self._transport
+        if transport is None:
+            return True
+        sock = transport.get_extra_info("socket")
+        return sock is not None and peer_hung_up(sock.fileno())
 
     def write_buffer_size(self) -> int:
         """Bytes written to the transport and not yet sent."""

@@ -155,7 +155,8 @@ def test_bad_message_mid_session_and_bad_release(dataset_3k, tmp_path):
             assert batches
 
 
-def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset_3k, tmp_path):
+@pytest.mark.parametrize("queue", [True, False], ids=["queued", "not-queued"])
+def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset_3k, tmp_path, queue):
     config = daemon_config(dataset_3k, tmp_path / "s.sock")
     with running_daemon(config) as daemon:
         client = connect(config)
@@ -163,9 +164,10 @@ def test_trainer_vanishing_mid_epoch_frees_the_pipeline(dataset_3k, tmp_path):
         msg = client.recv(timeout=60)
         assert isinstance(msg, BatchReady)
         client.close()  # never releases, never finishes the epoch
-        # the next trainer queues: it may ask before the daemon has read the first one's hang-up, and then waits
-        # for the pipeline to be freed instead of being refused; a pipeline never freed fails it (no batch in 60 s)
-        with connect(config, queue=True) as second:
+        # the next trainer may ask before the daemon has read the first one's hang-up, or while its publisher is
+        # still in a thread: queueing or not, it waits for the pipeline to be handed back instead of being refused
+        # (a refusal raises here); a pipeline never freed fails it (no batch in 60 s)
+        with connect(config, queue=queue) as second:
             batches, end = consume(second, StartEpoch(epoch=0), EpochEnd)
             assert [r.seq for r, _ in batches] == list(range(len(batches)))
         assert daemon.ownership.owner is None or daemon.ownership.owner.label != "session 1"
