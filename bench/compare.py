@@ -424,6 +424,8 @@ def main() -> int:
         args.ranks = []
     if not args.ranks or min(args.ranks) < 1:
         p.error(f"--ranks: expected job sizes >= 1, got {args.ranks!r}")
+    if not args.out or Path(args.out).name != args.out or args.out in (".", ".."):
+        p.error(f"--out: expected a file stem under {RESULTS} (like compare-ab), got {args.out!r}")
     if args.aggregation_cache:
         modes = [run for mode in modes for run in (mode, mode + AGGREGATED)]
     modes = [run + ("" if w == 1 else f"-r{w}") for run in modes for w in args.ranks]

@@ -1,6 +1,7 @@
 """bench/compare.py: a daemon that dies is a row of the report, not the bench's end."""
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,3 +82,14 @@ def test_run_names_carry_the_aggregation_cache_and_the_report_pairs_them(tmp_pat
     text = report([plain, agg], args, 1 << 30, 2 << 30, [690.0])
     row = next(line for line in text.splitlines() if line.startswith("| exact | 37000 / 21000"))
     assert "1.50x" in row and "38,000 / 22,000" in row
+
+
+@pytest.mark.parametrize("out", ["bench/results/ab", "../ab", ".", ""])
+def test_an_out_that_is_not_a_stem_is_refused_before_any_work(out, tmp_path):
+    """``--out`` names a file stem under bench/results; a path used to fail with a traceback after the whole run."""
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench" / "compare.py"), "--out", out,
+                           "--work", str(work)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("compare.py: error: --out: expected a file stem")
+    assert not work.exists()
