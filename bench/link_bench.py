@@ -100,6 +100,9 @@ is named with it, so --reuse never mistakes one for the other."""
 TARGET_GAP = 0.01
 """Epochs to accuracy count to shuffled's mean best validation MRR minus this (1 point)."""
 
+TRAJECTORY_EVERY = 10
+"""The report's gap over training: the orders' best validation MRR so far every this many epochs."""
+
 
 @dataclass(frozen=True)
 class LinkRun:
@@ -122,6 +125,12 @@ class LinkRun:
     """Seconds of training per epoch, mean."""
     elapsed_s: list[tuple[int, float]]
     """(epoch, seconds of training and evaluation from the start through that epoch) of every epoch."""
+
+    def best_after(self, epoch: int) -> float | None:
+        """The best validation MRR of the epochs up to ``epoch`` (a run that stopped early keeps its best), None
+        before its first evaluated epoch."""
+        seen = [mrr for e, mrr in self.val_mrr if e <= epoch]
+        return max(seen) if seen else None
 
     def epochs_to(self, target: float) -> int | None:
         """The first epoch whose validation MRR reaches ``target``, None if none does."""
@@ -352,6 +361,42 @@ def dataset_markdown(name: str, target: float | None, summaries: list[OrderSumma
     return "\n".join(lines) + "\n"
 
 
+def trajectory(runs: dict[str, list[LinkRun]], every: int = TRAJECTORY_EVERY) -> dict[str, list[tuple[int, float]]]:
+    """Per order, (epoch, its seeds' mean best validation MRR so far) every ``every`` epochs and at the last epoch any
+    run trained; an epoch where some seed has no evaluated epoch yet is left out."""
+    last = max((r.epochs_run for group in runs.values() for r in group), default=0)
+    marks = sorted({*range(every, last + 1, every), last} - {0})
+    out: dict[str, list[tuple[int, float]]] = {}
+    for order, group in runs.items():
+        points = []
+        for mark in marks:
+            bests = [r.best_after(mark) for r in group]
+            if group and all(b is not None for b in bests):
+                points.append((mark, _mean([b for b in bests if b is not None])))
+        out[order] = points
+    return out
+
+
+def trajectory_markdown(curves: dict[str, list[tuple[int, float]]]) -> str:
+    """The gap over training: whether a buffer order's distance to shuffled closes, holds or opens toward the cap."""
+    orders = [o for o in curves if curves[o]]
+    if not orders:
+        return ""
+    by_order = {o: dict(curves[o]) for o in orders}
+    marks = sorted({e for o in orders for e in by_order[o]})
+    others = [o for o in orders if o != "shuffled"] if "shuffled" in by_order else []
+    lines = ["Best validation MRR so far, mean of the seeds, by epoch (the gap in points):", "",
+             "| after epoch | " + " | ".join(orders) + "".join(f" | {o} - shuffled" for o in others) + " |",
+             "|---" * (1 + len(orders) + len(others)) + "|"]
+    for mark in marks:
+        cells = [f"{by_order[o][mark]:.4f}" if mark in by_order[o] else "-" for o in orders]
+        base = by_order["shuffled"].get(mark) if others else None
+        gaps = [f"{100 * (by_order[o][mark] - base):+.1f}" if base is not None and mark in by_order[o] else "-"
+                for o in others]
+        lines.append(f"| {mark} | " + " | ".join(cells + gaps) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------- datasets and runs
 
 def _build(out: Path, command: Callable[[Path], list[str]]) -> None:
@@ -457,8 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"{run.test['hits@10']:.4f} auc {run.test['roc_auc']:.4f} at epoch {run.best_epoch} of "
                           f"{run.epochs_run}, {time.monotonic() - started:.0f} s", flush=True)
             target, summaries = summarize(runs)
-            sections.append(dataset_markdown(name, target, summaries, buffer))
+            curves = trajectory(runs)
+            sections.append(dataset_markdown(name, target, summaries, buffer) + "\n" + trajectory_markdown(curves))
             graphs[name] = {"target_val_mrr": target, "orders": [asdict(s) for s in summaries],
+                            "best_val_mrr_by_epoch": curves,
                             "runs": {order: [asdict(r) for r in group] for order, group in runs.items()}}
             write_outputs(stem, sections, {"datasets": graphs}, args)  # after each graph: a cut run keeps its start
         print((RESULTS / f"{stem}.md").read_text())

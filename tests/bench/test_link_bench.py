@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from bench import link_bench
-from bench.link_bench import daemon_config, dataset_markdown, parse_args, read_run, run_stem, summarize, train_command
+from bench.link_bench import (
+    daemon_config,
+    dataset_markdown,
+    parse_args,
+    read_run,
+    run_stem,
+    summarize,
+    train_command,
+    trajectory,
+    trajectory_markdown,
+)
 from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_LINK_LR
 
 LR, BUFFER_LR = f"lr{DEFAULT_LINK_LR}", f"lr{DEFAULT_BUFFER_LR}"
@@ -108,6 +118,22 @@ def test_the_report_compares_with_shuffled():
     assert rows["| comet"][7] == "3.0 (1 never)" and rows["| comet"][8] == "8 (1 never)"
     assert rows["| comet"][10] == "110.0" and rows["| shuffled"][8] == "6"
     assert rows["| shuffled"][2] == "-" and rows["| shuffled"][10] == "-"
+
+
+def test_the_report_follows_the_gap_over_training():
+    runs = {"shuffled": [read_run("shuffled", 0, result(2, [0.30, 0.50, 0.45, 0.40, 0.44], 0.48, None)),
+                         read_run("shuffled", 1, result(3, [0.20, 0.40, 0.52], 0.50, None))],  # stopped early
+            "comet": [read_run("comet", 0, result(3, [0.10, 0.30, 0.50, 0.55, 0.56], 0.46, 100)),
+                      read_run("comet", 1, result(2, [0.10, 0.40, 0.30, 0.35, 0.38], 0.40, 120))]}
+    curves = {order: [(e, round(v, 9)) for e, v in points] for order, points in trajectory(runs, every=2).items()}
+    # best so far, mean of the seeds, at epochs 2 and 4 and the last; the early-stopped run keeps its best (0.52)
+    assert curves["shuffled"] == [(2, 0.45), (4, 0.51), (5, 0.51)]
+    assert curves["comet"] == [(2, 0.35), (4, 0.475), (5, 0.48)]
+    rows = [line.split(" | ") for line in trajectory_markdown(curves).splitlines() if line.startswith("| ")]
+    assert rows[0] == ["| after epoch", "shuffled", "comet", "comet - shuffled |"]
+    assert [row[-1] for row in rows[1:]] == ["-10.0 |", "-3.5 |", "-3.0 |"]
+    assert trajectory({"comet": runs["comet"]}, every=2)["comet"][0][0] == 2
+    assert "- shuffled" not in trajectory_markdown(trajectory({"comet": runs["comet"]}, every=2))
 
 
 def test_a_run_cut_short_resumes_from_its_checkpoint(tmp_path, monkeypatch):
