@@ -22,7 +22,6 @@ from loader.sampling.inmemory import (
     EpochBatches,
     InMemoryGraph,
     eval_split_batches,
-    load_in_memory,
     num_batches,
     split_stream,
 )
@@ -31,7 +30,7 @@ from loader.sampling.sampling import SampledBatch, sample_pass
 from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
-from trainer.sparse_features import SparseFeatures, sparse_features
+from trainer.sparse_features import SparseFeatures, load_held
 
 __all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "batch_rows", "checked_fanouts", "float32_rows"]
 
@@ -101,8 +100,8 @@ class InMemorySource(BatchSource):
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.chunk_batches = chunk_batches
         opened = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
-        self.data: InMemoryGraph = load_in_memory(opened)
-        self.sparse = sparse_features(self.data.features) if hold_sparse and self.data.codec is None else None
+        self.data: InMemoryGraph
+        self.data, self.sparse = load_held(opened, hold_sparse)
         self.aggregates: np.ndarray | None = None
         kind = ""
         if aggregation:

@@ -6,20 +6,29 @@ a link batch's 14,300 rows are 480 MB gathered from the feature matrix (0.32 s) 
 non-zeros. Held as CSR (13 MiB for the whole matrix instead of 1.1 GiB) the same rows are gathered by index in
 9 ms, and the step that took 1.3 s on dense rows takes 0.12 s (docs/PERFORMANCE.md, "Features held sparse").
 
+``load_held`` reads a dataset's features partition by partition straight into the CSR, so the dense matrix is never
+in memory (coauthor-physics' trainer held 1.1 GiB of it beside the 13 MiB it used); features too dense to hold so
+are read again as the dense matrix.
+
 A batch's ``x`` is then a sparse CSR tensor: layer 0 takes it, or leaves it for the dense path, by the rule it
 applies to dense rows (``sparse_rows``), so a batch trains bit for bit as it would from dense rows; a model
 that cannot take it (GAT, an aggregation cache, a GPU) densifies it first.
 """
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from contextlib import closing
+from dataclasses import dataclass, replace
 
 import numpy as np
 from torch import Tensor
 
+from loader.format.dataset import Dataset
+from loader.sampling.inmemory import InMemoryGraph, checked_feature_ranges, load_in_memory, read_features
+from proto.errors import UserError
 from trainer.sparse_input import csr_tensor
 from trainer.sparse_input_kernels import csr_of_dense, gather_csr_rows
 
-__all__ = ["MAX_DENSITY", "SparseFeatures", "sparse_features"]
+__all__ = ["MAX_DENSITY", "SparseFeatures", "sparse_features", "sparse_feature_ranges", "load_held"]
 
 MAX_DENSITY = 0.05
 """Features are held sparse where at most this share of their entries is non-zero: the shared bag-of-words
@@ -58,25 +67,64 @@ class SparseFeatures:
 
 def sparse_features(features: np.ndarray, max_density: float = MAX_DENSITY,
                     chunk_rows: int = SCAN_ROWS) -> SparseFeatures | None:
-    """``features`` (float32, 2-D, e.g. a memory map) as ``SparseFeatures`` where at most ``max_density`` of its
-    entries are non-zero; None otherwise (other dtypes too), found out as soon as the scan passes that share.
-    The scan reads ``chunk_rows`` rows at a time."""
-    if features.dtype != np.float32 or features.ndim != 2 or features.size == 0:
+    """``features`` (float32, 2-D) as ``SparseFeatures`` where at most ``max_density`` of its entries are non-zero;
+    None otherwise (other dtypes too), found out as soon as the scan passes that share. The scan reads
+    ``chunk_rows`` rows at a time."""
+    if features.ndim != 2 or features.size == 0:
         return None
-    rows, cols = features.shape
+    return sparse_feature_ranges([(0, features)], features.shape, max_density, chunk_rows)
+
+
+def sparse_feature_ranges(ranges: Iterable[tuple[int, np.ndarray]], shape: tuple[int, int],
+                          max_density: float = MAX_DENSITY, chunk_rows: int = SCAN_ROWS) -> SparseFeatures | None:
+    """The (rows x cols) matrix whose rows come as ``ranges`` (first row, float32 rows), in any order, covering
+    every row once, as ``SparseFeatures``; None where more than ``max_density`` of its entries are non-zero (the
+    rest of ``ranges`` is then not read) or a range is not float32. A range is scanned ``chunk_rows`` rows at a
+    time. ``UserError`` where the ranges do not tile the rows."""
+    rows, cols = shape
+    if rows * cols == 0:
+        return None
     budget = int(max_density * rows * cols)
-    pointers, index_parts, value_parts, total = [np.zeros(1, np.int64)], [], [], 0
-    for start in range(0, rows, chunk_rows):
-        chunk = np.ascontiguousarray(features[start:start + chunk_rows])
-        count = int(np.count_nonzero(chunk))
-        if total + count > budget:
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+    total = 0
+    for begin, block in ranges:
+        if block.dtype != np.float32 or block.ndim != 2 or block.shape[1] != cols:
             return None
-        indptr, indices, values, fits = csr_of_dense(chunk, count, False)
-        assert fits  # exactly ``count`` entries, and no early give-up
-        pointers.append(indptr[1:] + total)
-        index_parts.append(indices)
-        value_parts.append(values)
-        total += count
-    # at least one chunk: the matrix has rows
-    return SparseFeatures(np.concatenate(pointers), np.concatenate(index_parts), np.concatenate(value_parts),
-                          (rows, cols))
+        for start in range(0, block.shape[0], chunk_rows):
+            chunk = np.ascontiguousarray(block[start:start + chunk_rows])
+            count = int(np.count_nonzero(chunk))
+            if total + count > budget:
+                return None
+            indptr, indices, values, fits = csr_of_dense(chunk, count, False)
+            assert fits  # exactly ``count`` entries, and no early give-up
+            parts.append((begin + start, indptr, indices, values))
+            total += count
+    parts.sort(key=lambda part: part[0])
+    pointers, covered = [np.zeros(1, np.int64)], 0
+    for begin, indptr, _, _ in parts:
+        if begin != covered:
+            raise UserError(f"the feature ranges do not tile the {rows} rows: row {min(begin, covered)} is "
+                            f"{'missing' if begin > covered else 'read twice'}")
+        pointers.append(indptr[1:] + pointers[-1][-1])
+        covered += indptr.size - 1
+    if covered != rows:
+        raise UserError(f"the feature ranges cover {covered} of {rows} rows")
+    return SparseFeatures(np.concatenate(pointers), np.concatenate([p[2] for p in parts]),
+                          np.concatenate([p[3] for p in parts]), (rows, cols))
+
+
+def load_held(dataset: Dataset, hold_sparse: bool = True,
+              max_density: float = MAX_DENSITY) -> tuple[InMemoryGraph, SparseFeatures | None]:
+    """``dataset`` in memory, with its features held sparse where ``hold_sparse`` and they are float32 values at most
+    ``max_density`` non-zero: read partition by partition into the CSR (the graph's ``features`` are then None),
+    never as the dense matrix. Otherwise, or where the scan finds them too dense, the dense matrix (read again from
+    the start in that case: the scan stops at the first partition past the share)."""
+    manifest = dataset.manifest
+    if not hold_sparse or manifest.feat_dtype.value != "float32" or dataset.feature_codec() is not None:
+        return load_in_memory(dataset), None
+    data = load_in_memory(dataset, features=False)
+    with closing(checked_feature_ranges(dataset)) as ranges:
+        held = sparse_feature_ranges(ranges, (data.num_nodes, data.feat_dim), max_density)
+    if held is None:
+        return replace(data, features=read_features(dataset)), None
+    return data, held

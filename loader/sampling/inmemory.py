@@ -6,6 +6,7 @@ seeds form which batch and which random key each batch is sampled with; the load
 the same ones for evaluation, so validation and test accuracy mean the same thing in both modes.
 """
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -15,7 +16,7 @@ import xxhash
 
 from loader.format.dataset import Dataset
 from loader.format.feature_codec import FeatureCodec
-from loader.format.feature_layout import RangeCheck, read_feature_layout
+from loader.format.feature_layout import RangeCheck, feature_ranges, read_feature_layout
 from loader.format.partition_table import PartitionTable
 from loader.format.read_checks import PARTITION_CHECK_COLUMNS, CorruptData, ReadChecks, load_read_checks
 from loader.sampling.sampling import CSCGraph, batch_keys, shuffle
@@ -23,7 +24,8 @@ from proto.errors import UserError
 
 __all__ = [
     "STREAM_TRAIN", "STREAM_VAL", "STREAM_TEST", "STREAM_SHUFFLE", "STREAM_TRAIN_RANK", "SPLITS", "InMemoryGraph",
-    "EpochBatches", "load_in_memory", "shuffle_key", "num_batches", "epoch_batches_inmemory", "eval_split_batches",
+    "EpochBatches", "load_in_memory", "read_features", "checked_feature_ranges", "shuffle_key", "num_batches",
+    "epoch_batches_inmemory", "eval_split_batches",
     "split_stream",
 ]
 
@@ -48,30 +50,34 @@ class InMemoryGraph:
     """A prepared dataset loaded whole.
 
     ``graph`` is the full in-neighbour CSC with ``global_ids = arange(N)`` (local id = dataset id).
-    ``features`` is dense (N, D) in the stored dtype (float32, float16, or uint8 codes with ``codec``).
+    ``features`` is dense (N, D) in the stored dtype (float32, float16, or uint8 codes with ``codec``), or None
+    where the caller keeps them otherwise (``load_in_memory(features=False)``: a trainer holding their non-zeros).
     ``labels`` int64 (N,), -1 for unlabeled. ``splits`` maps "train", "val", "test" to sorted int64 dataset ids.
     """
 
     graph: CSCGraph
-    features: np.ndarray
+    features: np.ndarray | None
     labels: np.ndarray
     splits: dict[str, np.ndarray]
     num_classes: int
+    feat_dim: int
     codec: FeatureCodec | None = None
     """8-bit feature codes' column ranges (``feat_dtype`` uint8); None: ``features`` hold values."""
 
+    def dense_features(self) -> np.ndarray:
+        """``features``; a loud error where they were not loaded (a caller that holds them otherwise)."""
+        if self.features is None:
+            raise RuntimeError("the dense features were not loaded (load_in_memory(features=False))")
+        return self.features
+
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """The rows of ``nodes`` as values: the stored rows, or float32 decoded from codes."""
-        rows = self.features[nodes]
+        rows = self.dense_features()[nodes]
         return rows if self.codec is None else self.codec.decode(rows)
 
     @property
     def num_nodes(self) -> int:
         return int(self.labels.shape[0])
-
-    @property
-    def feat_dim(self) -> int:
-        return int(self.features.shape[1])
 
 
 class EpochBatches(NamedTuple):
@@ -98,7 +104,9 @@ def _partition_check(checks: ReadChecks, path: Path) -> RangeCheck:
     return check
 
 
-def _read_features(dataset: Dataset, partitions: PartitionTable) -> np.ndarray:
+def read_features(dataset: Dataset, partitions: PartitionTable | None = None) -> np.ndarray:
+    """``dataset``'s dense feature matrix (N, D), each partition's range checked against its sum."""
+    partitions = dataset.partitions() if partitions is None else partitions
     path = dataset.file("features")
     # each partition's features range has a hash (format 1.1+): the matrix is served from RAM afterwards, so
     # this is its read check, one hash per sequential read
@@ -106,8 +114,17 @@ def _read_features(dataset: Dataset, partitions: PartitionTable) -> np.ndarray:
     return read_feature_layout(dataset, path, partitions, None if checks is None else _partition_check(checks, path))
 
 
-def load_in_memory(dataset: Dataset) -> InMemoryGraph:
-    """Read ``dataset``'s graph, features, labels and splits into memory.
+def checked_feature_ranges(dataset: Dataset) -> Generator[tuple[int, np.ndarray], None, None]:
+    """``dataset``'s feature rows one partition at a time (its first node, its rows), each checked against its
+    sum as ``load_in_memory`` checks them: for a reader that keeps less than the dense matrix."""
+    path = dataset.file("features")
+    checks = load_read_checks(dataset, blocks=False)
+    return feature_ranges(dataset, path, dataset.partitions(),
+                          None if checks is None else _partition_check(checks, path))
+
+
+def load_in_memory(dataset: Dataset, features: bool = True) -> InMemoryGraph:
+    """Read ``dataset``'s graph, features (unless ``features`` is False), labels and splits into memory.
 
     Features are read partition by partition at each partition's ``feat_offset`` (the padding
     between partitions is skipped). Raises UserError when a file disagrees with the manifest.
@@ -130,8 +147,9 @@ def load_in_memory(dataset: Dataset) -> InMemoryGraph:
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             raise UserError(f"{dataset.file(name)}: node ids outside [0, {n})")
     graph = CSCGraph(indptr=indptr, indices=indices, global_ids=np.arange(n, dtype=np.int64))
-    return InMemoryGraph(graph=graph, features=_read_features(dataset, partitions), labels=labels,
-                         splits=splits, num_classes=manifest.num_classes, codec=dataset.feature_codec())
+    return InMemoryGraph(graph=graph, features=read_features(dataset, partitions) if features else None,
+                         labels=labels, splits=splits, num_classes=manifest.num_classes, feat_dim=manifest.feat_dim,
+                         codec=dataset.feature_codec())
 
 
 def num_batches(num_seeds: int, batch_size: int) -> int:

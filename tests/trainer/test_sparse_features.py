@@ -2,6 +2,7 @@
 ones, layer 0 the same from either, and a link run that trains bit for bit as from dense rows."""
 
 import json
+import shutil
 import subprocess
 import sys
 from unittest import mock
@@ -13,12 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from loader.format.dataset import open_dataset
+from loader.format.read_checks import CorruptData
 from loader.offline.prepare import PrepareOptions, prepare_dataset
+from loader.sampling.inmemory import load_in_memory
+from proto.errors import UserError
 from tests.graphs import link_input_graph, link_raw
 from tests.trainer.test_link_train import without_timings
 from trainer.__main__ import main
 from trainer.models import SampledGNN, build_model
-from trainer.sparse_features import sparse_features
+from trainer.sparse_features import load_held, sparse_feature_ranges, sparse_features
 from trainer.sparse_input import sparse_rows
 
 _ELEMENTS = st.sampled_from([0.0, 0.0, 0.0, 0.0, -0.0, 1.0, -2.5, 3.0, np.nan])
@@ -100,6 +105,65 @@ def sparse_link_dataset(tmp_path_factory):
     return root / "ds"
 
 
+@settings(max_examples=100, deadline=None)
+@given(x=_MATRICES, cuts=st.lists(st.integers(0, 12), max_size=4), chunk=st.integers(1, 5), data=st.data())
+def test_held_rows_from_ranges_in_any_order_are_the_whole_matrixs(x, cuts, chunk, data):
+    edges = sorted({0, x.shape[0], *(c for c in cuts if c <= x.shape[0])})
+    ranges = [(begin, x[begin:end]) for begin, end in zip(edges, edges[1:], strict=False)]
+    ranges = data.draw(st.permutations(ranges))
+    got = sparse_feature_ranges(ranges, x.shape, max_density=1.0, chunk_rows=chunk)
+    want = sparse_features(x, max_density=1.0)
+    assert got is not None and want is not None and got.shape == want.shape
+    for mine, reference in zip((got.indptr, got.indices, got.values), (want.indptr, want.indices, want.values),
+                               strict=True):
+        np.testing.assert_array_equal(mine, reference)
+
+
+def test_ranges_that_do_not_tile_the_rows_are_refused():
+    x = np.eye(6, dtype=np.float32)
+    with pytest.raises(UserError, match="row 2 is missing"):
+        sparse_feature_ranges([(0, x[:2]), (3, x[3:])], x.shape, max_density=1.0)
+    with pytest.raises(UserError, match="row 1 is read twice"):
+        sparse_feature_ranges([(0, x[:2]), (1, x[1:])], x.shape, max_density=1.0)
+    with pytest.raises(UserError, match="cover 4 of 6 rows"):
+        sparse_feature_ranges([(0, x[:4])], x.shape, max_density=1.0)
+
+
+def test_a_dataset_is_held_sparse_without_its_dense_matrix(sparse_link_dataset):
+    dataset = open_dataset(sparse_link_dataset)
+    data, held = load_held(dataset)
+    reference = load_in_memory(dataset)
+    assert data.features is None and held is not None and reference.features is not None
+    want = sparse_features(reference.features)
+    assert want is not None
+    for mine, theirs in zip((held.indptr, held.indices, held.values), (want.indptr, want.indices, want.values),
+                            strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        data.feature_rows(np.arange(3))
+    # too dense to hold at a share of 0.1%: the dense matrix after all, as load_in_memory reads it
+    dense, none = load_held(dataset, max_density=0.001)
+    assert none is None and dense.features is not None
+    np.testing.assert_array_equal(dense.features, reference.features)
+    kept, not_held = load_held(dataset, hold_sparse=False)
+    assert not_held is None and kept.features is not None
+
+
+def test_a_corrupt_range_fails_the_held_load_as_the_dense_one(sparse_link_dataset, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(sparse_link_dataset, copy)
+    features = copy / "features.bin"
+    with features.open("r+b") as f:  # a non-zero where the first row has a zero: the sums must catch it
+        f.seek(4)
+        word = f.read(4)
+        f.seek(4)
+        f.write(bytes([word[0] ^ 0x40, *word[1:]]))
+    with pytest.raises(CorruptData):
+        load_in_memory(open_dataset(copy))
+    with pytest.raises(CorruptData):
+        load_held(open_dataset(copy))
+
+
 @pytest.mark.parametrize("options", [("--model", "sage"), ("--model", "gcn", "--link-order", "comet",
                                                           "--buffer-partitions", "2"), ("--model", "gat")],
                          ids=["sage", "gcn-comet", "gat"])
@@ -121,7 +185,7 @@ def _held_then_dense(run, source_module, tmp_path, monkeypatch) -> bool:
     with mock.patch("trainer.models.SampledGNN.sparse_input_layer", autospec=True,
                     side_effect=SampledGNN.sparse_input_layer) as sparse_path:
         assert run(held) == 0
-    monkeypatch.setattr(f"{source_module}.sparse_features", lambda features: None)
+    monkeypatch.setattr(f"{source_module}.load_held", lambda dataset, hold_sparse=True: load_held(dataset, False))
     assert run(dense) == 0
     first, second = json.loads(held.read_text()), json.loads(dense.read_text())
     assert "features held sparse" in first["source"] and "held sparse" not in second["source"]

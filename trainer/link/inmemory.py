@@ -4,7 +4,8 @@ Training (``--link-order shuffled``, the default): epoch e's batches are ``link_
 batch_size, seed, e)`` over the positions of ``train_edges.npy``, each sampled by ``sample_link_batch``
 over the whole graph (the loader's in-memory ``CSCGraph``, as ``--mode inmemory`` builds it for node
 tasks), negatives drawn uniformly over every node. Features come from ``features.bin`` as the node
-task's in-memory source reads them (``load_in_memory``: one checked sequential read per partition).
+task's in-memory source reads them (one checked sequential read per partition), bag-of-words features straight
+into their non-zeros (``trainer.sparse_features.load_held``).
 
 ``--link-order comet|beta`` (with ``--buffer-partitions C``, ``--logical-partitions L`` for COMET)
 trains in MariusGNN's partition buffer order, in memory, to measure what the order costs before a
@@ -44,7 +45,7 @@ from loader.sampling.buffer_order import (
 )
 from loader.sampling.comet import logical_capacity
 from loader.sampling.induced import induced_by_ranges, local_in_ranges
-from loader.sampling.inmemory import InMemoryGraph, eval_split_batches, load_in_memory
+from loader.sampling.inmemory import InMemoryGraph, eval_split_batches
 from loader.sampling.link_sampling import (
     STREAM_LINK_TEST,
     STREAM_LINK_VAL,
@@ -61,7 +62,7 @@ from proto.errors import UserError
 from proto.held_pairs import HeldPairs
 from trainer.inmemory_source import batch_rows, checked_fanouts
 from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
-from trainer.sparse_features import sparse_features
+from trainer.sparse_features import load_held
 
 __all__ = ["LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
@@ -130,9 +131,9 @@ class LinkInMemorySource:
         if assignment not in ASSIGNMENTS:
             raise UserError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
         self.assignment = cast(Assignment, assignment)
-        self.data: InMemoryGraph = load_in_memory(dataset)
         # bag-of-words features as their non-zeros: a batch's rows gathered as CSR, not as mostly zeros
-        self.sparse = None if self.data.codec is not None else sparse_features(self.data.features)
+        self.data: InMemoryGraph
+        self.data, self.sparse = load_held(dataset)
         n = self.data.num_nodes
         tables = read_link_tables(dataset, link, n)
         self.train_edges = tables.train_edges

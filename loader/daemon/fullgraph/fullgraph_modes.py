@@ -88,7 +88,7 @@ class InMemoryMode(FullGraphMode):
         super().__init__(serving)
         data = load_in_memory(dataset)
         self.graph = data.graph
-        self.features = data.features
+        self.features = data.dense_features()
         self.superbatch = self.superbatch_for(serving.config)
         self.budget_plan = plan
         self.rows: RowSource = DenseRows(self.features.reshape(-1).view(np.uint8), dataset.manifest.row_bytes)
