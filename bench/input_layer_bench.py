@@ -162,7 +162,8 @@ def step_table(path: str, models: list[str], batch_size: int, repeats: int, thre
     from trainer.link.model import LinkModel
 
     try:
-        source = LinkInMemorySource(open_dataset(path), batch_size=batch_size, seed=0)
+        dataset = open_dataset(path)
+        source = LinkInMemorySource(dataset, batch_size=batch_size, seed=0)
     except (UserError, OSError) as err:
         print(f"input_layer_bench: error: {err}", file=sys.stderr)
         return 2
@@ -173,7 +174,7 @@ def step_table(path: str, models: list[str], batch_size: int, repeats: int, thre
           f"{first.x.shape[0]:,} nodes of {first.x.shape[1]:,} features in the first; whole steps (forward, loss, "
           f"backward), mean of {len(batches) - 1} after one untimed\n")
     if source.sparse is not None:
-        gather_table(source, batches, first.x.shape[1])
+        gather_table(source, dataset, batches, first.x.shape[1])
     print("| model | dense rows | as run | ratio |")
     print("|---|---|---|---|")
     for kind in models:
@@ -247,14 +248,18 @@ def _node_batches(source):
         epoch += 1
 
 
-def gather_table(source, batches: list, width: int) -> None:
+def gather_table(source, dataset, batches: list, width: int) -> None:
     """The rows of each batch gathered dense from the feature matrix against as CSR from the held non-zeros."""
+    from dataclasses import replace
+
+    from loader.sampling.inmemory import read_features
     from trainer.inmemory_source import batch_rows
 
+    dense = replace(source.data, features=read_features(dataset))  # the source holds no dense matrix
     totals = {"dense": 0.0, "held": 0.0}
     for index, batch in enumerate(batches):
         nodes = batch.graph.n_id.numpy()
-        for way, gather in (("dense", lambda ids: batch_rows(source.data, None, ids)), ("held", source.sparse.rows)):
+        for way, gather in (("dense", lambda ids: batch_rows(dense, None, ids)), ("held", source.sparse.rows)):
             start = time.perf_counter()
             gather(nodes)
             if index:
