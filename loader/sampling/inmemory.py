@@ -104,23 +104,25 @@ def _partition_check(checks: ReadChecks, path: Path) -> RangeCheck:
     return check
 
 
+def _features_check(dataset: Dataset, path: Path) -> RangeCheck | None:
+    """The check of ``features.bin``'s partition ranges: each has a hash (format 1.1+), and the matrix is served from
+    RAM afterwards, so this is its read check, one hash per sequential read."""
+    checks = load_read_checks(dataset, blocks=False)
+    return None if checks is None else _partition_check(checks, path)
+
+
 def read_features(dataset: Dataset, partitions: PartitionTable | None = None) -> np.ndarray:
     """``dataset``'s dense feature matrix (N, D), each partition's range checked against its sum."""
-    partitions = dataset.partitions() if partitions is None else partitions
     path = dataset.file("features")
-    # each partition's features range has a hash (format 1.1+): the matrix is served from RAM afterwards, so
-    # this is its read check, one hash per sequential read
-    checks = load_read_checks(dataset, blocks=False)
-    return read_feature_layout(dataset, path, partitions, None if checks is None else _partition_check(checks, path))
+    return read_feature_layout(dataset, path, dataset.partitions() if partitions is None else partitions,
+                               _features_check(dataset, path))
 
 
 def checked_feature_ranges(dataset: Dataset) -> Generator[tuple[int, np.ndarray], None, None]:
     """``dataset``'s feature rows one partition at a time (its first node, its rows), each checked against its
     sum as ``load_in_memory`` checks them: for a reader that keeps less than the dense matrix."""
     path = dataset.file("features")
-    checks = load_read_checks(dataset, blocks=False)
-    return feature_ranges(dataset, path, dataset.partitions(),
-                          None if checks is None else _partition_check(checks, path))
+    return feature_ranges(dataset, path, dataset.partitions(), _features_check(dataset, path))
 
 
 def load_in_memory(dataset: Dataset, features: bool = True) -> InMemoryGraph:
