@@ -1,5 +1,5 @@
 """Loading a dataset's features for the in-memory sources: the dense matrix and then its CSR (how the sources loaded
-before 2026-11-29) against ``trainer.sparse_features.load_held`` (partition by partition straight into the CSR),
+before 2026-11-29) against ``trainer.inmemory_source.load_held`` (partition by partition straight into the CSR),
 side by side: seconds, peak RSS and RSS after, and the ratios. Each load runs in a fresh process (a peak RSS is a
 process's), the two alternating, ``--repeats`` times each; both build the same CSR (checked by its byte count).
 
@@ -24,7 +24,8 @@ def load_once(way: str, dataset: str) -> dict[str, float]:
     """One load, in this process: seconds, peak and final RSS (MiB), and the CSR's bytes."""
     from loader.format.dataset import open_dataset
     from loader.sampling.inmemory import load_in_memory
-    from trainer.sparse_features import load_held, sparse_features
+    from trainer.inmemory_source import load_held
+    from trainer.sparse_features import sparse_features
 
     opened = open_dataset(dataset)
     started = time.perf_counter()

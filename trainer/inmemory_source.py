@@ -11,6 +11,8 @@ last global batch left it no seed) and every ``world_size``-th evaluation batch.
 """
 
 from collections.abc import Iterator, Sequence
+from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +23,11 @@ from loader.format.dataset import Dataset, open_dataset
 from loader.sampling.inmemory import (
     EpochBatches,
     InMemoryGraph,
+    checked_feature_ranges,
     eval_split_batches,
+    load_in_memory,
     num_batches,
+    read_features,
     split_stream,
 )
 from loader.sampling.ranks import check_rank, deal_epoch, deal_eval
@@ -30,9 +35,9 @@ from loader.sampling.sampling import SampledBatch, sample_pass
 from proto.errors import UserError
 from trainer.batch import Batch
 from trainer.source import BatchSource, SourceInfo
-from trainer.sparse_features import SparseFeatures, load_held
+from trainer.sparse_features import MAX_DENSITY, SparseFeatures, sparse_feature_ranges
 
-__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "batch_rows", "checked_fanouts", "float32_rows"]
+__all__ = ["InMemorySource", "DEFAULT_CHUNK_BATCHES", "batch_rows", "load_held", "checked_fanouts", "float32_rows"]
 
 DEFAULT_CHUNK_BATCHES = 256
 """Batches sampled per ``sample_pass`` call: bounds the sampled-but-unconsumed memory."""
@@ -56,6 +61,23 @@ def batch_rows(data: InMemoryGraph, held: SparseFeatures | None, nodes: np.ndarr
     """The feature rows of ``nodes``: a sparse CSR tensor from ``held`` (features held sparse), else dense
     float32 from ``data``."""
     return float32_rows(data.feature_rows(nodes)) if held is None else held.rows(nodes)
+
+
+def load_held(dataset: Dataset, hold_sparse: bool = True,
+              max_density: float = MAX_DENSITY) -> tuple[InMemoryGraph, SparseFeatures | None]:
+    """``dataset`` in memory, with its features held sparse where ``hold_sparse`` and they are float32 values at most
+    ``max_density`` non-zero: read partition by partition into the CSR (the graph's ``features`` are then None),
+    never as the dense matrix. Otherwise, or where the scan finds them too dense, the dense matrix (read again from
+    the start in that case: the scan stops at the first partition past the share)."""
+    manifest = dataset.manifest
+    if not hold_sparse or manifest.feat_dtype.value != "float32" or dataset.feature_codec() is not None:
+        return load_in_memory(dataset), None
+    data = load_in_memory(dataset, features=False)
+    with closing(checked_feature_ranges(dataset)) as ranges:
+        held = sparse_feature_ranges(ranges, (data.num_nodes, data.feat_dim), max_density)
+    if held is None:
+        return replace(data, features=read_features(dataset)), None
+    return data, held
 
 
 class InMemorySource(BatchSource):

@@ -6,9 +6,9 @@ a link batch's 14,300 rows are 480 MB gathered from the feature matrix (0.32 s) 
 non-zeros. Held as CSR (13 MiB for the whole matrix instead of 1.1 GiB) the same rows are gathered by index in
 9 ms, and the step that took 1.3 s on dense rows takes 0.12 s (docs/PERFORMANCE.md, "Features held sparse").
 
-``load_held`` reads a dataset's features partition by partition straight into the CSR, so the dense matrix is never
-in memory (coauthor-physics' trainer held 1.1 GiB of it beside the 13 MiB it used); features too dense to hold so
-are read again as the dense matrix.
+``trainer.inmemory_source.load_held`` reads a dataset's features partition by partition straight into the CSR
+(``sparse_feature_ranges``), so the dense matrix is never in memory (coauthor-physics' trainer held 1.1 GiB of it
+beside the 13 MiB it used); features too dense to hold so are read again as the dense matrix.
 
 A batch's ``x`` is then a sparse CSR tensor: layer 0 takes it, or leaves it for the dense path, by the rule it
 applies to dense rows (``sparse_rows``), so a batch trains bit for bit as it would from dense rows; a model
@@ -16,19 +16,16 @@ that cannot take it (GAT, an aggregation cache, a GPU) densifies it first.
 """
 
 from collections.abc import Iterable
-from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from torch import Tensor
 
-from loader.format.dataset import Dataset
-from loader.sampling.inmemory import InMemoryGraph, checked_feature_ranges, load_in_memory, read_features
 from proto.errors import UserError
 from trainer.sparse_input import csr_tensor
 from trainer.sparse_input_kernels import csr_of_dense, gather_csr_rows
 
-__all__ = ["MAX_DENSITY", "SparseFeatures", "sparse_features", "sparse_feature_ranges", "load_held"]
+__all__ = ["MAX_DENSITY", "SparseFeatures", "sparse_features", "sparse_feature_ranges"]
 
 MAX_DENSITY = 0.05
 """Features are held sparse where at most this share of their entries is non-zero: the shared bag-of-words
@@ -70,7 +67,7 @@ def sparse_features(features: np.ndarray, max_density: float = MAX_DENSITY,
     """``features`` (float32, 2-D) as ``SparseFeatures`` where at most ``max_density`` of its entries are non-zero;
     None otherwise (other dtypes too), found out as soon as the scan passes that share. The scan reads
     ``chunk_rows`` rows at a time."""
-    if features.ndim != 2 or features.size == 0:
+    if features.ndim != 2:
         return None
     return sparse_feature_ranges([(0, features)], features.shape, max_density, chunk_rows)
 
@@ -111,20 +108,3 @@ def sparse_feature_ranges(ranges: Iterable[tuple[int, np.ndarray]], shape: tuple
         raise UserError(f"the feature ranges cover {covered} of {rows} rows")
     return SparseFeatures(np.concatenate(pointers), np.concatenate([p[2] for p in parts]),
                           np.concatenate([p[3] for p in parts]), (rows, cols))
-
-
-def load_held(dataset: Dataset, hold_sparse: bool = True,
-              max_density: float = MAX_DENSITY) -> tuple[InMemoryGraph, SparseFeatures | None]:
-    """``dataset`` in memory, with its features held sparse where ``hold_sparse`` and they are float32 values at most
-    ``max_density`` non-zero: read partition by partition into the CSR (the graph's ``features`` are then None),
-    never as the dense matrix. Otherwise, or where the scan finds them too dense, the dense matrix (read again from
-    the start in that case: the scan stops at the first partition past the share)."""
-    manifest = dataset.manifest
-    if not hold_sparse or manifest.feat_dtype.value != "float32" or dataset.feature_codec() is not None:
-        return load_in_memory(dataset), None
-    data = load_in_memory(dataset, features=False)
-    with closing(checked_feature_ranges(dataset)) as ranges:
-        held = sparse_feature_ranges(ranges, (data.num_nodes, data.feat_dim), max_density)
-    if held is None:
-        return replace(data, features=read_features(dataset)), None
-    return data, held

@@ -22,8 +22,9 @@ from proto.errors import UserError
 from tests.graphs import link_input_graph, link_raw
 from tests.trainer.test_link_train import without_timings
 from trainer.__main__ import main
+from trainer.inmemory_source import load_held
 from trainer.models import SampledGNN, build_model
-from trainer.sparse_features import load_held, sparse_feature_ranges, sparse_features
+from trainer.sparse_features import sparse_feature_ranges, sparse_features
 from trainer.sparse_input import sparse_rows
 
 _ELEMENTS = st.sampled_from([0.0, 0.0, 0.0, 0.0, -0.0, 1.0, -2.5, 3.0, np.nan])

@@ -5,7 +5,7 @@ batch_size, seed, e)`` over the positions of ``train_edges.npy``, each sampled b
 over the whole graph (the loader's in-memory ``CSCGraph``, as ``--mode inmemory`` builds it for node
 tasks), negatives drawn uniformly over every node. Features come from ``features.bin`` as the node
 task's in-memory source reads them (one checked sequential read per partition), bag-of-words features straight
-into their non-zeros (``trainer.sparse_features.load_held``).
+into their non-zeros (``trainer.inmemory_source.load_held``).
 
 ``--link-order comet|beta`` (with ``--buffer-partitions C``, ``--logical-partitions L`` for COMET)
 trains in MariusGNN's partition buffer order, in memory, to measure what the order costs before a
@@ -60,9 +60,8 @@ from loader.sampling.ranks import check_rank, even_piece
 from loader.sampling.sampling import CSCGraph, sample_pass
 from proto.errors import UserError
 from proto.held_pairs import HeldPairs
-from trainer.inmemory_source import batch_rows, checked_fanouts
+from trainer.inmemory_source import batch_rows, checked_fanouts, load_held
 from trainer.link.batches import BufferSettings, LinkBatch, NodeBatch
-from trainer.sparse_features import load_held
 
 __all__ = ["LinkInMemorySource", "EVAL_CHUNK_BATCHES"]
 
