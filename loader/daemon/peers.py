@@ -97,7 +97,9 @@ def peer_description(conn: socket.socket) -> str:
 def peer_hung_up(fd: int) -> bool:
     """Whether the peer of connected socket ``fd`` has closed it (or shut its writing down), as the kernel
     says now, although bytes it sent before may be unread: a dead trainer's socket is hung up from the moment
-    its process closed its files, before the event loop gets to its EOF."""
+    its process closed its files, before the event loop gets to its EOF. A half-close counts (``POLLRDHUP``
+    without ``POLLHUP``): the session ends at that EOF anyway (the protocol has no half-open use; the
+    default ``eof_received`` closes the transport)."""
     poller = select.poll()
     poller.register(fd, select.POLLRDHUP)
     return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL)

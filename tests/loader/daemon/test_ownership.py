@@ -104,3 +104,16 @@ def test_peer_hung_up_reads_the_kernels_word_on_a_socket():
         theirs.close()
         assert peer_hung_up(ours.fileno())  # closed, its last bytes still unread
         assert ours.recv(64) == b"unread bytes"
+
+
+def test_a_half_close_is_a_hang_up_as_the_session_ends_at_its_eof():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        theirs.shutdown(socket.SHUT_RD)  # the peer stops reading only: it can still send, it is not leaving
+        assert not peer_hung_up(ours.fileno())
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        theirs.shutdown(socket.SHUT_WR)
+        assert peer_hung_up(ours.fileno())
+        ours.sendall(b"still readable")  # half-open: the peer could read on, but the daemon closes at this EOF
+        assert theirs.recv(64) == b"still readable"
