@@ -57,6 +57,7 @@ from trainer.distributed import Peers, data_parallel, training_device
 from trainer.metrics import TrainerMetrics
 from trainer.micro_batches import CUDA_STEP_OVERHEAD, MicroBatching, ModelShape
 from trainer.models import AGGREGATION_FOR, build_model
+from trainer.optimizer import adam
 from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
 from trainer.ranks import SINGLE, Ranks
@@ -138,7 +139,7 @@ class _Run:
         self.train_model = data_parallel(self.model, ranks, self.device)
         """What training steps call: ``model`` itself, or its DDP wrapper under several ranks. Evaluation
         calls ``model``: ranks evaluate different numbers of batches and DDP's forward may be a collective."""
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = adam(self.model.parameters(), cfg.lr, cfg.weight_decay)
         self.signature = _model_signature(cfg, info.num_features, info.num_classes, info.num_hops)
         cache = None
         if info.feature_cache_rows:

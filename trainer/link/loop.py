@@ -53,6 +53,7 @@ from trainer.link.records import LinkConfig, LinkEpochRecord, LinkResult, format
 from trainer.link.source import LinkSource
 from trainer.loop import seed_everything
 from trainer.metrics import TrainerMetrics
+from trainer.optimizer import adam
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
 from trainer.ranks import SINGLE, Ranks
 from trainer.records import StopControl
@@ -87,7 +88,7 @@ class _LinkRun:
                                train.heads, cfg.decoder).to(self.device)
         self.train_model = data_parallel(self.model, ranks, self.device)
         """What training steps call: the model, or its DDP wrapper under several ranks (evaluation calls the model)."""
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+        self.optimizer = adam(self.model.parameters(), train.lr, train.weight_decay)
         self.averaged = None if not cfg.ema else AveragedModel(
             self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
         """The moving average of the weights after each step (``cfg.ema``), what evaluation runs and the run returns:
