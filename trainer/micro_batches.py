@@ -188,7 +188,7 @@ def estimate_bytes(nodes_per_hop: list[int], edges_per_hop: list[int], model: Mo
     SAGE the mean of the gathered rows (n_out x d_in) and both linear maps' outputs, with a transient
     e x d_in gather; GCN the transformed rows (n_in x d_out) and the weighted messages over the edges and
     self-loops ((e + n_in) x d_out, kept and transient); GAT the same rows, three message tensors over the
-    edges and self-loops and the attention per head; hidden layers add ReLU, dropout and padded rows.
+    edges and self-loops and the attention per head; hidden layers add ReLU and dropout.
     Layer 0 of SAGE and GCN aggregates the input rows by a sparse product instead (``SampledGNN.input_layer``):
     the aggregate (n_out x d_in), the linear maps' outputs and the sparse matrix (``SPARSE_ENTRY_BYTES`` an
     entry, over the edges, and for GCN the self-loops), three times that and a second aggregate-sized buffer transient
@@ -224,7 +224,7 @@ def estimate_bytes(nodes_per_hop: list[int], edges_per_hop: list[int], model: Mo
             kept += (n_out * d_in + 2 * n_out * d_out) * f32
             layer_transient = e * d_in * f32
         if i < layers - 1:
-            kept += 3 * n_out * d_out * f32  # ReLU, dropout, the padded rows
+            kept += 3 * n_out * d_out * f32  # ReLU, dropout's output and its mask (counted as float32: a margin)
         transient = max(transient, layer_transient)
     params = sum(dims[i] * dims[i + 1] * 2 + dims[i + 1] for i in range(layers)) * f32
     # weights, gradients, Adam's two moments; the activations with ACTIVATION_MARGIN for what the count misses

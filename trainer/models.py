@@ -1,8 +1,8 @@
 """GNN models for sampled mini-batches: GraphSAGE, GCN and GAT on PyG layers, trimmed per layer.
 
 Every model takes a batch in PyG's sampled-subgraph layout (seeds first, hop-1 edges first) and
-follows PyG's hierarchical pattern: before layer ``i``, ``trim_to_layer`` drops the outermost
-hop, whose nodes and edges no later layer reads, so deep layers compute on ever smaller graphs.
+follows PyG's hierarchical pattern: before layer ``i``, ``trim_edges`` (``trim_to_layer``'s edge cut) drops the
+outermost hop, whose nodes and edges no later layer reads, so deep layers compute on ever smaller graphs.
 Each layer also skips the output rows of the hop the next trim drops (on coauthor-cs, 6805-dim
 features and fanouts [10, 5], half of layer 1's rows, which makes its forward and backward
 about 1.6x faster). The result is the seeds' logits only.
@@ -12,15 +12,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
-from torch_geometric.utils import trim_to_layer
 
 from trainer.sparse_input import SparseRows, max_sparse_entries, rows_times_weight, sparse_rows
 
-__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "mean_weights", "target_rows"]
+__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "mean_weights", "target_rows", "trim_edges"]
 
 MODELS = ("sage", "gcn", "gat")
 AGGREGATION_FOR = {"sage": "mean", "gcn": "gcn"}
 """The aggregation cache each model's first layer can read (BatchGNN: SAGE's mean, GCN's normalized sum)."""
+
+
+def trim_edges(layer: int, num_sampled_edges: list[int], edge_index: Tensor) -> Tensor:
+    """``edge_index`` without the edges of the outermost hop left before layer ``layer`` (PyG's ``trim_to_layer``
+    on the edges; hop-1 edges come first, so it is a prefix). Its row cut is not needed: each layer writes output
+    rows only for the nodes the next one reads (``SampledGNN.forward``), where PyG's pattern writes every row and
+    trims them after; padding the rows back for ``trim_to_layer`` cost a zero fill and a copy of the widest hidden
+    layer per step, and as many in the backward pass."""
+    if layer <= 0:
+        return edge_index
+    return edge_index.narrow(1, 0, edge_index.size(1) - num_sampled_edges[-layer])
 
 
 def mean_weights(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
@@ -192,15 +202,14 @@ class SampledGNN(torch.nn.Module):
                 x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
         hops = layers - first
         for j in range(hops):
-            x, edge_index, _ = trim_to_layer(j, num_sampled_nodes, num_sampled_edges, x, edge_index)
+            # trim_to_layer's edge cut; its row cut is already made, as the previous layer wrote no rows for the hop
+            edge_index = trim_edges(j, num_sampled_edges, edge_index)
             # the outermost hop left only sends messages at this layer: no output rows for it
             outer = num_sampled_nodes[hops - j]
             i = j + first
             x = self.layer(i, x, edge_index, x.size(0) - outer)
             if i < layers - 1:
                 x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
-                # zero rows standing in for that hop, which trim_to_layer drops before the next layer
-                x = F.pad(x, (0, 0, 0, outer))
         return x[:num_sampled_nodes[0]]
 
 

@@ -10,6 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
+from torch_geometric.utils import trim_to_layer
+
 from trainer.models import MODELS, build_model, mean_weights
 
 
@@ -30,6 +32,53 @@ def sampled():
     return x, torch.from_numpy(batch.edge_index), nodes, edges
 
 
+@pytest.fixture(scope="module")
+def sampled_3hop():
+    """A 3-hop batch of 16 seeds, for a model of three layers (two trims)."""
+    rng = np.random.default_rng(1)
+    n, e = 500, 5000
+    dst = np.sort(rng.integers(0, n, e))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
+    graph = CSCGraph(indptr=indptr, indices=rng.integers(0, n, e), global_ids=np.arange(n, dtype=np.int64))
+    batch = sample_pass(graph, rng.permutation(n)[:16], 16, [3, 3, 2], batch_keys(0, 0, 0, 0, 0, 1)).batch(0)
+    nodes, edges = batch.num_sampled_nodes.tolist(), batch.num_sampled_edges.tolist()
+    assert len(nodes) == 4 and min(nodes) > 0 and min(edges) > 0
+    x = torch.from_numpy(rng.standard_normal((len(batch.nodes), 12)).astype(np.float32))
+    return x, torch.from_numpy(batch.edge_index), nodes, edges
+
+
+def _pyg_pattern(model, x, edge_index, nodes, edges):
+    """PyG's hierarchical pattern as the model ran it before 2026-11-30: every row kept, ``trim_to_layer`` before
+    each layer, the rows no later layer reads padded back with zeros for it to cut."""
+    hops = model.num_layers
+    for j in range(hops):
+        x, edge_index, _ = trim_to_layer(j, nodes, edges, x, edge_index)
+        outer = nodes[hops - j]
+        x = model.layer(j, x, edge_index, x.size(0) - outer)
+        if j < hops - 1:
+            x = F.pad(F.dropout(F.relu(x), p=model.dropout, training=model.training), (0, 0, 0, outer))
+    return x[:nodes[0]]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("hops", [2, 3])
+def test_the_edge_trim_is_pygs_trim_to_layer_bit_for_bit(sampled, sampled_3hop, name, hops):
+    # training mode, dropout on: the same outputs and gradients as padding the rows back for trim_to_layer
+    x, edge_index, nodes, edges = sampled if hops == 2 else sampled_3hop
+    runs = []
+    for forward in ("model", "pyg"):
+        torch.manual_seed(0)
+        model = build_model(name, 12, 16, 5, hops, 0.5).train()
+        torch.manual_seed(1)  # the dropout masks
+        out = model(x, edge_index, nodes, edges) if forward == "model" else _pyg_pattern(model, x, edge_index,
+                                                                                          nodes, edges)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+        runs.append((out, grads))
+    (out, grads), (want, want_grads) = runs
+    assert torch.equal(out, want)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(grads, want_grads, strict=True))
+
+
 def _untrimmed(model, x, edge_index):
     """Every layer over the whole sampled subgraph, no trimming."""
     for i in range(model.num_layers):
@@ -48,13 +97,15 @@ def test_output_is_one_row_of_logits_per_seed(sampled, name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_trimmed_equals_untrimmed_on_the_seeds(sampled, name):
-    x, edge_index, nodes, edges = sampled
+@pytest.mark.parametrize("hops", [2, 3])
+def test_trimmed_equals_untrimmed_on_the_seeds(sampled, sampled_3hop, name, hops):
+    x, edge_index, nodes, edges = sampled if hops == 2 else sampled_3hop
     torch.manual_seed(0)
-    model = build_model(name, 12, 16, 5, 2, 0.5).eval()
+    model = build_model(name, 12, 16, 5, hops, 0.5).eval()
     with torch.no_grad():
         trimmed = model(x, edge_index, nodes, edges)
         full = _untrimmed(model, x, edge_index)[: nodes[0]]
+    assert trimmed.shape == (nodes[0], 5)
     torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
 
 
