@@ -8,10 +8,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 from torch_geometric.utils import trim_to_layer
 
+from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 from trainer.models import MODELS, build_model, mean_weights
 
 
