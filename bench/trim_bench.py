@@ -19,12 +19,13 @@ import torch.nn.functional as F
 from torch_geometric.utils import trim_to_layer
 
 from trainer.link.model import LinkModel
+from trainer.models import SampledGNN
 
 
-def pyg_pattern(model: LinkModel, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int],
+def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int],
                 edges: list[int]) -> torch.Tensor:
-    """The encoder as PyG's hierarchical pattern runs it (and this model did before 2026-11-30)."""
-    encoder = model.encoder
+    """``encoder``'s forward as PyG's hierarchical pattern runs it (and the model did before 2026-11-30): every
+    row kept, ``trim_to_layer`` before each layer, the rows no later layer reads padded back for it to cut."""
     hops = encoder.num_layers
     for j in range(hops):
         x, edge_index, _ = trim_to_layer(j, nodes, edges, x, edge_index)
@@ -40,7 +41,7 @@ def step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: ignor
     model.zero_grad(set_to_none=True)
     started = time.perf_counter()
     args = (graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges)
-    h = model.embed(*args) if variant == "trim_edges" else pyg_pattern(model, *args)
+    h = model.embed(*args) if variant == "trim_edges" else pyg_pattern(model.encoder, *args)
     pairs = batch.edge_label_index
     logits = model.decode(h.index_select(0, pairs[0]), h.index_select(0, pairs[1]))
     F.binary_cross_entropy_with_logits(logits, batch.edge_label).backward()

@@ -8,55 +8,40 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch_geometric.utils import trim_to_layer
 
+from bench.trim_bench import pyg_pattern
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 from trainer.models import MODELS, build_model, mean_weights
 
 
-@pytest.fixture(scope="module")
-def sampled():
-    """A 2-hop batch of 32 seeds from a random graph, as PyG-layout tensors."""
-    rng = np.random.default_rng(0)
-    n, e = 400, 4000
+def _sampled_batch(seed: int, n: int, e: int, seeds: int, fanouts: list[int], width: int = 12):
+    """A batch of ``seeds`` seeds sampled with ``fanouts`` from a random graph, as PyG-layout tensors."""
+    rng = np.random.default_rng(seed)
     dst = np.sort(rng.integers(0, n, e))
     indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
     graph = CSCGraph(indptr=indptr, indices=rng.integers(0, n, e), global_ids=np.arange(n, dtype=np.int64))
-    seeds = rng.permutation(n)[:32]
-    batch = sample_pass(graph, seeds, 32, [4, 3], batch_keys(0, 0, 0, 0, 0, 1)).batch(0)
-    nodes = batch.num_sampled_nodes.tolist()
-    edges = batch.num_sampled_edges.tolist()
-    assert nodes[0] == 32 and nodes[2] > 0 and edges[1] > 0  # a real second hop to trim
-    x = torch.from_numpy(rng.standard_normal((len(batch.nodes), 12)).astype(np.float32))
+    batch = sample_pass(graph, rng.permutation(n)[:seeds], seeds, fanouts, batch_keys(0, 0, 0, 0, 0, 1)).batch(0)
+    nodes, edges = batch.num_sampled_nodes.tolist(), batch.num_sampled_edges.tolist()
+    x = torch.from_numpy(rng.standard_normal((len(batch.nodes), width)).astype(np.float32))
     return x, torch.from_numpy(batch.edge_index), nodes, edges
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """A 2-hop batch of 32 seeds."""
+    batch = _sampled_batch(0, 400, 4000, 32, [4, 3])
+    nodes, edges = batch[2], batch[3]
+    assert nodes[0] == 32 and nodes[2] > 0 and edges[1] > 0  # a real second hop to trim
+    return batch
 
 
 @pytest.fixture(scope="module")
 def sampled_3hop():
     """A 3-hop batch of 16 seeds, for a model of three layers (two trims)."""
-    rng = np.random.default_rng(1)
-    n, e = 500, 5000
-    dst = np.sort(rng.integers(0, n, e))
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
-    graph = CSCGraph(indptr=indptr, indices=rng.integers(0, n, e), global_ids=np.arange(n, dtype=np.int64))
-    batch = sample_pass(graph, rng.permutation(n)[:16], 16, [3, 3, 2], batch_keys(0, 0, 0, 0, 0, 1)).batch(0)
-    nodes, edges = batch.num_sampled_nodes.tolist(), batch.num_sampled_edges.tolist()
+    batch = _sampled_batch(1, 500, 5000, 16, [3, 3, 2])
+    nodes, edges = batch[2], batch[3]
     assert len(nodes) == 4 and min(nodes) > 0 and min(edges) > 0
-    x = torch.from_numpy(rng.standard_normal((len(batch.nodes), 12)).astype(np.float32))
-    return x, torch.from_numpy(batch.edge_index), nodes, edges
-
-
-def _pyg_pattern(model, x, edge_index, nodes, edges):
-    """PyG's hierarchical pattern as the model ran it before 2026-11-30: every row kept, ``trim_to_layer`` before
-    each layer, the rows no later layer reads padded back with zeros for it to cut."""
-    hops = model.num_layers
-    for j in range(hops):
-        x, edge_index, _ = trim_to_layer(j, nodes, edges, x, edge_index)
-        outer = nodes[hops - j]
-        x = model.layer(j, x, edge_index, x.size(0) - outer)
-        if j < hops - 1:
-            x = F.pad(F.dropout(F.relu(x), p=model.dropout, training=model.training), (0, 0, 0, outer))
-    return x[:nodes[0]]
+    return batch
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -69,8 +54,8 @@ def test_the_edge_trim_is_pygs_trim_to_layer_bit_for_bit(sampled, sampled_3hop, 
         torch.manual_seed(0)
         model = build_model(name, 12, 16, 5, hops, 0.5).train()
         torch.manual_seed(1)  # the dropout masks
-        out = model(x, edge_index, nodes, edges) if forward == "model" else _pyg_pattern(model, x, edge_index,
-                                                                                          nodes, edges)
+        out = (model(x, edge_index, nodes, edges) if forward == "model"
+               else pyg_pattern(model, x, edge_index, nodes, edges))
         grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
         runs.append((out, grads))
     (out, grads), (want, want_grads) = runs
