@@ -1,25 +1,27 @@
 """The encoder's per-layer trim, the model's (``trim_edges``, no row written that the next layer drops) against
 PyG's pattern (``trim_to_layer`` before each layer, the dropped rows padded back with zeros for it to cut),
-side by side on a link dataset's own batches: seconds of a training step (forward, BCE, backward; GraphSAGE
-hidden 128, MLP decoder, dropout 0.5, fanouts 10,5) and the ratio. Both give the same outputs and gradients
+side by side on a dataset's own batches: seconds of a training step (forward, loss, backward; GraphSAGE hidden
+128, dropout 0.5, fanouts 10,5: for ``--task link`` an MLP decoder and BCE on a link dataset's pairs, for
+``--task node`` cross-entropy on a node dataset's seeds) and the ratio. Both give the same outputs and gradients
 bit for bit (tests/trainer/test_models.py); the first batch is untimed, the two alternate which runs first.
 
-    .venv/bin/python bench/trim_bench.py --dataset DS [--batch-size 256] [--batches 10] [--rounds 3]
+    .venv/bin/python bench/trim_bench.py --dataset DS [--task link|node] [--batch-size N] [--batches 10] [--rounds 3]
 
-DS: a dataset imported with ``--task link`` and prepared (``bench/link_bench.py`` makes them). Prints a
-markdown table; nothing is written.
+DS: a prepared dataset; for ``--task link`` one imported with ``--task link`` (``bench/link_bench.py`` makes
+them). Prints a markdown table; nothing is written.
 """
 
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch_geometric.utils import trim_to_layer
 
 from trainer.link.model import LinkModel
-from trainer.models import SampledGNN
+from trainer.models import SampledGNN, build_model
 
 
 def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int],
@@ -36,7 +38,7 @@ def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, 
     return x[:nodes[0]]
 
 
-def step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: ignore[no-untyped-def]
+def link_step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: ignore[no-untyped-def]
     graph = batch.graph
     model.zero_grad(set_to_none=True)
     started = time.perf_counter()
@@ -48,29 +50,60 @@ def step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: ignor
     return time.perf_counter() - started
 
 
+def node_step_seconds(model: SampledGNN, batch, variant: str) -> float:  # type: ignore[no-untyped-def]
+    model.zero_grad(set_to_none=True)
+    started = time.perf_counter()
+    args = (batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+    logits = model(*args) if variant == "trim_edges" else pyg_pattern(model, *args)
+    F.cross_entropy(logits, batch.y, ignore_index=-1).backward()
+    return time.perf_counter() - started
+
+
+def _link_setup(path: str, batch_size: int, count: int) -> tuple[torch.nn.Module, list, Callable]:  # type: ignore[type-arg]
+    from loader.format.dataset import open_dataset
+    from trainer.link.inmemory import LinkInMemorySource
+
+    source = LinkInMemorySource(open_dataset(path), batch_size=batch_size, seed=0)
+    batches = [batch for _, batch in zip(range(count), source.train_batches(1), strict=False)]
+    torch.manual_seed(0)
+    return LinkModel("sage", source.num_features, 128, 2, 0.5, decoder="mlp").train(), batches, link_step_seconds
+
+
+def _node_setup(path: str, batch_size: int, count: int) -> tuple[torch.nn.Module, list, Callable]:  # type: ignore[type-arg]
+    from trainer.inmemory_source import InMemorySource
+
+    source = InMemorySource(path, batch_size=batch_size, seed=0)
+    batches = [batch for _, batch in zip(range(count), source.train_batches(1), strict=False)]
+    info = source.info
+    torch.manual_seed(0)
+    return build_model("sage", info.num_features, 128, info.num_classes, 2, 0.5).train(), batches, node_step_seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True, help="a link dataset (import --task link, then prepare)")
-    parser.add_argument("--batch-size", type=int, default=256, help="positive pairs per batch (default 256)")
+    parser.add_argument("--task", choices=["link", "node"], default="link",
+                        help="link: a link dataset's pairs (GraphSAGE + MLP decoder, BCE); node: a node dataset's "
+                             "seeds (GraphSAGE, cross-entropy)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="positive pairs (link, default 256) or seeds (node, default 1024) per batch")
     parser.add_argument("--batches", type=int, default=10, help="timed batches per round (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="passes over the batches (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
+    if args.batch_size is None:
+        args.batch_size = 256 if args.task == "link" else 1024
     if min(args.batch_size, args.batches, args.rounds, args.threads) < 1:
         parser.error("--batch-size, --batches, --rounds and --threads must be at least 1")
-    from loader.format.dataset import open_dataset
     from proto.errors import UserError
-    from trainer.link.inmemory import LinkInMemorySource
 
     torch.set_num_threads(args.threads)
+    setup = _link_setup if args.task == "link" else _node_setup
     try:
-        source = LinkInMemorySource(open_dataset(args.dataset), batch_size=args.batch_size, seed=0)
+        model, batches, step_seconds = setup(args.dataset, args.batch_size, args.batches + 1)
     except (UserError, OSError) as err:
         print(f"trim_bench: error: {err}", file=sys.stderr)
         return 2
-    batches = [batch for _, batch in zip(range(args.batches + 1), source.train_batches(1), strict=False)]
-    torch.manual_seed(0)
-    model = LinkModel("sage", source.num_features, 128, 2, 0.5, decoder="mlp").train()
     variants = ("trim_edges", "trim_to_layer + pad")
     totals = dict.fromkeys(variants, 0.0)
     for round_ in range(args.rounds):
@@ -82,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                     totals[variant] += took
     timed = args.rounds * max(1, len(batches) - 1)
     mean = {variant: totals[variant] / timed for variant in variants}
-    print(f"{args.dataset}: {timed} steps each ({args.rounds} rounds of {len(batches) - 1} batches of "
-          f"{args.batch_size} pairs), {args.threads} thread(s)\n")
+    unit = "pairs" if args.task == "link" else "seeds"
+    print(f"{args.dataset} ({args.task}): {timed} steps each ({args.rounds} rounds of {len(batches) - 1} batches of "
+          f"{args.batch_size} {unit}), {args.threads} thread(s)\n")
     print("| trim | ms per step | vs trim_edges |")
     print("|---|---|---|")
     for variant in variants:

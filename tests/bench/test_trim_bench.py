@@ -27,3 +27,12 @@ def test_counts_must_be_positive(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--dataset", str(tmp_path), "--batches", "0"])
     assert exit_.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_node_batches_too(dataset_3k, capsys):
+    assert main(["--dataset", str(dataset_3k), "--task", "node", "--batch-size", "64", "--batches", "2",
+                 "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(node): 2 steps each" in out and "batches of 64 seeds" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    assert [row[0] for row in rows[1:]] == ["| trim_edges", "| trim_to_layer + pad"]
