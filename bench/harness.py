@@ -40,8 +40,8 @@ from loader.sampling.pilot import dataset_csc, first_epoch_batches
 from loader.sampling.sampling import SampledPass
 
 __all__ = ["ROOT", "RESULTS", "RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup",
-           "join_before_exec", "first_training_batches", "machine_description", "write_results", "warn", "sh",
-           "generated_dataset", "sequential_rate", "sequential_rates", "scrape", "wait_for_socket",
+           "join_before_exec", "first_training_batches", "machine_description", "code_version", "write_results",
+           "warn", "sh", "generated_dataset", "sequential_rate", "sequential_rates", "scrape", "wait_for_socket",
            "process_read_bytes", "process_cpu_seconds", "DAEMON_OVERHEAD", "stop_process"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +127,21 @@ def run_measured(cmd: list[str], *, memory_limit: int | None = None, drop: bool 
         cgroup_peak = int((group / "memory.max_usage_in_bytes").read_text())
         group.rmdir()
     return RunResult(proc.returncode, wall, peak, cgroup_peak, proc.stdout, proc.stderr)
+
+
+def code_version(root: Path = ROOT) -> str:
+    """The commit the benches run from (short hash, with "+dirty" where tracked files differ from it), so that a
+    report can tell runs trained by different code apart; "unknown" outside a git checkout or without git."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=30)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode != 0 or dirty.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def machine_description() -> str:

@@ -38,7 +38,9 @@ cost out of core; shuffled reads the whole graph and has no plan), and seconds o
 
 Usage (cora takes minutes per run on 2 cores, amazon-photo far longer; keep --work to rerun without
 importing and preparing, and --reuse to resume: finished runs are read back, and an in-memory run cut short, by a
-kill or a session's end, continues from the checkpoint of its last whole epoch, ending as it would have uninterrupted):
+kill or a session's end, continues from the checkpoint of its last whole epoch, ending as it would have uninterrupted
+by the same code. Each launch of a run's trainer records the commit it runs from (``RUNS/STEM.code.json``), and the
+report says whether one commit trained every run or which runs ran which, so a table that mixes code versions says so):
 
     .venv/bin/python bench/link_bench.py [--work /var/tmp/mb-link]
     .venv/bin/python bench/link_bench.py --datasets cora-planetoid --seeds 0 --max-epochs 2 --tag smoke
@@ -61,11 +63,13 @@ from pathlib import Path
 
 if not __package__:  # run as python bench/x.py: bench/harness.py puts the repository root on sys.path
     import harness  # noqa: F401
-from bench.harness import RESULTS, ROOT, machine_description, sh, stop_process
+from bench.harness import RESULTS, ROOT, code_version, machine_description, sh, stop_process
+from proto.atomic import atomic_file
 from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_EMA, DEFAULT_LINK_LR, default_lr, ema_decay
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "BUCKET_ORDERS", "LinkRun", "OrderSummary", "parse_args",
-           "run_stem", "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "main"]
+           "run_stem", "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "record_launch",
+           "read_launches", "run_code", "code_markdown", "main"]
 
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
@@ -125,6 +129,9 @@ class LinkRun:
     """Seconds of training per epoch, mean."""
     elapsed_s: list[tuple[int, float]]
     """(epoch, seconds of training and evaluation from the start through that epoch) of every epoch."""
+    code: tuple[str, ...] = ("unknown",)
+    """The commits its trainer ran from, first to last (a run resumed after a commit has two); "unknown" for a run
+    started before the bench recorded them."""
 
     def best_after(self, epoch: int) -> float | None:
         """The best validation MRR of the epochs up to ``epoch`` (a run that stopped early keeps its best), None
@@ -259,8 +266,45 @@ def train_command(dataset: Path, order: str, seed: int, out: Path, args: argpars
     return command
 
 
-def read_run(order: str, seed: int, data: dict) -> LinkRun:
-    """A ``LinkRun`` from a trainer's ``--json-out`` (parsed)."""
+def record_launch(path: Path, resumed: bool) -> None:
+    """Add this launch of a run's trainer, with the code it runs (``code_version``), to the run's ``path``
+    (``STEM.code.json``, a list; written whole to a temporary file, then renamed)."""
+    launches = read_launches(path) if resumed else []
+    launches.append({"commit": code_version(), "resumed": resumed})
+    with atomic_file(path, "w") as sink:
+        json.dump(launches, sink)
+
+
+def read_launches(path: Path) -> list[dict]:
+    """The launches ``record_launch`` kept for a run; none for a run started before the bench recorded them."""
+    try:
+        launches = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return launches if isinstance(launches, list) else []
+
+
+def run_code(launches: list[dict]) -> tuple[str, ...]:
+    """The distinct commits of a run's launches, in order; ("unknown",) where none was recorded, with "unknown"
+    first where the run was resumed from a launch that was not."""
+    commits = [str(launch.get("commit", "unknown")) for launch in launches]
+    if not commits or launches[0].get("resumed"):
+        commits.insert(0, "unknown")
+    return tuple(dict.fromkeys(commits))
+
+
+def code_markdown(runs: dict[str, list[LinkRun]]) -> str:
+    """One line saying which code trained the runs: one commit, or which runs ran which."""
+    every = [run for group in runs.values() for run in group]
+    commits = {commit for run in every for commit in run.code}
+    if len(commits) == 1 and all(len(run.code) == 1 for run in every):
+        return f"Code: every run at `{next(iter(commits))}`.\n"
+    parts = [f"{run.order} seed {run.seed}: " + " then ".join(f"`{c}`" for c in run.code) for run in every]
+    return "Code: the runs were trained by more than one version (" + "; ".join(parts) + ").\n"
+
+
+def read_run(order: str, seed: int, data: dict, code: tuple[str, ...] = ("unknown",)) -> LinkRun:
+    """A ``LinkRun`` from a trainer's ``--json-out`` (parsed) and the commits ``code`` it ran from."""
     epochs = data["epochs"]
     val = [(int(e["epoch"]), float(e["val"]["mrr"])) for e in epochs
            if e.get("val") is not None and e["val"].get("mrr") is not None]
@@ -270,7 +314,7 @@ def read_run(order: str, seed: int, data: dict) -> LinkRun:
                    {k: float("nan") if v is None else float(v) for k, v in data["test_at_best"].items()},
                    len(epochs), [int(e["buffer_states"]) for e in epochs if e.get("buffer_states") is not None],
                    [int(e["partition_loads"]) for e in epochs if e.get("partition_loads") is not None],
-                   _mean([float(e["train_s"]) for e in epochs]), _elapsed(epochs))
+                   _mean([float(e["train_s"]) for e in epochs]), _elapsed(epochs), code)
 
 
 def _elapsed(epochs: list[dict]) -> list[tuple[int, float]]:
@@ -428,6 +472,7 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
             args: argparse.Namespace) -> LinkRun:
     stem = run_stem(name, order, seed, args)
     out, log = dirs["runs"] / f"{stem}.json", dirs["logs"] / f"{stem}.log"
+    launches = dirs["runs"] / f"{stem}.code.json"
     if not (args.reuse and out.exists()):  # the json is written atomically when a run ends: a finished run
         out.unlink(missing_ok=True)
         socket = dirs["work"] / f"{stem}.sock"
@@ -450,13 +495,14 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
                 served.callback(stop_process, daemon, 30)
             sink.write("$ " + " ".join(command) + "\n")
             sink.flush()
+            record_launch(launches, "--resume" in command)
             code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode
         if code != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
             raise SystemExit(f"bench: {stem}: exit {code}\n{tail}")
         checkpoint.unlink(missing_ok=True)
     try:
-        return read_run(order, seed, json.loads(out.read_text()))
+        return read_run(order, seed, json.loads(out.read_text()), run_code(read_launches(launches)))
     except (ValueError, KeyError, TypeError) as err:
         raise SystemExit(f"bench: {out}: {err}") from None
 
@@ -503,7 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"{run.epochs_run}, {time.monotonic() - started:.0f} s", flush=True)
             target, summaries = summarize(runs)
             curves = trajectory(runs)
-            sections.append(dataset_markdown(name, target, summaries, buffer) + "\n" + trajectory_markdown(curves))
+            sections.append(dataset_markdown(name, target, summaries, buffer) + "\n" + code_markdown(runs) + "\n"
+                            + trajectory_markdown(curves))
             graphs[name] = {"target_val_mrr": target, "orders": [asdict(s) for s in summaries],
                             "best_val_mrr_by_epoch": curves,
                             "runs": {order: [asdict(r) for r in group] for order, group in runs.items()}}

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 
 from bench import link_bench
+from bench.harness import code_version
 from bench.link_bench import (
+    code_markdown,
     daemon_config,
     dataset_markdown,
     parse_args,
     read_run,
+    run_code,
     run_stem,
     summarize,
     train_command,
@@ -151,6 +154,8 @@ def test_a_run_cut_short_resumes_from_its_checkpoint(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(link_bench.subprocess, "run", trainer)
+    versions = iter(["c0ffee", "beef00", "f00d00"])
+    monkeypatch.setattr(link_bench, "code_version", lambda: next(versions))
     args = parse_args(["--reuse"])
     checkpoint = dirs["runs"] / (run_stem("cora", "shuffled", 0, args) + ".ckpt")
     with pytest.raises(SystemExit, match="exit -9"):
@@ -159,7 +164,41 @@ def test_a_run_cut_short_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     run = link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, args)
     assert commands[1][-3:] == ["--checkpoint", str(checkpoint), "--resume"] and run.best_epoch == 2
     assert not checkpoint.exists()  # a finished run leaves its result, not its checkpoint
+    assert run.code == ("c0ffee", "beef00")  # the code of each launch: resumed after a commit
+    assert link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, args).code == ("c0ffee", "beef00")  # reused
     # without --reuse a run starts over: an old checkpoint is not resumed
     checkpoint.write_text("stale")
-    link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, parse_args([]))
+    run = link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, parse_args([]))
     assert "--resume" not in commands[2] and not checkpoint.exists()
+    assert run.code == ("f00d00",)
+
+
+def test_the_report_says_which_code_trained_the_runs():
+    assert run_code([]) == ("unknown",)  # a run from before the bench recorded launches
+    assert run_code([{"commit": "a", "resumed": False}, {"commit": "a", "resumed": True}]) == ("a",)
+    assert run_code([{"commit": "b", "resumed": True}]) == ("unknown", "b")  # resumed from an unrecorded launch
+    one = {"shuffled": [read_run("shuffled", 0, result(2, [0.3, 0.5], 0.48, None), ("a",))],
+           "comet": [read_run("comet", 0, result(2, [0.3, 0.5], 0.48, 5), ("a",))]}
+    assert code_markdown(one) == "Code: every run at `a`.\n"
+    mixed = {**one, "beta": [read_run("beta", 1, result(2, [0.3, 0.5], 0.48, 5), ("unknown", "b"))]}
+    text = code_markdown(mixed)
+    assert text.startswith("Code: the runs were trained by more than one version (")
+    assert "shuffled seed 0: `a`" in text and "beta seed 1: `unknown` then `b`" in text
+
+
+def test_code_version_names_the_commit_or_says_unknown(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert code_version(repo) == "unknown"  # not a git checkout
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (repo / "f").write_text("1")
+    subprocess.run(git + ["add", "f"], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    head = subprocess.run(git + ["rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert code_version(repo) == head
+    (repo / "f").write_text("2")  # a tracked file changed: the run's code is not the commit's
+    assert code_version(repo) == head + "+dirty"
+    (repo / "f").write_text("1")
+    (repo / "untracked").write_text("x")  # untracked files (results, logs) do not count
+    assert code_version(repo) == head
