@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.trim_bench import pyg_pattern
+from bench.step_bench import pyg_pattern
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
 from trainer.models import MODELS, build_model, mean_weights
 

@@ -1,41 +1,66 @@
-"""The encoder's per-layer trim, the model's (``trim_edges``, no row written that the next layer drops) against
-PyG's pattern (``trim_to_layer`` before each layer, the dropped rows padded back with zeros for it to cut),
-side by side on a dataset's own batches: seconds of a training step (forward, loss, backward; GraphSAGE hidden
-128, dropout 0.5, fanouts 10,5: for ``--task link`` an MLP decoder and BCE on a link dataset's pairs, for
-``--task node`` cross-entropy on a node dataset's seeds) and the ratio. Both give the same outputs and gradients
-bit for bit (tests/trainer/test_models.py); the first batch is untimed, the two alternate which runs first.
+"""The trainer's training step as it runs against the ways it ran before, side by side on a dataset's own batches:
+seconds of a step (forward, loss, backward; GraphSAGE hidden 128, dropout 0.5, fanouts 10,5: for ``--task link`` an
+MLP decoder and BCE on a link dataset's pairs, for ``--task node`` cross-entropy on a node dataset's seeds) and each
+variant's ratio to the step as run:
 
-    .venv/bin/python bench/trim_bench.py --dataset DS [--task link|node] [--batch-size N] [--batches 10] [--rounds 3]
+    as run                 ``SampledGNN.forward``: ``trim_edges`` cuts each hop's edges (no row written that the next
+                           layer drops), dropout masks from ``rand`` (``trainer.models.dropout``)
+    trim_to_layer + pad    PyG's pattern: the dropped rows padded back with zeros for ``trim_to_layer`` to cut (the
+                           same outputs and gradients bit for bit, tests/trainer/test_models.py)
+    F.dropout              torch's dropout, its CPU mask from ``bernoulli_`` (the same distribution, other draws)
+    before 2026-11-30      both
+
+The first batch is untimed; the variants rotate which runs first.
+
+    .venv/bin/python bench/step_bench.py --dataset DS [--task link|node] [--batch-size N] [--batches 10] [--rounds 3]
 
 DS: a prepared dataset; for ``--task link`` one imported with ``--task link`` (``bench/link_bench.py`` makes
 them). Prints a markdown table; nothing is written.
 """
-
 import argparse
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch_geometric.utils import trim_to_layer
 
 from trainer.link.model import LinkModel
-from trainer.models import SampledGNN, build_model
+from trainer.models import SampledGNN, build_model, dropout
 
 
-def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int],
-                edges: list[int]) -> torch.Tensor:
+def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int], edges: list[int],
+                drop: Callable[[torch.Tensor, float, bool], torch.Tensor] = dropout) -> torch.Tensor:
     """``encoder``'s forward as PyG's hierarchical pattern runs it (and the model did before 2026-11-30): every
-    row kept, ``trim_to_layer`` before each layer, the rows no later layer reads padded back for it to cut."""
+    row kept, ``trim_to_layer`` before each layer, the rows no later layer reads padded back for it to cut;
+    ``drop`` the dropout between layers."""
     hops = encoder.num_layers
     for j in range(hops):
         x, edge_index, _ = trim_to_layer(j, nodes, edges, x, edge_index)
         outer = nodes[hops - j]
         x = encoder.layer(j, x, edge_index, x.size(0) - outer)
         if j < hops - 1:
-            x = F.pad(F.dropout(F.relu(x), p=encoder.dropout, training=encoder.training), (0, 0, 0, outer))
+            x = F.pad(drop(F.relu(x), encoder.dropout, encoder.training), (0, 0, 0, outer))
     return x[:nodes[0]]
+
+
+def _torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(x, p=p, training=training)
+
+
+def _forward(encoder: SampledGNN, variant: str, *args: Any) -> torch.Tensor:
+    if variant == "as run":
+        return encoder(*args)
+    if variant == "F.dropout":  # the model's trim, torch's dropout
+        with mock.patch("trainer.models.dropout", _torch_dropout):
+            return encoder(*args)
+    return pyg_pattern(encoder, *args, drop=dropout if variant == "trim_to_layer + pad" else _torch_dropout)
+
+
+VARIANTS = ("as run", "trim_to_layer + pad", "F.dropout", "before 2026-11-30")
 
 
 def link_step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: ignore[no-untyped-def]
@@ -43,7 +68,7 @@ def link_step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: 
     model.zero_grad(set_to_none=True)
     started = time.perf_counter()
     args = (graph.x, graph.edge_index, graph.num_sampled_nodes, graph.num_sampled_edges)
-    h = model.embed(*args) if variant == "trim_edges" else pyg_pattern(model.encoder, *args)
+    h = _forward(model.encoder, variant, *args)
     pairs = batch.edge_label_index
     logits = model.decode(h.index_select(0, pairs[0]), h.index_select(0, pairs[1]))
     F.binary_cross_entropy_with_logits(logits, batch.edge_label).backward()
@@ -54,7 +79,7 @@ def node_step_seconds(model: SampledGNN, batch, variant: str) -> float:  # type:
     model.zero_grad(set_to_none=True)
     started = time.perf_counter()
     args = (batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
-    logits = model(*args) if variant == "trim_edges" else pyg_pattern(model, *args)
+    logits = _forward(model, variant, *args)
     F.cross_entropy(logits, batch.y, ignore_index=-1).backward()
     return time.perf_counter() - started
 
@@ -102,26 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, batches, step_seconds = setup(args.dataset, args.batch_size, args.batches + 1)
     except (UserError, OSError) as err:
-        print(f"trim_bench: error: {err}", file=sys.stderr)
+        print(f"step_bench: error: {err}", file=sys.stderr)
         return 2
-    variants = ("trim_edges", "trim_to_layer + pad")
-    totals = dict.fromkeys(variants, 0.0)
+    totals = dict.fromkeys(VARIANTS, 0.0)
     for round_ in range(args.rounds):
         for index, batch in enumerate(batches):
-            order = variants if (index + round_) % 2 else variants[::-1]
-            for variant in order:
+            turn = (index + round_) % len(VARIANTS)  # each variant runs first as often as the others
+            for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                 took = step_seconds(model, batch, variant)
                 if index:
                     totals[variant] += took
     timed = args.rounds * max(1, len(batches) - 1)
-    mean = {variant: totals[variant] / timed for variant in variants}
+    mean = {variant: totals[variant] / timed for variant in VARIANTS}
     unit = "pairs" if args.task == "link" else "seeds"
     print(f"{args.dataset} ({args.task}): {timed} steps each ({args.rounds} rounds of {len(batches) - 1} batches of "
           f"{args.batch_size} {unit}), {args.threads} thread(s)\n")
-    print("| trim | ms per step | vs trim_edges |")
+    print("| step | ms | vs as run |")
     print("|---|---|---|")
-    for variant in variants:
-        print(f"| {variant} | {1e3 * mean[variant]:.1f} | {mean[variant] / mean['trim_edges']:.2f}x |")
+    for variant in VARIANTS:
+        print(f"| {variant} | {1e3 * mean[variant]:.1f} | {mean[variant] / mean['as run']:.2f}x |")
     return 0
 
 
