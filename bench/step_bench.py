@@ -4,11 +4,13 @@ MLP decoder and BCE on a link dataset's pairs, for ``--task node`` cross-entropy
 variant's ratio to the step as run:
 
     as run                 ``SampledGNN.forward``: ``trim_edges`` cuts each hop's edges (no row written that the next
-                           layer drops), dropout masks from ``rand`` (``trainer.models.dropout``)
+                           layer drops), dropout masks from ``rand`` (``trainer.models.dropout``), layer 0's
+                           aggregation matrix CSR from the edges as the samplers order them (``target_rows``)
     trim_to_layer + pad    PyG's pattern: the dropped rows padded back with zeros for ``trim_to_layer`` to cut (the
                            same outputs and gradients bit for bit, tests/trainer/test_models.py)
     F.dropout              torch's dropout, its CPU mask from ``bernoulli_`` (the same distribution, other draws)
-    before 2026-11-30      both
+    COO rows               the aggregation matrix as COO, sorted and coalesced (equal to float32 rounding)
+    before 2026-11-30      all three
 
 The first batch is untimed; the variants rotate which runs first.
 
@@ -17,7 +19,9 @@ The first batch is untimed; the variants rotate which runs first.
 DS: a prepared dataset; for ``--task link`` one imported with ``--task link`` (``bench/link_bench.py`` makes
 them). Prints a markdown table; nothing is written.
 """
+
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -51,16 +55,34 @@ def _torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p=p, training=training)
 
 
+def coo_rows(edge_index: torch.Tensor, weights: torch.Tensor, num_targets: int, num_sources: int) -> torch.Tensor:
+    """``target_rows`` as it was before 2026-11-30: a COO matrix, sorted and coalesced, whatever the edge order."""
+    keep = edge_index[1] < num_targets
+    kept = edge_index[:, keep]
+    return torch.sparse_coo_tensor(torch.stack([kept[1], kept[0]]), weights[keep], (num_targets, num_sources),
+                                   check_invariants=False).coalesce()
+
+
+VARIANTS = {
+    # name: (PyG's trim with padded rows, torch's dropout, COO rows)
+    "as run": (False, False, False),
+    "trim_to_layer + pad": (True, False, False),
+    "F.dropout": (False, True, False),
+    "COO rows": (False, False, True),
+    "before 2026-11-30": (True, True, True),
+}
+
+
 def _forward(encoder: SampledGNN, variant: str, *args: Any) -> torch.Tensor:
-    if variant == "as run":
-        return encoder(*args)
-    if variant == "F.dropout":  # the model's trim, torch's dropout
-        with mock.patch("trainer.models.dropout", _torch_dropout):
-            return encoder(*args)
-    return pyg_pattern(encoder, *args, drop=dropout if variant == "trim_to_layer + pad" else _torch_dropout)
-
-
-VARIANTS = ("as run", "trim_to_layer + pad", "F.dropout", "before 2026-11-30")
+    pad, torch_dropout, coo = VARIANTS[variant]
+    drop = _torch_dropout if torch_dropout else dropout
+    # the model's own functions swapped for the old ones for this call only
+    with contextlib.ExitStack() as old:
+        if torch_dropout:
+            old.enter_context(mock.patch("trainer.models.dropout", _torch_dropout))
+        if coo:
+            old.enter_context(mock.patch("trainer.models.target_rows", coo_rows))
+        return pyg_pattern(encoder, *args, drop=drop) if pad else encoder(*args)
 
 
 def link_step_seconds(model: LinkModel, batch, variant: str) -> float:  # type: ignore[no-untyped-def]
@@ -129,22 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, OSError) as err:
         print(f"step_bench: error: {err}", file=sys.stderr)
         return 2
-    totals = dict.fromkeys(VARIANTS, 0.0)
+    names = tuple(VARIANTS)
+    totals = dict.fromkeys(names, 0.0)
     for round_ in range(args.rounds):
         for index, batch in enumerate(batches):
-            turn = (index + round_) % len(VARIANTS)  # each variant runs first as often as the others
-            for variant in VARIANTS[turn:] + VARIANTS[:turn]:
+            turn = (index + round_) % len(names)  # each variant runs first as often as the others
+            for variant in names[turn:] + names[:turn]:
                 took = step_seconds(model, batch, variant)
                 if index:
                     totals[variant] += took
     timed = args.rounds * max(1, len(batches) - 1)
-    mean = {variant: totals[variant] / timed for variant in VARIANTS}
+    mean = {variant: totals[variant] / timed for variant in names}
     unit = "pairs" if args.task == "link" else "seeds"
     print(f"{args.dataset} ({args.task}): {timed} steps each ({args.rounds} rounds of {len(batches) - 1} batches of "
           f"{args.batch_size} {unit}), {args.threads} thread(s)\n")
     print("| step | ms | vs as run |")
     print("|---|---|---|")
-    for variant in VARIANTS:
+    for variant in names:
         print(f"| {variant} | {1e3 * mean[variant]:.1f} | {mean[variant] / mean['as run']:.2f}x |")
     return 0
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bench.step_bench import pyg_pattern
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
-from trainer.models import MODELS, build_model, mean_weights
+from trainer.models import MODELS, build_model, mean_weights, target_rows
 
 
 def _sampled_batch(seed: int, n: int, e: int, seeds: int, fanouts: list[int], width: int = 12):
@@ -138,8 +138,9 @@ def _pyg_layer_zero(model, x, edge_index, targets):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), kind=st.sampled_from(["sage", "gcn"]), inputs=st.sampled_from(["dense", "sparse"]))
-def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind, inputs):
+@given(data=st.data(), kind=st.sampled_from(["sage", "gcn"]), inputs=st.sampled_from(["dense", "sparse"]),
+       order=st.sampled_from(["any", "by target"]))
+def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind, inputs, order):
     # any sampled-subgraph shape: repeated edges, targets without in-edges, no edges at all; sources past the
     # targets (the outermost hop), which send messages only, as trim_to_layer leaves them
     sources = data.draw(st.integers(1, 40), label="sources")
@@ -149,6 +150,8 @@ def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind, inputs):
     gen = torch.Generator().manual_seed(seed)
     edge_index = torch.stack([torch.randint(0, sources, (edges,), generator=gen),
                               torch.randint(0, targets, (edges,), generator=gen)])
+    if order == "by target":  # as the samplers emit them: target_rows builds its CSR from them as they stand
+        edge_index = edge_index[:, torch.argsort(edge_index[1], stable=True)]
     torch.manual_seed(seed)
     model = build_model(kind, 9, 6, 3, 2, 0.0)
     # input rows with any share of zeros, multiplied densely or as sparse rows (trainer/sparse_input.py) whatever
@@ -167,3 +170,27 @@ def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind, inputs):
     grads = [torch.autograd.grad(out.square().sum(), list(model.convs[0].parameters())) for out in (got, want)]
     for mine, reference in zip(*grads, strict=True):
         assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_target_rows_is_the_summed_edge_matrix_in_either_layout(data):
+    # edges by target (the samplers' order: CSR as they stand) or in any order (COO, coalesced), repeated edges
+    # and targets past num_targets included: the dense matrix of summed weights either way
+    sources = data.draw(st.integers(1, 12), label="sources")
+    all_targets = data.draw(st.integers(1, sources), label="all_targets")
+    num_targets = data.draw(st.integers(1, all_targets), label="num_targets")
+    edges = data.draw(st.lists(st.tuples(st.integers(0, sources - 1), st.integers(0, all_targets - 1)),
+                               max_size=40), label="edges")
+    if data.draw(st.booleans(), label="by target"):
+        edges = sorted(edges, key=lambda edge: edge[1])
+    edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t().contiguous()
+    weights = torch.rand(len(edges), generator=torch.Generator().manual_seed(len(edges)))
+    want = torch.zeros(num_targets, sources)
+    for e, (source, target) in enumerate(edges):
+        if target < num_targets:
+            want[target, source] += weights[e]
+    got = target_rows(edge_index, weights, num_targets, sources)
+    assert got.layout == (torch.sparse_csr if edges and edges == sorted(edges, key=lambda edge: edge[1])
+                          else torch.sparse_coo)
+    torch.testing.assert_close(got.to_dense(), want)
