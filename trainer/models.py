@@ -80,13 +80,16 @@ def target_rows(edge_index: Tensor, weights: Tensor, num_targets: int, num_sourc
     ``x``, targets are filtered), so torch's invariant checks are opted out of."""
     targets = edge_index[1]
     if edge_index.device.type == "cpu" and targets.numel() > 0 and bool((targets[1:] >= targets[:-1]).all()):
+        # a slot's edge_index may be a strided view: searchsorted and the CSR want their own contiguous copies
+        targets = targets.contiguous()
         kept = int(torch.searchsorted(targets, num_targets))  # sorted: the targets < num_targets are a prefix
         crow = torch.zeros(num_targets + 1, dtype=torch.int64)
         torch.cumsum(torch.bincount(targets[:kept], minlength=num_targets), 0, out=crow[1:])
+        columns = edge_index[0, :kept].to(torch.int64).contiguous()
         with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is not
             warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(crow, edge_index[0, :kept].to(torch.int64), weights[:kept],
-                                           (num_targets, num_sources), check_invariants=False)
+            return torch.sparse_csr_tensor(crow, columns, weights[:kept].contiguous(), (num_targets, num_sources),
+                                           check_invariants=False)
     keep = targets < num_targets
     kept_edges = edge_index[:, keep]
     return torch.sparse_coo_tensor(torch.stack([kept_edges[1], kept_edges[0]]), weights[keep],
