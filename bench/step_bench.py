@@ -9,7 +9,8 @@ variant's ratio to the step as run:
     trim_to_layer + pad    PyG's pattern: the dropped rows padded back with zeros for ``trim_to_layer`` to cut (the
                            same outputs and gradients bit for bit, tests/trainer/test_models.py)
     F.dropout              torch's dropout, its CPU mask from ``bernoulli_`` (the same distribution, other draws)
-    COO rows               the aggregation matrix as COO, sorted and coalesced (equal to float32 rounding)
+    COO rows               the aggregation matrix as COO, sorted and coalesced (``coo_target_rows``; equal to float32
+                           rounding)
     before 2026-11-30      all three
 
 The first batch is untimed; the variants rotate which runs first.
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from torch_geometric.utils import trim_to_layer
 
 from trainer.link.model import LinkModel
-from trainer.models import SampledGNN, build_model, dropout
+from trainer.models import SampledGNN, build_model, coo_target_rows, dropout
 
 
 def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int], edges: list[int],
@@ -55,14 +56,6 @@ def _torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p=p, training=training)
 
 
-def coo_rows(edge_index: torch.Tensor, weights: torch.Tensor, num_targets: int, num_sources: int) -> torch.Tensor:
-    """``target_rows`` as it was before 2026-11-30: a COO matrix, sorted and coalesced, whatever the edge order."""
-    keep = edge_index[1] < num_targets
-    kept = edge_index[:, keep]
-    return torch.sparse_coo_tensor(torch.stack([kept[1], kept[0]]), weights[keep], (num_targets, num_sources),
-                                   check_invariants=False).coalesce()
-
-
 VARIANTS = {
     # name: (PyG's trim with padded rows, torch's dropout, COO rows)
     "as run": (False, False, False),
@@ -81,7 +74,7 @@ def _forward(encoder: SampledGNN, variant: str, *args: Any) -> torch.Tensor:
         if torch_dropout:
             old.enter_context(mock.patch("trainer.models.dropout", _torch_dropout))
         if coo:
-            old.enter_context(mock.patch("trainer.models.target_rows", coo_rows))
+            old.enter_context(mock.patch("trainer.models.target_rows", coo_target_rows))
         return pyg_pattern(encoder, *args, drop=drop) if pad else encoder(*args)
 
 
@@ -128,7 +121,8 @@ def _node_setup(path: str, batch_size: int, count: int) -> tuple[torch.nn.Module
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", required=True, help="a link dataset (import --task link, then prepare)")
+    parser.add_argument("--dataset", required=True,
+                        help="a prepared dataset (for --task link, one imported with --task link)")
     parser.add_argument("--task", choices=["link", "node"], default="link",
                         help="link: a link dataset's pairs (GraphSAGE + MLP decoder, BCE); node: a node dataset's "
                              "seeds (GraphSAGE, cross-entropy)")

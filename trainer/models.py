@@ -17,8 +17,8 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
 from trainer.sparse_input import SparseRows, max_sparse_entries, rows_times_weight, sparse_rows
 
-__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "dropout", "mean_weights", "target_rows",
-           "trim_edges"]
+__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "coo_target_rows", "dropout", "mean_weights",
+           "target_rows", "trim_edges"]
 
 MODELS = ("sage", "gcn", "gat")
 AGGREGATION_FOR = {"sage": "mean", "gcn": "gcn"}
@@ -46,7 +46,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    return x * torch.rand_like(x).ge_(p).to(x.dtype).mul_(1.0 / (1.0 - p))
+    return x * torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))  # ge_ in place: 1.0 / 0.0 in x's dtype
 
 
 def mean_weights(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
@@ -72,27 +72,32 @@ def target_rows(edge_index: Tensor, weights: Tensor, num_targets: int, num_sourc
 
     The loader's samplers emit a batch's edges grouped by target in target order (each target's neighbours in
     turn, hop by hop: every mode's batches, in memory and through the daemon), and on the CPU such edges make a
-    CSR matrix as they stand, where a COO matrix had to be sorted
-    and coalesced first (11 ms of an 80 ms node step on bench/compare's batch; the aggregation's forward and
-    backward about 2x faster); duplicates in a row are summed by the product as coalescing would. Edges in any
-    other order (GCN's appended self-loops, a hand-made batch) or on another device take the COO path. The two
-    sum in different orders: equal to float32 rounding. Indices are in range by construction (sources index
-    ``x``, targets are filtered), so torch's invariant checks are opted out of."""
+    CSR matrix as they stand, where ``coo_target_rows`` sorts and coalesces (11 ms of an 80 ms node step on
+    bench/compare's batch; the aggregation's forward and backward about 2x faster); duplicates in a row are summed
+    by the product as coalescing would. Edges in any other order (GCN's appended self-loops, a hand-made batch) or
+    on another device take the COO path. The two sum in different orders: equal to float32 rounding. Indices are
+    in range by construction (sources index ``x``, targets are filtered), so torch's invariant checks are opted
+    out of."""
     targets = edge_index[1]
-    if edge_index.device.type == "cpu" and targets.numel() > 0 and bool((targets[1:] >= targets[:-1]).all()):
-        # a slot's edge_index may be a strided view: searchsorted and the CSR want their own contiguous copies
-        targets = targets.contiguous()
-        kept = int(torch.searchsorted(targets, num_targets))  # sorted: the targets < num_targets are a prefix
-        crow = torch.zeros(num_targets + 1, dtype=torch.int64)
-        torch.cumsum(torch.bincount(targets[:kept], minlength=num_targets), 0, out=crow[1:])
-        columns = edge_index[0, :kept].to(torch.int64).contiguous()
-        with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is not
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(crow, columns, weights[:kept].contiguous(), (num_targets, num_sources),
-                                           check_invariants=False)
-    keep = targets < num_targets
-    kept_edges = edge_index[:, keep]
-    return torch.sparse_coo_tensor(torch.stack([kept_edges[1], kept_edges[0]]), weights[keep],
+    if edge_index.device.type != "cpu" or targets.numel() == 0 or not bool((targets[1:] >= targets[:-1]).all()):
+        return coo_target_rows(edge_index, weights, num_targets, num_sources)
+    # a slot's edge_index may be a strided view: searchsorted and the CSR want their own contiguous copies
+    targets = targets.contiguous()
+    kept = int(torch.searchsorted(targets, num_targets))  # sorted: the targets < num_targets are a prefix
+    crow = torch.zeros(num_targets + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(targets[:kept], minlength=num_targets), 0, out=crow[1:])
+    columns = edge_index[0, :kept].to(torch.int64).contiguous()
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is not
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, columns, weights[:kept].contiguous(), (num_targets, num_sources),
+                                       check_invariants=False)
+
+
+def coo_target_rows(edge_index: Tensor, weights: Tensor, num_targets: int, num_sources: int) -> Tensor:
+    """``target_rows``'s matrix as COO, sorted and coalesced: edges in any order, on any device."""
+    keep = edge_index[1] < num_targets
+    kept = edge_index[:, keep]
+    return torch.sparse_coo_tensor(torch.stack([kept[1], kept[0]]), weights[keep],
                                    (num_targets, num_sources), check_invariants=False).coalesce()
 
 
