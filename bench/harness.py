@@ -38,6 +38,7 @@ if __name__ == "harness":  # imported by its bare name from a script in bench/: 
 from loader.format.dataset import FORMAT_VERSION, Dataset, open_dataset
 from loader.sampling.pilot import dataset_csc, first_epoch_batches
 from loader.sampling.sampling import SampledPass
+from trainer.provenance import source_commit
 
 __all__ = ["ROOT", "RESULTS", "RunResult", "drop_caches", "run_measured", "cgroup_available", "memory_cgroup",
            "join_before_exec", "first_training_batches", "machine_description", "code_version", "write_results",
@@ -130,18 +131,11 @@ def run_measured(cmd: list[str], *, memory_limit: int | None = None, drop: bool 
 
 
 def code_version(root: Path = ROOT) -> str:
-    """The commit the benches run from (short hash, with "+dirty" where tracked files differ from it), so that a
-    report can tell runs trained by different code apart; "unknown" outside a git checkout or without git."""
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=30)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if head.returncode != 0 or dirty.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    """The commit the benches run from (``trainer.provenance.source_commit``: short hash, "+dirty" where tracked
+    files differ from it), so that a report can tell runs trained by different code apart; "unknown" outside a git
+    checkout or without git."""
+    commit = source_commit(root)
+    return "unknown" if commit is None else commit
 
 
 def machine_description() -> str:

@@ -20,6 +20,7 @@ import torch
 from proto.atomic import atomic_file, io_error
 from proto.errors import UserError
 from trainer.link.ranking import LINK_METRICS
+from trainer.provenance import CodeSpan, spans_from_json
 from trainer.scores import METRICS
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "LEGACY_METRIC", "TASK_METRICS", "Checkpoint",
@@ -54,6 +55,8 @@ class Checkpoint:
     rank's RNG states in rank order (``rng`` is rank 0's), else None. ``task``: "node" (default) or
     "link", the kind of run that wrote it (``check_task``). ``averaged_state``: the state of the moving average
     of the weights a link run evaluates (``torch.optim.swa_utils.AveragedModel``), None for a run without one.
+    ``code``: the code that trained each stretch of epochs, in order (``trainer.provenance``);
+    empty in a file written before checkpoints recorded it.
     """
 
     epoch: int
@@ -69,13 +72,15 @@ class Checkpoint:
     rank_rng: list[dict[str, Any]] | None = None
     task: str = "node"
     averaged_state: dict[str, Any] | None = None
+    code: list[CodeSpan] = field(default_factory=list)
 
     def payload(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": self.epoch,
                 "model_state": self.model_state, "optimizer_state": self.optimizer_state,
                 "signature": self.signature, "config": self.config, "progress": self.progress,
                 "history": self.history, "rng": self.rng, "metric": self.metric, "world_size": self.world_size,
-                "rank_rng": self.rank_rng, "task": self.task, "averaged_state": self.averaged_state}
+                "rank_rng": self.rank_rng, "task": self.task, "averaged_state": self.averaged_state,
+                "code": [span.to_json() for span in self.code]}
 
 
 def capture_rng() -> dict[str, Any]:
@@ -155,8 +160,13 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     averaged = data.get("averaged_state")
     if averaged is not None and not isinstance(averaged, dict):
         raise UserError(f"{path}: corrupt checkpoint (averaged_state is a {type(averaged).__name__})")
+    # code came with the resume warning, without a version bump: an older file has none
+    try:
+        code = spans_from_json(data.get("code", []))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserError(f"{path}: corrupt checkpoint (its record of the code that trained it)") from None
     return Checkpoint(**{key: data[key] for key in _KEYS}, metric=metric, world_size=world_size, rank_rng=rank_rng,
-                      task=task, averaged_state=averaged)
+                      task=task, averaged_state=averaged, code=code)
 
 
 def check_task(path: Path | str, checkpoint: Checkpoint, task: str) -> None:

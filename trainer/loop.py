@@ -60,6 +60,7 @@ from trainer.models import AGGREGATION_FOR, build_model
 from trainer.optimizer import adam
 from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
+from trainer.provenance import CodeSpan, extend_spans, resumed_code_warning, running_code
 from trainer.ranks import SINGLE, Ranks
 from trainer.records import EpochRecord, StopControl, TrainConfig, TrainResult, format_epoch
 from trainer.scores import (
@@ -162,7 +163,7 @@ class _Run:
                                 "the cache assembles whole batches on the device, micro-batches are cut on the host")
             self.train_stager = Stager(torch.device("cpu"))
         self.row_bytes = info.num_features * torch.empty(0, dtype=getattr(torch, info.feature_dtype)).element_size()
-        self.result = TrainResult(cfg, str(self.device), info.description)
+        self.result = TrainResult(cfg, str(self.device), info.description, code=[CodeSpan(1, running_code())])
         self.bad_evals = 0
         self.next_epoch = 1
         self.steps = 0
@@ -202,6 +203,9 @@ class _Run:
         if ckpt.world_size != world and self.ranks.main:
             log_.warning("%s was written by %d rank(s), this run has %d: the rest of the run deals its batches "
                          "differently from the interrupted one", path, ckpt.world_size, world)
+        warning = resumed_code_warning(path, ckpt.code, ckpt.epoch, running_code())
+        if warning is not None and self.ranks.main:
+            log_.warning("%s", warning)
         rank_rng = ckpt.rank_rng
         rng = rank_rng[self.ranks.rank] if rank_rng is not None and len(rank_rng) == world else ckpt.rng
         try:
@@ -226,6 +230,7 @@ class _Run:
             group["lr"], group["weight_decay"] = self.cfg.lr, self.cfg.weight_decay
         self.result.epochs = history
         self.result.resumed_from_epoch = ckpt.epoch
+        self.result.code = extend_spans(ckpt.code, ckpt.epoch + 1, running_code())
         self.control.checkpoint_epoch = ckpt.epoch
         self.next_epoch = ckpt.epoch + 1
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")
@@ -483,7 +488,7 @@ class _Run:
             epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
             signature=self.signature, config=self.cfg.to_json(), progress=progress,
             history=[asdict(r) for r in self.result.epochs], rng=capture_rng() if rank_rng is None else rank_rng[0],
-            metric=self.metric, world_size=self.ranks.world_size, rank_rng=rank_rng))
+            metric=self.metric, world_size=self.ranks.world_size, rank_rng=rank_rng, code=self.result.code))
         self.control.checkpoint_epoch, self.control.writing = epoch, None
 
 

@@ -10,6 +10,7 @@ import torch
 
 from proto.errors import UserError
 from trainer.models import MODELS
+from trainer.provenance import CodeSpan
 from trainer.scores import METRIC_CHOICES, SHORT_NAMES
 
 __all__ = ["TrainConfig", "EpochRecord", "StopControl", "TrainResult", "format_epoch"]
@@ -182,6 +183,8 @@ class TrainResult:
     stopped_on_request: bool = False
     """A ``StopControl`` request stopped the run (its last epoch may have been cut and not recorded)."""
     resumed_from_epoch: int | None = None
+    code: list[CodeSpan] = field(default_factory=list)
+    """The code that trained each stretch of epochs (``trainer.provenance``): one span unless a resume changed it."""
     model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     """The trained model (last epoch's weights, on the training device); not part of ``to_json``."""
 
@@ -199,7 +202,8 @@ class TrainResult:
                 "best_val_score": _json_float(self.best_val_score),
                 "test_score_at_best": _json_float(self.test_score_at_best),
                 "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
-                "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch}
+                "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch,
+                "code": [span.to_json() for span in self.code]}
 
     def summary(self) -> str:
         """The final line: best validation epoch and its test score (and accuracy, when that is not the score)."""

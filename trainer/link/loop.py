@@ -55,6 +55,7 @@ from trainer.loop import seed_everything
 from trainer.metrics import TrainerMetrics
 from trainer.optimizer import adam
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
+from trainer.provenance import CodeSpan, extend_spans, resumed_code_warning, running_code
 from trainer.ranks import SINGLE, Ranks
 from trainer.records import StopControl
 
@@ -99,7 +100,7 @@ class _LinkRun:
                                           "decoder": cfg.decoder}
         if train.model == "gat":
             self.signature["heads"] = train.heads
-        self.result = LinkResult(cfg, str(self.device), source.description,
+        self.result = LinkResult(cfg, str(self.device), source.description, code=[CodeSpan(1, running_code())],
                                  buffer=None if source.buffer is None else source.buffer.to_json())
         if cfg.metric == "auto":
             self.set_metric(DEFAULT_LINK_METRIC, "auto: link prediction, each held-out positive ranked against its "
@@ -128,6 +129,9 @@ class _LinkRun:
             had = "without" if ckpt.averaged_state is None else "with"
             raise UserError(f"{path}: the run was checkpointed {had} a moving average of its weights; resume it "
                             f"{had} one (--ema {'0' if had == 'without' else 'DECAY'})")
+        warning = resumed_code_warning(path, ckpt.code, ckpt.epoch, running_code())
+        if warning is not None and self.ranks.main:
+            log_.warning("%s", warning)
         try:
             self.model.load_state_dict(ckpt.model_state)
             self.optimizer.load_state_dict(ckpt.optimizer_state)
@@ -149,6 +153,7 @@ class _LinkRun:
             group["lr"], group["weight_decay"] = self.cfg.train.lr, self.cfg.train.weight_decay
         self.result.epochs = history
         self.result.resumed_from_epoch = ckpt.epoch
+        self.result.code = extend_spans(ckpt.code, ckpt.epoch + 1, running_code())
         self.control.checkpoint_epoch = ckpt.epoch
         self.next_epoch = ckpt.epoch + 1
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")
@@ -316,7 +321,8 @@ class _LinkRun:
             epoch=epoch, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
             signature=self.signature, config=self.cfg.to_json(), progress=progress,
             history=[asdict(record) for record in result.epochs], rng=capture_rng(), metric=self.metric,
-            task="link", averaged_state=None if self.averaged is None else self.averaged.state_dict()))
+            task="link", averaged_state=None if self.averaged is None else self.averaged.state_dict(),
+            code=result.code))
         self.control.checkpoint_epoch, self.control.writing = epoch, None
 
 

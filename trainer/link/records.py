@@ -11,6 +11,7 @@ import torch
 from proto.errors import UserError
 from trainer.link.options import DECODERS, LINK_ASSIGNMENTS, LINK_ORDERS
 from trainer.link.ranking import LINK_METRIC_CHOICES, LINK_METRICS
+from trainer.provenance import CodeSpan
 from trainer.records import TrainConfig
 
 __all__ = ["LinkConfig", "LinkEpochRecord", "LinkResult", "format_link_epoch", "short_name"]
@@ -136,6 +137,8 @@ class LinkResult:
     stopped_at_max_steps: bool = False
     stopped_on_request: bool = False
     resumed_from_epoch: int | None = None
+    code: list[CodeSpan] = field(default_factory=list)
+    """The code that trained each stretch of epochs (``trainer.provenance``): one span unless a resume changed it."""
     buffer: dict[str, object] | None = None
     """A buffer order's settings as resolved (``BufferSettings.to_json``); None when shuffled."""
     model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
@@ -151,7 +154,7 @@ class LinkResult:
                 "best_val": _json_scores(self.best_val), "test_at_best": _json_scores(self.test_at_best),
                 "stopped_early": self.stopped_early, "stopped_at_max_steps": self.stopped_at_max_steps,
                 "stopped_on_request": self.stopped_on_request, "resumed_from_epoch": self.resumed_from_epoch,
-                "buffer": self.buffer}
+                "code": [span.to_json() for span in self.code], "buffer": self.buffer}
 
     def summary(self) -> str:
         """The final line: ``best val mrr 0.4123 at epoch 12: test mrr 0.4011 hits@1 0.2500 hits@10 0.8000
