@@ -1,5 +1,6 @@
 """The trainer's training step as it runs against the ways it ran before, side by side on a dataset's own batches:
-seconds of a step (forward, loss, backward; GraphSAGE hidden 128, dropout 0.5, fanouts 10,5: for ``--task link`` an
+seconds of a step (forward, loss, backward; GraphSAGE, or GCN with ``--model gcn``, hidden 128, dropout 0.5, fanouts
+10,5: for ``--task link`` an
 MLP decoder and BCE on a link dataset's pairs, for ``--task node`` cross-entropy on a node dataset's seeds) and each
 variant's ratio to the step as run:
 
@@ -9,13 +10,14 @@ variant's ratio to the step as run:
     trim_to_layer + pad    PyG's pattern: the dropped rows padded back with zeros for ``trim_to_layer`` to cut (the
                            same outputs and gradients bit for bit, tests/trainer/test_models.py)
     F.dropout              torch's dropout, its CPU mask from ``bernoulli_`` (the same distribution, other draws)
-    COO rows               the aggregation matrix as COO, sorted and coalesced (``coo_target_rows``; equal to float32
-                           rounding)
+    COO rows               the aggregation matrix as COO, sorted and coalesced (``coo_target_rows``, and for GCN its
+                           self-loops appended to the edges first: ``coo_gcn_rows``; equal to float32 rounding)
     before 2026-11-30      all three
 
 The first batch is untimed; the variants rotate which runs first.
 
-    .venv/bin/python bench/step_bench.py --dataset DS [--task link|node] [--batch-size N] [--batches 10] [--rounds 3]
+    .venv/bin/python bench/step_bench.py --dataset DS [--task link|node] [--model sage|gcn] [--batch-size N]
+        [--batches 10] [--rounds 3]
 
 DS: a prepared dataset; for ``--task link`` one imported with ``--task link`` (``bench/link_bench.py`` makes
 them). Prints a markdown table; nothing is written.
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 from torch_geometric.utils import trim_to_layer
 
 from trainer.link.model import LinkModel
-from trainer.models import SampledGNN, build_model, coo_target_rows, dropout
+from trainer.models import SampledGNN, build_model, coo_target_rows, dropout, mean_weights
 
 
 def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, nodes: list[int], edges: list[int],
@@ -50,6 +52,12 @@ def pyg_pattern(encoder: SampledGNN, x: torch.Tensor, edge_index: torch.Tensor, 
         if j < hops - 1:
             x = F.pad(drop(F.relu(x), encoder.dropout, encoder.training), (0, 0, 0, outer))
     return x[:nodes[0]]
+
+
+def coo_gcn_rows(edge_index: torch.Tensor, num_targets: int, num_sources: int, dtype: torch.dtype) -> torch.Tensor:
+    """GCN's layer-0 matrix as the model built it before 2026-11-30: the self-loops appended to the edges, then COO."""
+    edges, weights = mean_weights(edge_index, num_sources)
+    return coo_target_rows(edges, weights.to(dtype), num_targets, num_sources)
 
 
 def _torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -75,6 +83,7 @@ def _forward(encoder: SampledGNN, variant: str, *args: Any) -> torch.Tensor:
             old.enter_context(mock.patch("trainer.models.dropout", _torch_dropout))
         if coo:
             old.enter_context(mock.patch("trainer.models.target_rows", coo_target_rows))
+            old.enter_context(mock.patch("trainer.models.gcn_target_rows", coo_gcn_rows))
         return pyg_pattern(encoder, *args, drop=drop) if pad else encoder(*args)
 
 
@@ -99,24 +108,24 @@ def node_step_seconds(model: SampledGNN, batch, variant: str) -> float:  # type:
     return time.perf_counter() - started
 
 
-def _link_setup(path: str, batch_size: int, count: int) -> tuple[torch.nn.Module, list, Callable]:  # type: ignore[type-arg]
+def _link_setup(path: str, kind: str, batch_size: int, count: int) -> tuple[torch.nn.Module, list, Callable]:  # type: ignore[type-arg]
     from loader.format.dataset import open_dataset
     from trainer.link.inmemory import LinkInMemorySource
 
     source = LinkInMemorySource(open_dataset(path), batch_size=batch_size, seed=0)
     batches = [batch for _, batch in zip(range(count), source.train_batches(1), strict=False)]
     torch.manual_seed(0)
-    return LinkModel("sage", source.num_features, 128, 2, 0.5, decoder="mlp").train(), batches, link_step_seconds
+    return LinkModel(kind, source.num_features, 128, 2, 0.5, decoder="mlp").train(), batches, link_step_seconds
 
 
-def _node_setup(path: str, batch_size: int, count: int) -> tuple[torch.nn.Module, list, Callable]:  # type: ignore[type-arg]
+def _node_setup(path: str, kind: str, batch_size: int, count: int) -> tuple[torch.nn.Module, list, Callable]:  # type: ignore[type-arg]
     from trainer.inmemory_source import InMemorySource
 
     source = InMemorySource(path, batch_size=batch_size, seed=0)
     batches = [batch for _, batch in zip(range(count), source.train_batches(1), strict=False)]
     info = source.info
     torch.manual_seed(0)
-    return build_model("sage", info.num_features, 128, info.num_classes, 2, 0.5).train(), batches, node_step_seconds
+    return build_model(kind, info.num_features, 128, info.num_classes, 2, 0.5).train(), batches, node_step_seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=["link", "node"], default="link",
                         help="link: a link dataset's pairs (GraphSAGE + MLP decoder, BCE); node: a node dataset's "
                              "seeds (GraphSAGE, cross-entropy)")
+    parser.add_argument("--model", choices=["sage", "gcn"], default="sage",
+                        help="the encoder (default sage: GraphSAGE; gcn: GCN with the sampled mean's weights)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="positive pairs (link, default 256) or seeds (node, default 1024) per batch")
     parser.add_argument("--batches", type=int, default=10, help="timed batches per round (default 10)")
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     setup = _link_setup if args.task == "link" else _node_setup
     try:
-        model, batches, step_seconds = setup(args.dataset, args.batch_size, args.batches + 1)
+        model, batches, step_seconds = setup(args.dataset, args.model, args.batch_size, args.batches + 1)
     except (UserError, OSError) as err:
         print(f"step_bench: error: {err}", file=sys.stderr)
         return 2
@@ -157,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     timed = args.rounds * max(1, len(batches) - 1)
     mean = {variant: totals[variant] / timed for variant in names}
     unit = "pairs" if args.task == "link" else "seeds"
-    print(f"{args.dataset} ({args.task}): {timed} steps each ({args.rounds} rounds of {len(batches) - 1} batches of "
-          f"{args.batch_size} {unit}), {args.threads} thread(s)\n")
+    print(f"{args.dataset} ({args.task}, {args.model}): {timed} steps each ({args.rounds} rounds of "
+          f"{len(batches) - 1} batches of {args.batch_size} {unit}), {args.threads} thread(s)\n")
     print("| step | ms | vs as run |")
     print("|---|---|---|")
     for variant in names:

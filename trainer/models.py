@@ -17,8 +17,8 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
 from trainer.sparse_input import SparseRows, max_sparse_entries, rows_times_weight, sparse_rows
 
-__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "coo_target_rows", "dropout", "mean_weights",
-           "target_rows", "trim_edges"]
+__all__ = ["MODELS", "AGGREGATION_FOR", "SampledGNN", "build_model", "coo_target_rows", "dropout", "gcn_target_rows",
+           "mean_weights", "target_rows", "trim_edges"]
 
 MODELS = ("sage", "gcn", "gat")
 AGGREGATION_FOR = {"sage": "mean", "gcn": "gcn"}
@@ -91,6 +91,32 @@ def target_rows(edge_index: Tensor, weights: Tensor, num_targets: int, num_sourc
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse_csr_tensor(crow, columns, weights[:kept].contiguous(), (num_targets, num_sources),
                                        check_invariants=False)
+
+
+def gcn_target_rows(edge_index: Tensor, num_targets: int, num_sources: int, dtype: torch.dtype) -> Tensor:
+    """``target_rows`` of ``mean_weights(edge_index, num_sources)``, GCN's layer-0 matrix: each target's row holds its
+    in-edges and its self-loop, all weighted 1 / (in-degree + 1).
+
+    ``mean_weights`` appends the self-loops after the edges, which breaks the target order ``target_rows`` makes CSR
+    from; on the CPU, edges in target order make this CSR directly instead, each row's self-loop after its edges
+    (no sort, no coalescing; equal to float32 rounding, as ``target_rows``). Other orders and devices take COO."""
+    targets = edge_index[1]
+    if edge_index.device.type != "cpu" or not bool((targets[1:] >= targets[:-1]).all()):
+        edges, weights = mean_weights(edge_index, num_sources)
+        return target_rows(edges, weights.to(dtype), num_targets, num_sources)
+    targets = targets.contiguous()
+    kept = int(torch.searchsorted(targets, num_targets))
+    lengths = torch.bincount(targets[:kept], minlength=num_targets) + 1
+    crow = torch.zeros(num_targets + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=crow[1:])
+    columns = torch.empty(kept + num_targets, dtype=torch.int64)
+    # edge e of row t lands after the t self-loops of the rows before; row t's own self-loop ends the row
+    columns[torch.arange(kept) + targets[:kept]] = edge_index[0, :kept].to(torch.int64)
+    columns[crow[1:] - 1] = torch.arange(num_targets)
+    values = lengths.to(dtype).reciprocal_().repeat_interleave(lengths, output_size=kept + num_targets)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta", as in target_rows
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, columns, values, (num_targets, num_sources), check_invariants=False)
 
 
 def coo_target_rows(edge_index: Tensor, weights: Tensor, num_targets: int, num_sources: int) -> Tensor:
@@ -181,8 +207,7 @@ class SampledGNN(torch.nn.Module):
             degree = torch.bincount(edge_index[1], minlength=sources).clamp_(min=1).to(x.dtype)
             rows = target_rows(edge_index, degree.reciprocal()[edge_index[1]], num_targets, sources)
         else:
-            edges, weights = mean_weights(edge_index, sources)
-            rows = target_rows(edges, weights.to(x.dtype), num_targets, sources)
+            rows = gcn_target_rows(edge_index, num_targets, sources, x.dtype)
         budget = 0 if self.dense_inputs else max_sparse_entries(sources, num_targets, x.size(1))
         features = sparse_rows(x, budget)
         if features is not None:

@@ -24,11 +24,11 @@ def test_every_variant_side_by_side_on_link_batches(tmp_path, capsys):
     assert rows[1][2] == "1.00x |" and all(row[2].endswith("x |") for row in rows[2:])
 
 
-def test_node_batches_too(dataset_3k, capsys):
-    assert main(["--dataset", str(dataset_3k), "--task", "node", "--batch-size", "64", "--batches", "2",
-                 "--rounds", "1"]) == 0
+def test_node_batches_and_gcn_too(dataset_3k, capsys):
+    assert main(["--dataset", str(dataset_3k), "--task", "node", "--model", "gcn", "--batch-size", "64",
+                 "--batches", "2", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    assert "(node): 2 steps each" in out and "batches of 64 seeds" in out
+    assert "(node, gcn): 2 steps each" in out and "batches of 64 seeds" in out
     assert [row[0] for row in _rows(out)[1:]] == [f"| {variant}" for variant in VARIANTS]
 
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.step_bench import pyg_pattern
+from bench.step_bench import coo_gcn_rows, pyg_pattern
 from loader.sampling.sampling import CSCGraph, batch_keys, sample_pass
-from trainer.models import MODELS, build_model, mean_weights, target_rows
+from trainer.models import MODELS, build_model, gcn_target_rows, mean_weights, target_rows
 
 
 def _sampled_batch(seed: int, n: int, e: int, seeds: int, fanouts: list[int], width: int = 12):
@@ -194,3 +194,31 @@ def test_target_rows_is_the_summed_edge_matrix_in_either_layout(data):
     assert got.layout == (torch.sparse_csr if edges and edges == sorted(edges, key=lambda edge: edge[1])
                           else torch.sparse_coo)
     torch.testing.assert_close(got.to_dense(), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_gcns_matrix_is_the_mean_over_edges_and_self_loop_in_either_layout(data):
+    # GCN's layer-0 matrix: built CSR from edges by target (self-loops placed at each row's end), else from the
+    # self-loops appended (COO, as before); the dense matrix of mean_weights either way, and what the bench's old
+    # variant builds
+    sources = data.draw(st.integers(1, 12), label="sources")
+    all_targets = data.draw(st.integers(1, sources), label="all_targets")
+    num_targets = data.draw(st.integers(1, all_targets), label="num_targets")
+    edges = data.draw(st.lists(st.tuples(st.integers(0, sources - 1), st.integers(0, all_targets - 1)),
+                               max_size=40), label="edges")
+    by_target = data.draw(st.booleans(), label="by target")
+    if by_target:
+        edges = sorted(edges, key=lambda edge: edge[1])
+    edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t().contiguous()
+    want = torch.zeros(num_targets, sources)
+    degree = [1 + sum(1 for _, target in edges if target == t) for t in range(num_targets)]
+    for source, target in [*edges, *((t, t) for t in range(num_targets))]:
+        if target < num_targets:
+            want[target, source] += 1.0 / degree[target]
+    got = gcn_target_rows(edge_index, num_targets, sources, torch.float32)
+    assert got.layout == (torch.sparse_csr if edges == sorted(edges, key=lambda edge: edge[1]) else torch.sparse_coo)
+    torch.testing.assert_close(got.to_dense(), want)
+    old = coo_gcn_rows(edge_index, num_targets, sources, torch.float32)
+    assert old.layout == torch.sparse_coo
+    torch.testing.assert_close(old.to_dense(), want)
