@@ -77,26 +77,16 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     deg_mb = np.delete(deg_all, boundaries)
     static_deg = np.diff(static.indptr)[extra]
     full_degree = np.concatenate([deg_mb, static_deg]).astype(np.int64, copy=False)
-    raw_indptr = np.zeros(len(global_ids) + 1, dtype=np.int64)
-    np.cumsum(full_degree, out=raw_indptr[1:])
+    raw_indptr = np.zeros(n_mb + 1, dtype=np.int64)
+    np.cumsum(deg_mb, out=raw_indptr[1:])
+    if raw_indptr[-1] != loaded.raw_edges:
+        raise RuntimeError("the partitions' indptr slices disagree with the edges read (reader bug)")
 
-    # static extras' lists go after the partitions' lists, gathered from the resident copy
-    if len(extra):
-        lens = static_deg
-        src_start = np.repeat(static.indptr[extra], lens)
-        within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-        tail = static.indices[src_start + within]
-    else:
-        tail = static.indices[:0]
-    raw_indices = buf.raw_indices
-    n_raw = loaded.raw_edges + len(tail)
-    if n_raw > len(raw_indices):
-        raise RuntimeError("mega-batch edges exceed the planned buffer (memory plan bug)")
-    raw_indices[loaded.raw_edges:n_raw] = tail
-
+    # the static extras' lists follow the partitions' lists: the kernel reads them in the resident copy
     fill_local_of(resident.local_of, global_ids)
     try:
-        indptr, indices = induce_subgraph(resident.local_of, raw_indptr, raw_indices[:n_raw])
+        indptr, indices = induce_subgraph(resident.local_of, raw_indptr, buf.raw_indices[:loaded.raw_edges],
+                                          static.indptr, static.indices, extra)
     finally:
         clear_local_of(resident.local_of, global_ids)
 

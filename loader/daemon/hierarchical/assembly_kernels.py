@@ -13,34 +13,53 @@ __all__ = ["induce_subgraph", "fill_local_of", "clear_local_of"]
 
 
 @kernel
-def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Keep, for each of the M targets, the in-neighbours inside the mega-batch, mapped to local ids.
+def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: np.ndarray, held_indptr: np.ndarray,
+                    held_indices: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keep, for each target, the in-neighbours inside the mega-batch, mapped to local ids.
 
-    local_of: int32 [N]; raw_indptr: int64 [M+1] into ``raw_indices`` (it need not start at
-    0, so a slice of a larger CSC works); raw_indices: global ids. Returns (indptr int64
-    [M+1] from 0, indices int32 [kept]); each list keeps its original order and duplicates.
-    One pass into a buffer the size of the input, then a copy trimmed to the kept edges, so
-    the result holds no spare capacity; a count pass would read the input twice instead.
+    The targets are the M_r lists of ``raw_indptr`` / ``raw_indices`` (the partitions' lists as read), then the
+    lists ``held`` (positions, in order) of a CSC held in memory, ``held_indptr`` / ``held_indices`` (the static
+    cache's): read where they lie, so the static nodes' millions of entries are not gathered into a copy first
+    (that gather was half of a mega-batch's assembly on bench/compare's graph).
+
+    local_of: int32 [N]; raw_indptr: int64 [M_r+1] into ``raw_indices`` (it need not start at 0, so a slice of a
+    larger CSC works); raw_indices, held_indices: global ids. Returns (indptr int64 [M_r + len(held) + 1] from 0,
+    indices int32 [kept]); each list keeps its original order and duplicates. One pass into a buffer the size of
+    the input, then a copy trimmed to the kept edges, so the result holds no spare capacity; a count pass would
+    read the input twice instead.
     """
-    num_targets = raw_indptr.shape[0] - 1
-    num_global = local_of.shape[0]
+    num_raw = raw_indptr.shape[0] - 1
     first = raw_indptr[0]
-    indptr = np.empty(num_targets + 1, dtype=np.int64)
-    indices = np.empty(raw_indptr[num_targets] - first, dtype=np.int32)
+    total = raw_indptr[num_raw] - first
+    for i in range(held.shape[0]):
+        total += held_indptr[held[i] + 1] - held_indptr[held[i]]
+    indptr = np.empty(num_raw + held.shape[0] + 1, dtype=np.int64)
+    indices = np.empty(total, dtype=np.int32)
     indptr[0] = 0
     kept = 0
-    for v in range(num_targets):
-        for k in range(raw_indptr[v], raw_indptr[v + 1]):
-            u = raw_indices[k]
-            if u < 0 or u >= num_global:
-                raise ValueError("raw_indices: a neighbour id is outside [0, len(local_of))")
-            local = local_of[u]
-            if local >= 0:
-                indices[kept] = local
-                kept += 1
+    for v in range(num_raw):
+        kept = _keep_local(local_of, raw_indices, raw_indptr[v], raw_indptr[v + 1], indices, kept)
         indptr[v + 1] = kept
+    for i in range(held.shape[0]):
+        kept = _keep_local(local_of, held_indices, held_indptr[held[i]], held_indptr[held[i] + 1], indices, kept)
+        indptr[num_raw + i + 1] = kept
     return indptr, indices[:kept].copy()
+
+
+@kernel
+def _keep_local(local_of: np.ndarray, lists: np.ndarray, begin: int, end: int, out: np.ndarray, kept: int) -> int:
+    """Append to ``out`` from ``kept`` on the local ids of ``lists[begin:end]`` inside the mega-batch; the new
+    count. A separate function so that the two kinds of list may differ in index dtype."""
+    num_global = local_of.shape[0]
+    for k in range(begin, end):
+        u = lists[k]
+        if u < 0 or u >= num_global:
+            raise ValueError("a neighbour id is outside [0, len(local_of))")
+        local = local_of[u]
+        if local >= 0:
+            out[kept] = local
+            kept += 1
+    return kept
 
 
 @kernel
