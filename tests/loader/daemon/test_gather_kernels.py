@@ -16,15 +16,23 @@ def reference_gather(src, row_offsets, row_bytes, nodes):
     return out
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(src_bytes=st.integers(0, 300), row_bytes=st.integers(0, 40), num_local=st.integers(1, 20),
-       num_nodes=st.integers(0, 30), spare=st.integers(0, 50), seed=st.integers(0, 2**32 - 1))
-def test_gather_rows_equals_reference(src_bytes, row_bytes, num_local, num_nodes, spare, seed):
+       num_nodes=st.integers(0, 30), spare=st.integers(0, 50), seed=st.integers(0, 2**32 - 1),
+       words=st.booleans(), src_shift=st.integers(0, 7), out_shift=st.integers(0, 7))
+def test_gather_rows_equals_reference(src_bytes, row_bytes, num_local, num_nodes, spare, seed, words, src_shift,
+                                      out_shift):
+    # words: rows of whole 8-byte words at offsets that are multiples of 8 (the word copy), else any (byte
+    # slices); either array may start at any address
     rng = np.random.default_rng(seed)
-    src = rng.integers(0, 256, src_bytes + row_bytes, dtype=np.uint8)
+    if words:
+        row_bytes -= row_bytes % 8
+    src = rng.integers(0, 256, src_shift + src_bytes + row_bytes, dtype=np.uint8)[src_shift:]
     row_offsets = rng.integers(0, src_bytes + 1, num_local).astype(np.int64)  # rows may overlap
+    if words:
+        row_offsets -= row_offsets % 8
     nodes = rng.integers(0, num_local, num_nodes).astype(np.int64)  # repeats allowed
-    out = np.full(num_nodes * row_bytes + spare, 7, dtype=np.uint8)
+    out = np.full(out_shift + num_nodes * row_bytes + spare, 7, dtype=np.uint8)[out_shift:]
     gather_rows(src, row_offsets, row_bytes, nodes, out)
     assert bytes(out[:num_nodes * row_bytes]) == reference_gather(src, row_offsets, row_bytes, nodes)
     assert (out[num_nodes * row_bytes:] == 7).all()
