@@ -34,7 +34,7 @@ def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: n
     for i in range(held.shape[0]):
         total += held_indptr[held[i] + 1] - held_indptr[held[i]]
     indptr = np.empty(num_raw + held.shape[0] + 1, dtype=np.int64)
-    indices = np.empty(total, dtype=np.int32)
+    indices = np.empty(total + 1, dtype=np.int32)  # + 1: _keep_local writes before it knows whether it keeps
     indptr[0] = 0
     kept = 0
     for v in range(num_raw):
@@ -49,16 +49,19 @@ def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: n
 @kernel
 def _keep_local(local_of: np.ndarray, lists: np.ndarray, begin: int, end: int, out: np.ndarray, kept: int) -> int:
     """Append to ``out`` from ``kept`` on the local ids of ``lists[begin:end]`` inside the mega-batch; the new
-    count. A separate function so that the two kinds of list may differ in index dtype."""
+    count. A separate function so that the two kinds of list may differ in index dtype.
+
+    Branch-free: every id is written at ``out[kept]`` and counted only when kept (``out`` has one spare entry),
+    since whether a neighbour is kept is a coin the CPU cannot predict (most of the static lists' entries are
+    dropped): 1.5-1.8x the branching loop's rate on bench/compare's static lists."""
     num_global = local_of.shape[0]
     for k in range(begin, end):
         u = lists[k]
         if u < 0 or u >= num_global:
             raise ValueError("a neighbour id is outside [0, len(local_of))")
         local = local_of[u]
-        if local >= 0:
-            out[kept] = local
-            kept += 1
+        out[kept] = local
+        kept += local >= 0
     return kept
 
 
