@@ -172,11 +172,10 @@ def test_the_sparse_input_layer_equals_pyg_message_passing(data, kind, inputs, o
         assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)
 
 
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_target_rows_is_the_summed_edge_matrix_in_either_layout(data):
-    # edges by target (the samplers' order: CSR as they stand) or in any order (COO, coalesced), repeated edges
-    # and targets past num_targets included: the dense matrix of summed weights either way
+def _edge_lists(data):
+    """A layer's edges as drawn for the aggregation-matrix tests: (sources, num_targets, edges as (source, target)
+    pairs, edge_index); repeated edges and targets past num_targets included, in target order (the samplers') or
+    in any order."""
     sources = data.draw(st.integers(1, 12), label="sources")
     all_targets = data.draw(st.integers(1, sources), label="all_targets")
     num_targets = data.draw(st.integers(1, all_targets), label="num_targets")
@@ -184,7 +183,15 @@ def test_target_rows_is_the_summed_edge_matrix_in_either_layout(data):
                                max_size=40), label="edges")
     if data.draw(st.booleans(), label="by target"):
         edges = sorted(edges, key=lambda edge: edge[1])
-    edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t().contiguous()
+    return sources, num_targets, edges, torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t().contiguous()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_target_rows_is_the_summed_edge_matrix_in_either_layout(data):
+    # edges by target (the samplers' order: CSR as they stand) or in any order (COO, coalesced): the dense matrix
+    # of summed weights either way
+    sources, num_targets, edges, edge_index = _edge_lists(data)
     weights = torch.rand(len(edges), generator=torch.Generator().manual_seed(len(edges)))
     want = torch.zeros(num_targets, sources)
     for e, (source, target) in enumerate(edges):
@@ -202,15 +209,7 @@ def test_gcns_matrix_is_the_mean_over_edges_and_self_loop_in_either_layout(data)
     # GCN's layer-0 matrix: built CSR from edges by target (self-loops placed at each row's end), else from the
     # self-loops appended (COO, as before); the dense matrix of mean_weights either way, and what the bench's old
     # variant builds
-    sources = data.draw(st.integers(1, 12), label="sources")
-    all_targets = data.draw(st.integers(1, sources), label="all_targets")
-    num_targets = data.draw(st.integers(1, all_targets), label="num_targets")
-    edges = data.draw(st.lists(st.tuples(st.integers(0, sources - 1), st.integers(0, all_targets - 1)),
-                               max_size=40), label="edges")
-    by_target = data.draw(st.booleans(), label="by target")
-    if by_target:
-        edges = sorted(edges, key=lambda edge: edge[1])
-    edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t().contiguous()
+    sources, num_targets, edges, edge_index = _edge_lists(data)
     want = torch.zeros(num_targets, sources)
     degree = [1 + sum(1 for _, target in edges if target == t) for t in range(num_targets)]
     for source, target in [*edges, *((t, t) for t in range(num_targets))]:
