@@ -1,3 +1,3 @@
 """megabatch loader: the daemon side and the offline dataset tools. Never imports torch."""
 
-__version__ = "0.1.0"
+from proto import __version__ as __version__  # the one release string, proto's

@@ -6,4 +6,8 @@ blocking control client), ``errors`` (the exceptions). This package imports neit
 ``trainer``; it needs only numpy, msgpack and the standard library.
 """
 
-__all__: list[str] = []
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"
+"""The megabatch release (pyproject.toml's version): here, below both packages, so that the daemon (``loader``
+re-exports it) and the trainer (``trainer.provenance``) name the same release without importing each other."""

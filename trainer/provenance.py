@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import loader
+import proto
 
 __all__ = ["SOURCE_ROOT", "CodeVersion", "CodeSpan", "source_commit", "running_code", "extend_spans",
            "spans_from_json", "resumed_code_warning"]
@@ -76,7 +76,7 @@ def running_code() -> CodeVersion:
     import torch  # here: bench.harness reads ``source_commit`` without loading torch
 
     # str(): torch.__version__ is a str subclass, which a weights-only checkpoint load refuses
-    return CodeVersion(megabatch=loader.__version__, commit=source_commit(), torch=str(torch.__version__))
+    return CodeVersion(megabatch=proto.__version__, commit=source_commit(), torch=str(torch.__version__))
 
 
 def spans_from_json(values: list[dict[str, Any]]) -> list[CodeSpan]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import loader
+import proto
 from proto.errors import UserError
 from tests.trainer.test_trainer_loop import ToySource
 from trainer import provenance
@@ -117,7 +118,7 @@ def test_a_checkpoint_from_before_reads_as_unrecorded_and_a_broken_record_is_ref
 
 def test_the_running_code_is_this_tree():
     code = provenance.running_code()
-    assert code.torch == torch.__version__ and code.megabatch == loader.__version__
+    assert code.torch == torch.__version__ and code.megabatch == proto.__version__ == loader.__version__
     assert type(code.torch) is str  # torch.__version__ is a str subclass, which a weights-only load refuses
     if (provenance.SOURCE_ROOT / ".git").exists():  # a clone: its commit names the code
         assert code.commit is not None
