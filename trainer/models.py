@@ -78,19 +78,14 @@ def target_rows(edge_index: Tensor, weights: Tensor, num_targets: int, num_sourc
     on another device take the COO path. The two sum in different orders: equal to float32 rounding. Indices are
     in range by construction (sources index ``x``, targets are filtered), so torch's invariant checks are opted
     out of."""
-    targets = edge_index[1]
-    if edge_index.device.type != "cpu" or targets.numel() == 0 or not bool((targets[1:] >= targets[:-1]).all()):
+    targets = _targets_in_order(edge_index)
+    if targets is None or targets.numel() == 0:
         return coo_target_rows(edge_index, weights, num_targets, num_sources)
-    # a slot's edge_index may be a strided view: searchsorted and the CSR want their own contiguous copies
-    targets = targets.contiguous()
     kept = int(torch.searchsorted(targets, num_targets))  # sorted: the targets < num_targets are a prefix
     crow = torch.zeros(num_targets + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(targets[:kept], minlength=num_targets), 0, out=crow[1:])
     columns = edge_index[0, :kept].to(torch.int64).contiguous()
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is not
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, columns, weights[:kept].contiguous(), (num_targets, num_sources),
-                                       check_invariants=False)
+    return _csr(crow, columns, weights[:kept].contiguous(), num_targets, num_sources)
 
 
 def gcn_target_rows(edge_index: Tensor, num_targets: int, num_sources: int, dtype: torch.dtype) -> Tensor:
@@ -100,11 +95,10 @@ def gcn_target_rows(edge_index: Tensor, num_targets: int, num_sources: int, dtyp
     ``mean_weights`` appends the self-loops after the edges, which breaks the target order ``target_rows`` makes CSR
     from; on the CPU, edges in target order make this CSR directly instead, each row's self-loop after its edges
     (no sort, no coalescing; equal to float32 rounding, as ``target_rows``). Other orders and devices take COO."""
-    targets = edge_index[1]
-    if edge_index.device.type != "cpu" or not bool((targets[1:] >= targets[:-1]).all()):
+    targets = _targets_in_order(edge_index)
+    if targets is None:
         edges, weights = mean_weights(edge_index, num_sources)
         return target_rows(edges, weights.to(dtype), num_targets, num_sources)
-    targets = targets.contiguous()
     kept = int(torch.searchsorted(targets, num_targets))
     lengths = torch.bincount(targets[:kept], minlength=num_targets) + 1
     crow = torch.zeros(num_targets + 1, dtype=torch.int64)
@@ -114,7 +108,22 @@ def gcn_target_rows(edge_index: Tensor, num_targets: int, num_sources: int, dtyp
     columns[torch.arange(kept) + targets[:kept]] = edge_index[0, :kept].to(torch.int64)
     columns[crow[1:] - 1] = torch.arange(num_targets)
     values = lengths.to(dtype).reciprocal_().repeat_interleave(lengths, output_size=kept + num_targets)
-    with warnings.catch_warnings():  # "sparse CSR support is in beta", as in target_rows
+    return _csr(crow, columns, values, num_targets, num_sources)
+
+
+def _targets_in_order(edge_index: Tensor) -> Tensor | None:
+    """The edges' targets as a contiguous copy where they are on the CPU and in target order (the samplers'
+    order, from which the layer-0 matrices are built CSR), else None (COO). A slot's ``edge_index`` may be a
+    strided view: searchsorted and the CSR want their own contiguous arrays."""
+    targets = edge_index[1]
+    if edge_index.device.type != "cpu" or not bool((targets[1:] >= targets[:-1]).all()):
+        return None
+    return targets.contiguous()
+
+
+def _csr(crow: Tensor, columns: Tensor, values: Tensor, num_targets: int, num_sources: int) -> Tensor:
+    """A (num_targets x num_sources) CSR matrix, its invariants unchecked (in range by construction)."""
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is not
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse_csr_tensor(crow, columns, values, (num_targets, num_sources), check_invariants=False)
 
