@@ -60,7 +60,7 @@ from trainer.models import AGGREGATION_FOR, build_model
 from trainer.optimizer import adam
 from trainer.prefetch import SequenceCheck, SequenceError, Stager, prefetched
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
-from trainer.provenance import CodeSpan, extend_spans, resumed_code_warning, running_code
+from trainer.provenance import CodeSpan, resumed_spans, running_code
 from trainer.ranks import SINGLE, Ranks
 from trainer.records import EpochRecord, StopControl, TrainConfig, TrainResult, format_epoch
 from trainer.scores import (
@@ -203,9 +203,7 @@ class _Run:
         if ckpt.world_size != world and self.ranks.main:
             log_.warning("%s was written by %d rank(s), this run has %d: the rest of the run deals its batches "
                          "differently from the interrupted one", path, ckpt.world_size, world)
-        warning = resumed_code_warning(path, ckpt.code, ckpt.epoch, running_code())
-        if warning is not None and self.ranks.main:
-            log_.warning("%s", warning)
+        code = resumed_spans(path, ckpt.code, ckpt.epoch, running_code(), log_.warning if self.ranks.main else None)
         rank_rng = ckpt.rank_rng
         rng = rank_rng[self.ranks.rank] if rank_rng is not None and len(rank_rng) == world else ckpt.rng
         try:
@@ -230,7 +228,7 @@ class _Run:
             group["lr"], group["weight_decay"] = self.cfg.lr, self.cfg.weight_decay
         self.result.epochs = history
         self.result.resumed_from_epoch = ckpt.epoch
-        self.result.code = extend_spans(ckpt.code, ckpt.epoch + 1, running_code())
+        self.result.code = code
         self.control.checkpoint_epoch = ckpt.epoch
         self.next_epoch = ckpt.epoch + 1
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")

@@ -13,6 +13,7 @@ version (its kernels are part of the step).
 
 import functools
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import proto
 
 __all__ = ["SOURCE_ROOT", "CodeVersion", "CodeSpan", "source_commit", "running_code", "extend_spans",
-           "spans_from_json", "resumed_code_warning"]
+           "spans_from_json", "resumed_code_warning", "resumed_spans"]
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the ``trainer`` package: a source checkout's root, or site-packages."""
@@ -104,3 +105,13 @@ def resumed_code_warning(path: Path | str, spans: list[CodeSpan], last_epoch: in
     return (f"{path}: epochs {spans[-1].first_epoch}-{last_epoch} were trained by {spans[-1].code.describe()}, the "
             f"rest of the run by {code.describe()}: other code may draw and round otherwise (a resume is bitwise "
             f"only under the same code; the result's \"code\" lists both)")
+
+
+def resumed_spans(path: Path | str, spans: list[CodeSpan], last_epoch: int, code: CodeVersion,
+                  warn: Callable[[str], None] | None) -> list[CodeSpan]:
+    """A resume after ``last_epoch`` of a run ``spans`` trained, under ``code``: its spans from now on, the
+    warning (``resumed_code_warning``) given to ``warn`` where there is one (None: a rank that does not log)."""
+    warning = resumed_code_warning(path, spans, last_epoch, code)
+    if warning is not None and warn is not None:
+        warn(warning)
+    return extend_spans(spans, last_epoch + 1, code)

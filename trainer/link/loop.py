@@ -55,7 +55,7 @@ from trainer.loop import seed_everything
 from trainer.metrics import TrainerMetrics
 from trainer.optimizer import adam
 from trainer.progress import DEFAULT_INTERVAL_S, EpochProgress
-from trainer.provenance import CodeSpan, extend_spans, resumed_code_warning, running_code
+from trainer.provenance import CodeSpan, resumed_spans, running_code
 from trainer.ranks import SINGLE, Ranks
 from trainer.records import StopControl
 
@@ -129,9 +129,7 @@ class _LinkRun:
             had = "without" if ckpt.averaged_state is None else "with"
             raise UserError(f"{path}: the run was checkpointed {had} a moving average of its weights; resume it "
                             f"{had} one (--ema {'0' if had == 'without' else 'DECAY'})")
-        warning = resumed_code_warning(path, ckpt.code, ckpt.epoch, running_code())
-        if warning is not None and self.ranks.main:
-            log_.warning("%s", warning)
+        code = resumed_spans(path, ckpt.code, ckpt.epoch, running_code(), log_.warning if self.ranks.main else None)
         try:
             self.model.load_state_dict(ckpt.model_state)
             self.optimizer.load_state_dict(ckpt.optimizer_state)
@@ -153,7 +151,7 @@ class _LinkRun:
             group["lr"], group["weight_decay"] = self.cfg.train.lr, self.cfg.train.weight_decay
         self.result.epochs = history
         self.result.resumed_from_epoch = ckpt.epoch
-        self.result.code = extend_spans(ckpt.code, ckpt.epoch + 1, running_code())
+        self.result.code = code
         self.control.checkpoint_epoch = ckpt.epoch
         self.next_epoch = ckpt.epoch + 1
         self.log(f"resumed from {path} after epoch {ckpt.epoch}")
