@@ -40,7 +40,10 @@ Usage (cora takes minutes per run on 2 cores, amazon-photo far longer; keep --wo
 importing and preparing, and --reuse to resume: finished runs are read back, and an in-memory run cut short, by a
 kill or a session's end, continues from the checkpoint of its last whole epoch, ending as it would have uninterrupted
 by the same code. Each launch of a run's trainer records the commit it runs from (``RUNS/STEM.code.json``), and the
-report says whether one commit trained every run or which runs ran which, so a table that mixes code versions says so):
+report says whether one commit trained every run or which runs ran which, so a table that mixes code versions says so).
+A finished run keeps its last checkpoint (``RUNS/STEM.last.ckpt``), so under --reuse a larger ``--max-epochs``
+continues each run of a smaller cap from it instead of training its epochs again (a run that stopped early is
+taken as it is: early stopping does not depend on the cap):
 
     .venv/bin/python bench/link_bench.py [--work /var/tmp/mb-link]
     .venv/bin/python bench/link_bench.py --datasets cora-planetoid --seeds 0 --max-epochs 2 --tag smoke
@@ -68,8 +71,8 @@ from proto.atomic import atomic_file
 from trainer.link.options import DEFAULT_BUFFER_LR, DEFAULT_EMA, DEFAULT_LINK_LR, default_lr, ema_decay
 
 __all__ = ["DATASETS", "ORDERS", "UNWEIGHTED_ORDERS", "BUCKET_ORDERS", "LinkRun", "OrderSummary", "parse_args",
-           "run_stem", "train_command", "read_run", "summarize", "paired_gap", "dataset_markdown", "record_launch",
-           "read_launches", "run_code", "code_markdown", "main"]
+           "run_stem", "shorter_run", "continue_shorter_run", "train_command", "read_run", "summarize", "paired_gap",
+           "dataset_markdown", "record_launch", "read_launches", "run_code", "code_markdown", "main"]
 
 PY = sys.executable
 SHARED = ROOT.parent / "shared" / "data"
@@ -468,18 +471,56 @@ def prepare(name: str, work: Path, partitions: int, partitioner: str = "metis") 
     return out
 
 
+def shorter_run(name: str, order: str, seed: int, dirs: dict[str, Path],
+                args: argparse.Namespace) -> tuple[str, bool] | None:
+    """The same run at the largest smaller ``--max-epochs`` that a run at this cap can start from, as (its stem,
+    whether it stopped early): one that stopped early is this run (early stopping does not depend on the cap); one
+    that ran to its cap and kept its last checkpoint (``STEM.last.ckpt``) is this run's first epochs, which it
+    continues from, bitwise, as from any checkpoint. None if there is neither."""
+    for cap in range(args.max_epochs - 1, 0, -1):
+        stem = run_stem(name, order, seed, argparse.Namespace(**{**vars(args), "max_epochs": cap}))
+        try:
+            if json.loads((dirs["runs"] / f"{stem}.json").read_text()).get("stopped_early") is True:
+                return stem, True
+        except (OSError, ValueError, AttributeError):
+            pass
+        if (dirs["runs"] / f"{stem}.last.ckpt").exists():
+            return stem, False
+    return None
+
+
+def continue_shorter_run(stem: str, shorter: tuple[str, bool], runs: Path) -> None:
+    """Start run ``stem`` from ``shorter`` (``shorter_run``): its launches, and its result where it stopped early
+    (nothing left to train), else its last checkpoint as ``stem``'s checkpoint to resume."""
+    other, stopped_early = shorter
+    launches = runs / f"{other}.code.json"
+    if launches.exists():
+        shutil.copyfile(launches, runs / f"{stem}.code.json")
+    if stopped_early:
+        shutil.copyfile(runs / f"{other}.json", runs / f"{stem}.json")
+        print(f"{stem}: the run at a smaller cap ({other}) stopped early: its result is this run's", flush=True)
+    else:
+        shutil.copyfile(runs / f"{other}.last.ckpt", runs / f"{stem}.ckpt")
+        print(f"{stem}: continues {other} from its last checkpoint", flush=True)
+
+
 def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Path],
             args: argparse.Namespace) -> LinkRun:
     stem = run_stem(name, order, seed, args)
     out, log = dirs["runs"] / f"{stem}.json", dirs["logs"] / f"{stem}.log"
     launches = dirs["runs"] / f"{stem}.code.json"
+    checkpoint = dirs["runs"] / f"{stem}.ckpt"
+    # a longer cap continues a shorter one's run rather than training its epochs again
+    shorter = (shorter_run(name, order, seed, dirs, args)
+               if args.reuse and order != "daemon" and not out.exists() and not checkpoint.exists() else None)
+    if shorter is not None:
+        continue_shorter_run(stem, shorter, dirs["runs"])
     if not (args.reuse and out.exists()):  # the json is written atomically when a run ends: a finished run
         out.unlink(missing_ok=True)
         socket = dirs["work"] / f"{stem}.sock"
         command = train_command(dataset, order, seed, out, args, socket)
         # an in-memory run checkpoints every epoch, so a run cut short (a session's end, a kill) resumes from its
         # last whole epoch under --reuse and ends as the uninterrupted run would (the trainer's resume is bitwise)
-        checkpoint = dirs["runs"] / f"{stem}.ckpt"
         if order != "daemon":
             command += ["--checkpoint", str(checkpoint)]
             if args.reuse and checkpoint.exists():
@@ -500,7 +541,8 @@ def one_run(name: str, dataset: Path, order: str, seed: int, dirs: dict[str, Pat
         if code != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
             raise SystemExit(f"bench: {stem}: exit {code}\n{tail}")
-        checkpoint.unlink(missing_ok=True)
+        if checkpoint.exists():  # kept for a longer cap to continue from (``shorter_run``)
+            checkpoint.replace(dirs["runs"] / f"{stem}.last.ckpt")
     try:
         return read_run(order, seed, json.loads(out.read_text()), run_code(read_launches(launches)))
     except (ValueError, KeyError, TypeError) as err:

@@ -163,7 +163,8 @@ def test_a_run_cut_short_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     assert "--resume" not in commands[0] and checkpoint.exists()  # the last whole epoch is kept
     run = link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, args)
     assert commands[1][-3:] == ["--checkpoint", str(checkpoint), "--resume"] and run.best_epoch == 2
-    assert not checkpoint.exists()  # a finished run leaves its result, not its checkpoint
+    # a finished run leaves its result, and its last checkpoint under another name (for a longer cap to continue)
+    assert not checkpoint.exists() and checkpoint.with_suffix(".last.ckpt").read_text() == "epoch"
     assert run.code == ("c0ffee", "beef00")  # the code of each launch: resumed after a commit
     assert link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, args).code == ("c0ffee", "beef00")  # reused
     # without --reuse a run starts over: an old checkpoint is not resumed
@@ -171,6 +172,42 @@ def test_a_run_cut_short_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     run = link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, parse_args([]))
     assert "--resume" not in commands[2] and not checkpoint.exists()
     assert run.code == ("f00d00",)
+
+
+def test_a_longer_cap_continues_the_shorter_caps_runs(tmp_path, monkeypatch):
+    dirs = {key: tmp_path / key for key in ("work", "runs", "logs")}
+    for path in dirs.values():
+        path.mkdir()
+    commands: list[list[str]] = []
+
+    def trainer(command, **_):  # checkpoints "epoch N" and stops early on seed 1 only
+        commands.append(command)
+        epochs, seed = command[command.index("--epochs") + 1], int(command[command.index("--seed") + 1])
+        Path(command[command.index("--checkpoint") + 1]).write_text(f"epoch {epochs}")
+        data = result(2, [0.3, 0.5], 0.48, None) | {"stopped_early": seed == 1}
+        Path(command[command.index("--json-out") + 1]).write_text(json.dumps(data))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(link_bench.subprocess, "run", trainer)
+    monkeypatch.setattr(link_bench, "code_version", lambda: "c0ffee")
+    short, long = parse_args(["--reuse", "--max-epochs", "3"]), parse_args(["--reuse", "--max-epochs", "8"])
+    for seed in (0, 1):
+        link_bench.one_run("cora", Path("/ds"), "shuffled", seed, dirs, short)
+    assert link_bench.shorter_run("cora", "shuffled", 0, dirs, long) == (run_stem("cora", "shuffled", 0, short), False)
+    assert link_bench.shorter_run("cora", "shuffled", 1, dirs, long) == (run_stem("cora", "shuffled", 1, short), True)
+    assert link_bench.shorter_run("cora", "shuffled", 2, dirs, long) is None
+    assert link_bench.shorter_run("cora", "comet", 0, dirs, long) is None  # another setting's runs are not this run's
+
+    run = link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, long)  # ran to its cap: continued
+    checkpoint = dirs["runs"] / (run_stem("cora", "shuffled", 0, long) + ".ckpt")
+    assert commands[2][-3:] == ["--checkpoint", str(checkpoint), "--resume"] and "8" in commands[2]
+    assert run.code == ("c0ffee",) and run.best_epoch == 2
+    assert checkpoint.with_suffix(".last.ckpt").read_text() == "epoch 8"
+    link_bench.one_run("cora", Path("/ds"), "shuffled", 1, dirs, long)  # stopped early: its result is the run's
+    assert len(commands) == 3 and (dirs["runs"] / (run_stem("cora", "shuffled", 1, long) + ".json")).exists()
+    # without --reuse nothing is continued
+    link_bench.one_run("cora", Path("/ds"), "shuffled", 0, dirs, parse_args(["--max-epochs", "9"]))
+    assert "--resume" not in commands[3]
 
 
 def test_the_report_says_which_code_trained_the_runs():
