@@ -5,11 +5,13 @@ i+1 overlaps training on i: 2 (r_s + r_d)(A + B) <= C. We hold the static *featu
 buffers gather from the same static region) and only the per-mega-batch parts twice, so the
 bound we enforce is
 
-    node arrays + static features + 2 x buffer(N_d) + 3 sampled passes + evaluation reader
+    node arrays + static cache + 2 x buffer(N_d) + 3 sampled passes + evaluation reader
         + clients x slots x slot_bytes <= budget
 
 where buffer(N_d) is an upper bound over *any* N_d partitions (the N_d largest of each kind),
-so no shuffle can overflow it. The evaluation reader (``loader.daemon.disk_graph.eval_graph_bytes``) is
+so no shuffle can overflow it. The static cache is its rows and its in-lists (ids, partitions, indptr,
+indices), held once: the assembler reads the static nodes' lists where they lie, so a buffer's raw
+lists hold only its partitions' lists as read. The evaluation reader (``loader.daemon.disk_graph.eval_graph_bytes``) is
 what validation and test batches are read through, beside training: indptr and the sampler's maps (16 B
 per node), the read checks' block tables (8 B per check block of features.bin and per page of
 indices.npy: 0.2% to 1.6% of the feature file) and its read buffers. ``megabatch_fraction = "auto"``
@@ -37,7 +39,7 @@ from proto.errors import UserError
 from proto.sizes import format_size
 
 __all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "HierarchicalBudget", "plan_memory", "plan_with_static",
-           "buffer_sizes", "round_up"]
+           "buffer_sizes", "static_cache_bytes", "round_up"]
 
 PAGE = 4096
 
@@ -49,6 +51,9 @@ PASSES_IN_FLIGHT = 3
 
 PER_LOCAL_NODE_BYTES = 8 * 6
 """Per mega-batch node: global id, row offset, raw indptr, induced indptr, full degree, label/seed scratch."""
+
+PER_STATIC_NODE_BYTES = 8 * 3
+"""Per static node, besides its row and in-list entries: dataset id, partition, indptr entry (``StaticCache``)."""
 
 
 STATIC_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
@@ -68,11 +73,13 @@ class BufferSizes:
     max_nodes: int
     """Mega-batch nodes plus every static node (static nodes outside the mega-batch join it)."""
     max_raw_edges: int
-    """In-edges of those nodes before filtering to the induced subgraph."""
+    """In-edges of the N_d partitions as read, before filtering to the induced subgraph (the static nodes'
+    in-lists are not copied into a buffer: the assembler reads them in the static cache)."""
     feature_bytes: int
     """Page-padded feature bytes of the N_d largest partitions."""
     index_bytes: int
-    """Raw edge lists + induced edge lists + per-node arrays."""
+    """Raw edge lists + induced edge lists (bounded by every raw in-edge of the mega-batch and static nodes) +
+    per-node arrays."""
     pass_bytes: int = 0
     """One sampled pass over such a mega-batch (all its batches' nodes and edges, from a pilot sample)."""
     aggregate_bytes: int = 0
@@ -101,7 +108,7 @@ class HierarchicalBudget(BudgetPlan):
         """Every part of the plan, named as the plan line and a refusal name it."""
         node_arrays, slots, *others = self.fixed.parts()
         with_aggregates = " with their aggregates" if self.buffer.aggregate_bytes else ""
-        return [node_arrays, (f"static cache {self.static_nodes:,} nodes", self.static_bytes),
+        return [node_arrays, (f"static cache {self.static_nodes:,} nodes (rows and in-lists)", self.static_bytes),
                 (f"2 x mega-batch buffer ({self.buffer.partitions} partitions{with_aggregates}, "
                  f"{format_size(self.buffer.total)} each)", 2 * self.buffer.total),
                 (f"{PASSES_IN_FLIGHT} sampled passes x {format_size(self.buffer.pass_bytes)}",
@@ -115,6 +122,12 @@ class HierarchicalBudget(BudgetPlan):
     def describe(self) -> str:
         listed = " + ".join(f"{what} {format_size(size)}" for what, size in self.parts())
         return f"memory plan: budget {format_size(self.budget)} = {listed} = {format_size(self.total)} used"
+
+
+def static_cache_bytes(static_nodes: int, row_bytes: int, static_edges: int, index_itemsize: int) -> int:
+    """The static cache held for the daemon's life: its rows (in the feature arena) and its in-lists."""
+    lists = static_nodes * PER_STATIC_NODE_BYTES + 8 + static_edges * index_itemsize if static_nodes else 0
+    return round_up(static_nodes * row_bytes) + round_up(lists)
 
 
 def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static_edges: int,
@@ -132,16 +145,16 @@ def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static
     top_edges = int(np.sort(edges)[::-1][:n_d].sum())
     top_feat = int(np.sort(feat)[::-1][:n_d].sum())
     max_nodes = top_nodes + static_nodes
-    max_raw = top_edges + static_edges
-    # raw lists arrive in the file's index width; the induced lists are int32 local ids.
-    index_bytes = max_raw * (index_itemsize + 4) + (max_nodes + 1) * PER_LOCAL_NODE_BYTES + 2 * PAGE
+    # raw lists arrive in the file's index width; the induced lists are int32 local ids, at most every raw entry
+    index_bytes = (top_edges * index_itemsize + (top_edges + static_edges) * 4
+                   + (max_nodes + 1) * PER_LOCAL_NODE_BYTES + 2 * PAGE)
     pass_bytes = 0
     if pass_batches is not None:
         pass_bytes = pass_batches * (batch_bytes + 8 * batch_size)
     elif train_counts is not None and batch_bytes:
         seeds = int(np.sort(train_counts)[::-1][:n_d].sum())
         pass_bytes = -(-seeds // max(1, batch_size)) * batch_bytes + 8 * seeds
-    return BufferSizes(n_d, max_nodes, max_raw, top_feat + PAGE, round_up(index_bytes), pass_bytes,
+    return BufferSizes(n_d, max_nodes, top_edges, top_feat + PAGE, round_up(index_bytes), pass_bytes,
                        top_feat + PAGE if aggregated else 0)
 
 
@@ -155,7 +168,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
     aggregation cache rows too; ``fixed``: the mode's fixed part, default node arrays and ``sessions``)."""
     num_partitions = len(partitions)
     fixed = fixed if fixed is not None else fixed_part(num_nodes, sessions)
-    static_bytes = round_up(static_nodes * static_row_bytes)
+    static_bytes = static_cache_bytes(static_nodes, static_row_bytes, static_edges, index_itemsize)
 
     def make(n_d: int) -> HierarchicalBudget:
         return HierarchicalBudget(budget, fixed, static_nodes, static_bytes,

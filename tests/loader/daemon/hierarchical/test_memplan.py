@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
-from loader.daemon.hierarchical.memplan import PAGE, STATIC_SHARES, buffer_sizes, plan_memory, plan_with_static
+from loader.daemon.hierarchical.memplan import (
+    PAGE,
+    PER_STATIC_NODE_BYTES,
+    STATIC_SHARES,
+    buffer_sizes,
+    plan_memory,
+    plan_with_static,
+)
 from loader.daemon.slot_sizing import SessionSizing
 from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
@@ -32,7 +39,7 @@ def test_buffer_bounds_every_choice():
     for combo in itertools.combinations(range(5), 2):
         rows = parts.take(list(combo))
         assert rows.num_nodes.sum() + 5 <= sizes.max_nodes
-        assert rows.num_edges.sum() + 50 <= sizes.max_raw_edges
+        assert rows.num_edges.sum() <= sizes.max_raw_edges  # the static lists are read where they are held
         assert (-(-rows.feat_nbytes // PAGE) * PAGE).sum() <= sizes.feature_bytes
 
 
@@ -48,6 +55,20 @@ def test_fits_and_describes():
     plan = plan_memory(**kwargs())
     assert plan.buffer.partitions == 2 and plan.total <= plan.budget
     assert "2 x mega-batch buffer" in plan.describe()
+
+
+def test_the_static_cache_is_charged_once_with_its_in_lists():
+    # 5 static nodes of 64 B rows with 5,000 in-list entries of 4 B: a page of rows and 5 of lists in the static
+    # part; a buffer's raw lists hold its partitions' lists only (the assembler reads the static lists where they
+    # are held), its induced lists room for every raw entry of its nodes and the static ones
+    with_static = plan_memory(**kwargs(static_edges=5000))
+    without = plan_memory(**kwargs(static_nodes=0, static_edges=0))
+    assert with_static.static_bytes == PAGE + 5 * PAGE and without.static_bytes == 0
+    assert 4 * PAGE < 5 * PER_STATIC_NODE_BYTES + 8 + 5000 * 4 <= 5 * PAGE
+    assert with_static.buffer.max_raw_edges == without.buffer.max_raw_edges == 3000 + 100  # the 2 largest lists
+    assert "static cache 5 nodes (rows and in-lists) 24 KiB" in with_static.describe()
+    extra = with_static.buffer.index_bytes - without.buffer.index_bytes
+    assert 5000 * 4 <= extra <= 5000 * 4 + 5 * 48 + PAGE
 
 
 def test_refuses_a_budget_that_cannot_fit():
