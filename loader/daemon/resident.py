@@ -34,6 +34,13 @@ class StaticCache:
     """Index dtype (E_s,): in-neighbours (dataset ids) of each static node."""
     features: np.ndarray
     """(K, D) feature rows in ``nodes`` order (a view into the feature arena once placed)."""
+    heads: np.ndarray | None = None
+    """With the lists grouped for the hierarchical assembler (``assemble.group_static_lists``): int64 (K+1,), list
+    v's first ``heads[v+1] - heads[v]`` entries are its static sources, the rest of the list ascends; None: not
+    grouped."""
+    head_sources: np.ndarray | None = None
+    """With the lists grouped: int32 (heads[K],), the static sources of every list in order, as positions in
+    ``nodes`` (list v's at ``head_sources[heads[v]:heads[v+1]]``); None: not grouped."""
 
     @property
     def num_nodes(self) -> int:

@@ -8,18 +8,18 @@ partition, which keeps "each training node once per pass" exact; a buffer state 
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from loader.daemon.hierarchical.arena import FeatureArena, MegaBatchBuffer
-from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, group_lists, induce_subgraph
 from loader.daemon.hierarchical.reader import LoadedMegaBatch
 from loader.daemon.hierarchical.schedule import ScheduledMegaBatch
-from loader.daemon.resident import ResidentData
+from loader.daemon.resident import ResidentData, StaticCache
 from loader.sampling.sampling import CSCGraph
 
-__all__ = ["MegaBatch", "assemble"]
+__all__ = ["MegaBatch", "group_static_lists", "assemble"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,24 @@ class MegaBatch:
         return len(self.graph.indices)
 
 
+def group_static_lists(static: StaticCache) -> StaticCache:
+    """The static cache with its in-lists laid out for ``assemble`` (``StaticCache.heads``, ``head_sources``): each
+    list's static sources first, then the others, each ascending. Every static source is in every mega-batch, and
+    of the others the mega-batch keeps those of its partitions: with partitions contiguous id ranges, a few
+    ranges the kernel finds by binary search, where the lists in file order are scanned whole, mostly to drop
+    what they hold (6.57M entries a mega-batch on bench/compare's graph). A list's order is the order its
+    neighbours are sampled in, not which are: the same distribution, other draws. On one copy of the lists."""
+    indices = static.indices.copy()
+    counts = np.zeros(static.num_nodes, dtype=np.int64)
+    group_lists(static.indptr, indices, static.nodes, counts)
+    heads = np.zeros(static.num_nodes + 1, dtype=np.int64)
+    np.cumsum(counts, out=heads[1:])
+    # entry j of list v's static sources sits at indptr[v] + j
+    at = np.repeat(static.indptr[:-1] - heads[:-1], counts) + np.arange(heads[-1])
+    sources = np.searchsorted(static.nodes, indices[at]).astype(np.int32)
+    return replace(static, indices=indices, heads=heads, head_sources=sources)
+
+
 def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureArena) -> MegaBatch:
     """Build the induced subgraph (CPU work; numba kernels release the GIL)."""
     t0 = time.perf_counter()
@@ -82,11 +100,18 @@ def assemble(loaded: LoadedMegaBatch, resident: ResidentData, arena: FeatureAren
     if raw_indptr[-1] != loaded.raw_edges:
         raise RuntimeError("the partitions' indptr slices disagree with the edges read (reader bug)")
 
-    # the static extras' lists follow the partitions' lists: the kernel reads them in the resident copy
+    # the static extras' lists follow the partitions' lists: the kernel reads them in the resident copy, of each
+    # its static sources and the entries in the mega-batch partitions' id ranges
+    if static.heads is None or static.head_sources is None:
+        raise RuntimeError("the static cache's lists are not grouped for the assembler (group_static_lists)")
+    ranges = np.stack([parts.node_begin, parts.node_end], axis=1).astype(np.int64)
+    ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
     fill_local_of(resident.local_of, global_ids)
     try:
+        static_local = resident.local_of[static.nodes]
         indptr, indices = induce_subgraph(resident.local_of, raw_indptr, buf.raw_indices[:loaded.raw_edges],
-                                          static.indptr, static.indices, extra)
+                                          static.indptr, static.indices, static.heads, static.head_sources,
+                                          static_local, extra, ranges)
     finally:
         clear_local_of(resident.local_of, global_ids)
 

@@ -9,30 +9,47 @@ import numpy as np
 
 from proto.jit import kernel
 
-__all__ = ["induce_subgraph", "fill_local_of", "clear_local_of"]
+__all__ = ["induce_subgraph", "group_lists", "fill_local_of", "clear_local_of"]
 
 
 @kernel
 def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: np.ndarray, held_indptr: np.ndarray,
-                    held_indices: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    held_indices: np.ndarray, held_heads: np.ndarray, head_sources: np.ndarray,
+                    static_local: np.ndarray, held: np.ndarray, ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Keep, for each target, the in-neighbours inside the mega-batch, mapped to local ids.
 
-    The targets are the M_r lists of ``raw_indptr`` / ``raw_indices`` (the partitions' lists as read), then the
-    lists ``held`` (positions, in order) of a CSC held in memory, ``held_indptr`` / ``held_indices`` (the static
-    cache's): read where they lie, so the static nodes' millions of entries are not gathered into a copy first
-    (that gather was half of a mega-batch's assembly on bench/compare's graph).
+    The targets are the M_r lists of ``raw_indptr`` / ``raw_indices`` (the partitions' lists as read), scanned
+    whole, then the lists ``held`` (positions, in order) of the static cache's CSC ``held_indptr`` /
+    ``held_indices``, grouped (``group_lists``) and read where they lie. Held list p starts with its
+    ``held_heads[p+1] - held_heads[p]`` static sources, which every mega-batch holds: the kernel maps them through
+    ``static_local`` (each static node's local id in this mega-batch) from ``head_sources`` (their positions among
+    the static nodes), a table that stays in cache where ``local_of`` does not. Of the ascending rest it keeps
+    the entries in ``ranges`` (int64 [R, 2], the mega-batch partitions' id ranges [begin, end), ascending and
+    disjoint), found by binary search and checked against ``local_of``. So the static lists' millions of
+    entries, mostly of other partitions, are not scanned (nor, before that, gathered into a copy); for lists so
+    grouped the result is the whole scan's.
 
     local_of: int32 [N]; raw_indptr: int64 [M_r+1] into ``raw_indices`` (it need not start at 0, so a slice of a
     larger CSC works); raw_indices, held_indices: global ids. Returns (indptr int64 [M_r + len(held) + 1] from 0,
-    indices int32 [kept]); each list keeps its original order and duplicates. One pass into a buffer the size of
-    the input, then a copy trimmed to the kept edges, so the result holds no spare capacity; a count pass would
-    read the input twice instead.
+    indices int32 [kept]); each list keeps its order and duplicates. One pass into a buffer the size of the
+    input (the raw lists whole, the held lists' heads and ranges), then a copy trimmed to the kept edges, so
+    the result holds no spare capacity; a count pass would read the raw lists twice instead.
     """
     num_raw = raw_indptr.shape[0] - 1
     first = raw_indptr[0]
     total = raw_indptr[num_raw] - first
+    # each held list's ranges, searched once: the searches' cache misses in lists spread over the static cache
+    # are most of this kernel's time
+    found = np.empty((held.shape[0], ranges.shape[0], 2), dtype=np.int64)
     for i in range(held.shape[0]):
-        total += held_indptr[held[i] + 1] - held_indptr[held[i]]
+        p = held[i]
+        total += held_heads[p + 1] - held_heads[p]
+        at, end = held_indptr[p] + held_heads[p + 1] - held_heads[p], held_indptr[p + 1]
+        for r in range(ranges.shape[0]):  # ascending ranges: each search starts where the last range ended
+            lo = _lower_bound(held_indices, at, end, ranges[r, 0])
+            at = _lower_bound(held_indices, lo, end, ranges[r, 1])
+            found[i, r, 0], found[i, r, 1] = lo, at
+            total += at - lo
     indptr = np.empty(num_raw + held.shape[0] + 1, dtype=np.int64)
     indices = np.empty(total + 1, dtype=np.int32)  # + 1: _keep_local writes before it knows whether it keeps
     indptr[0] = 0
@@ -40,10 +57,62 @@ def induce_subgraph(local_of: np.ndarray, raw_indptr: np.ndarray, raw_indices: n
     for v in range(num_raw):
         kept = _keep_local(local_of, raw_indices, raw_indptr[v], raw_indptr[v + 1], indices, kept)
         indptr[v + 1] = kept
+    num_static = static_local.shape[0]
     for i in range(held.shape[0]):
-        kept = _keep_local(local_of, held_indices, held_indptr[held[i]], held_indptr[held[i] + 1], indices, kept)
+        p = held[i]
+        for j in range(held_heads[p], held_heads[p + 1]):
+            s = head_sources[j]
+            if s < 0 or s >= num_static or static_local[s] < 0:
+                raise ValueError("a static source is not a static node of the mega-batch")
+            indices[kept] = static_local[s]
+            kept += 1
+        for r in range(ranges.shape[0]):
+            kept = _keep_local(local_of, held_indices, found[i, r, 0], found[i, r, 1], indices, kept)
         indptr[num_raw + i + 1] = kept
     return indptr, indices[:kept].copy()
+
+
+@kernel
+def group_lists(indptr: np.ndarray, indices: np.ndarray, members: np.ndarray, heads: np.ndarray) -> None:
+    """Reorder each list of the CSC ``indptr`` / ``indices`` in place: its entries in ``members`` (ascending ids)
+    first, then the others, each group ascending; ``heads[v]`` gets list v's count of the first."""
+    longest = 0
+    for v in range(indptr.shape[0] - 1):
+        longest = max(longest, indptr[v + 1] - indptr[v])
+    ahead = np.empty(longest, dtype=indices.dtype)
+    behind = np.empty(longest, dtype=indices.dtype)
+    for v in range(indptr.shape[0] - 1):
+        begin, end = indptr[v], indptr[v + 1]
+        part = indices[begin:end]
+        part.sort()
+        n_ahead = 0
+        n_behind = 0
+        for k in range(end - begin):
+            u = part[k]
+            at = np.searchsorted(members, u)
+            if at < members.shape[0] and members[at] == u:
+                ahead[n_ahead] = u
+                n_ahead += 1
+            else:
+                behind[n_behind] = u
+                n_behind += 1
+        part[:n_ahead] = ahead[:n_ahead]
+        part[n_ahead:end - begin] = behind[:n_behind]
+        heads[v] = n_ahead
+
+
+@kernel
+def _lower_bound(ids: np.ndarray, begin: int, end: int, value: int) -> int:
+    """The first position in ascending ``ids[begin:end]`` whose value is not below ``value`` (``end`` if none).
+    By hand: numba's ``np.searchsorted`` on a slice took 10x as long, most of the assembler's time."""
+    lo, hi = begin, end
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ids[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @kernel

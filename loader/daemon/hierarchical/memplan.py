@@ -38,8 +38,8 @@ from loader.format.partition_table import PartitionTable
 from proto.errors import UserError
 from proto.sizes import format_size
 
-__all__ = ["PAGE", "STATIC_SHARES", "BufferSizes", "HierarchicalBudget", "plan_memory", "plan_with_static",
-           "buffer_sizes", "static_cache_bytes", "round_up"]
+__all__ = ["PAGE", "PER_STATIC_NODE_BYTES", "HEAD_SOURCE_BYTES", "STATIC_SHARES", "BufferSizes",
+           "HierarchicalBudget", "plan_memory", "plan_with_static", "buffer_sizes", "static_cache_bytes", "round_up"]
 
 PAGE = 4096
 
@@ -52,8 +52,13 @@ PASSES_IN_FLIGHT = 3
 PER_LOCAL_NODE_BYTES = 8 * 6
 """Per mega-batch node: global id, row offset, raw indptr, induced indptr, full degree, label/seed scratch."""
 
-PER_STATIC_NODE_BYTES = 8 * 3
-"""Per static node, besides its row and in-list entries: dataset id, partition, indptr entry (``StaticCache``)."""
+PER_STATIC_NODE_BYTES = 8 * 4
+"""Per static node, besides its row and in-list entries: dataset id, partition, indptr and heads entries
+(``StaticCache``)."""
+
+HEAD_SOURCE_BYTES = 4
+"""Per static in-list entry at most, besides the entry: its position among the static nodes where the source is
+one (``StaticCache.head_sources``, int32)."""
 
 
 STATIC_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
@@ -126,7 +131,8 @@ class HierarchicalBudget(BudgetPlan):
 
 def static_cache_bytes(static_nodes: int, row_bytes: int, static_edges: int, index_itemsize: int) -> int:
     """The static cache held for the daemon's life: its rows (in the feature arena) and its in-lists."""
-    lists = static_nodes * PER_STATIC_NODE_BYTES + 8 + static_edges * index_itemsize if static_nodes else 0
+    lists = (static_nodes * PER_STATIC_NODE_BYTES + 16 + static_edges * (index_itemsize + HEAD_SOURCE_BYTES)
+             if static_nodes else 0)
     return round_up(static_nodes * row_bytes) + round_up(lists)
 
 

@@ -17,6 +17,7 @@ from loader.daemon.config import LoaderConfig
 from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.arena import FeatureArena
+from loader.daemon.hierarchical.assemble import group_static_lists
 from loader.daemon.hierarchical.coverage import QualityKnobs, expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
@@ -76,9 +77,11 @@ class HierarchicalMode(TrainingMode):
         # the static nodes' aggregate rows are read once, by id, beside their features
         fill = None if held is None else held.for_purpose(STARTUP).fill
         arena = FeatureArena(resident.static, m.row_bytes, plan.buffer, np.dtype(m.index_dtype.value), fill)
-        # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy
+        # the arena holds the static rows now; keep only the (0, D) shape of the loaded copy, and the lists grouped
+        # for the assembler
         static_rows = resident.static.num_nodes
-        resident = replace(resident, static=replace(resident.static, features=resident.static.features[:0]))
+        resident = replace(resident, static=replace(group_static_lists(resident.static),
+                                                    features=resident.static.features[:0]))
         try:
             # the block tables are the evaluation reader's: training reads whole partitions, checked per partition
             checks = load_read_checks(dataset, blocks=True) if cfg.io.check_reads else None

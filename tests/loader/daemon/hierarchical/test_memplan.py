@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from loader.daemon.hierarchical.coverage import expected_edge_coverage
 from loader.daemon.hierarchical.memplan import (
+    HEAD_SOURCE_BYTES,
     PAGE,
     PER_STATIC_NODE_BYTES,
     STATIC_SHARES,
@@ -58,15 +59,16 @@ def test_fits_and_describes():
 
 
 def test_the_static_cache_is_charged_once_with_its_in_lists():
-    # 5 static nodes of 64 B rows with 5,000 in-list entries of 4 B: a page of rows and 5 of lists in the static
-    # part; a buffer's raw lists hold its partitions' lists only (the assembler reads the static lists where they
-    # are held), its induced lists room for every raw entry of its nodes and the static ones
+    # 5 static nodes of 64 B rows with 5,000 in-list entries of 4 B, each with room for its position among the
+    # static nodes: a page of rows and 10 of lists in the static part; a buffer's raw lists hold its partitions'
+    # lists only (the assembler reads the static lists where they are held), its induced lists room for every
+    # raw entry of its nodes and the static ones
     with_static = plan_memory(**kwargs(static_edges=5000))
     without = plan_memory(**kwargs(static_nodes=0, static_edges=0))
-    assert with_static.static_bytes == PAGE + 5 * PAGE and without.static_bytes == 0
-    assert 4 * PAGE < 5 * PER_STATIC_NODE_BYTES + 8 + 5000 * 4 <= 5 * PAGE
+    assert with_static.static_bytes == PAGE + 10 * PAGE and without.static_bytes == 0
+    assert 9 * PAGE < 5 * PER_STATIC_NODE_BYTES + 16 + 5000 * (4 + HEAD_SOURCE_BYTES) <= 10 * PAGE
     assert with_static.buffer.max_raw_edges == without.buffer.max_raw_edges == 3000 + 100  # the 2 largest lists
-    assert "static cache 5 nodes (rows and in-lists) 24 KiB" in with_static.describe()
+    assert "static cache 5 nodes (rows and in-lists) 44 KiB" in with_static.describe()
     extra = with_static.buffer.index_bytes - without.buffer.index_bytes
     assert 5000 * 4 <= extra <= 5000 * 4 + 5 * 48 + PAGE
 
