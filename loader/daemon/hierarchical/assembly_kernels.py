@@ -9,7 +9,7 @@ import numpy as np
 
 from proto.jit import kernel
 
-__all__ = ["induce_subgraph", "group_lists", "fill_local_of", "clear_local_of"]
+__all__ = ["induce_subgraph", "group_lists", "static_sources_by_prefix", "fill_local_of", "clear_local_of"]
 
 
 @kernel
@@ -99,6 +99,24 @@ def group_lists(indptr: np.ndarray, indices: np.ndarray, members: np.ndarray, he
         part[:n_ahead] = ahead[:n_ahead]
         part[n_ahead:end - begin] = behind[:n_behind]
         heads[v] = n_ahead
+
+
+@kernel
+def static_sources_by_prefix(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray,
+                             rank: np.ndarray) -> np.ndarray:
+    """For a static cache kept as a prefix of its nodes in ``rank`` order (``static_cache = "auto"``): int64
+    [K+1], entry k the number of in-list entries of the first k nodes whose source is among those k too (what
+    ``group_lists`` puts first and ``StaticCache.head_sources`` holds). nodes: ascending ids of the K static
+    nodes, row v's list at ``indices[indptr[v]:indptr[v+1]]``; rank: int64 [K], node v's place in the order."""
+    k = nodes.shape[0]
+    counts = np.zeros(k + 1, dtype=np.int64)
+    for v in range(k):
+        for j in range(indptr[v], indptr[v + 1]):
+            u = indices[j]
+            at = np.searchsorted(nodes, u)
+            if at < k and nodes[at] == u:
+                counts[max(rank[v], rank[at]) + 1] += 1  # in every prefix longer than both ranks
+    return np.cumsum(counts)
 
 
 @kernel

@@ -57,8 +57,8 @@ PER_STATIC_NODE_BYTES = 8 * 4
 (``StaticCache``)."""
 
 HEAD_SOURCE_BYTES = 4
-"""Per static in-list entry at most, besides the entry: its position among the static nodes where the source is
-one (``StaticCache.head_sources``, int32)."""
+"""Per static in-list entry whose source is a static node, besides the entry: the source's position among the
+static nodes (``StaticCache.head_sources``, int32)."""
 
 
 STATIC_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
@@ -129,10 +129,12 @@ class HierarchicalBudget(BudgetPlan):
         return f"memory plan: budget {format_size(self.budget)} = {listed} = {format_size(self.total)} used"
 
 
-def static_cache_bytes(static_nodes: int, row_bytes: int, static_edges: int, index_itemsize: int) -> int:
-    """The static cache held for the daemon's life: its rows (in the feature arena) and its in-lists."""
-    lists = (static_nodes * PER_STATIC_NODE_BYTES + 16 + static_edges * (index_itemsize + HEAD_SOURCE_BYTES)
-             if static_nodes else 0)
+def static_cache_bytes(static_nodes: int, row_bytes: int, static_edges: int, index_itemsize: int,
+                       static_sources: int = 0) -> int:
+    """The static cache held for the daemon's life: its rows (in the feature arena) and its in-lists, of whose
+    entries ``static_sources`` come from static nodes (``assembly_kernels.static_sources_by_prefix``)."""
+    lists = (static_nodes * PER_STATIC_NODE_BYTES + 16 + static_edges * index_itemsize
+             + static_sources * HEAD_SOURCE_BYTES if static_nodes else 0)
     return round_up(static_nodes * row_bytes) + round_up(lists)
 
 
@@ -166,7 +168,7 @@ def buffer_sizes(partitions: PartitionTable, n_d: int, static_nodes: int, static
 
 def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, fraction: float | None,
                 static_nodes: int, static_row_bytes: int, static_edges: int, index_itemsize: int,
-                sessions: SessionSizing, train_counts: np.ndarray | None = None,
+                sessions: SessionSizing, static_sources: int = 0, train_counts: np.ndarray | None = None,
                 batch_size: int = 1, batch_bytes: int = 0, eval_bytes: int = 0, aggregated: bool = False,
                 fixed: FixedPart | None = None, pass_batches: int | None = None) -> HierarchicalBudget:
     """Resolve N_d (``fraction=None`` = largest that fits) and check the whole plan fits ``budget``
@@ -174,7 +176,7 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
     aggregation cache rows too; ``fixed``: the mode's fixed part, default node arrays and ``sessions``)."""
     num_partitions = len(partitions)
     fixed = fixed if fixed is not None else fixed_part(num_nodes, sessions)
-    static_bytes = static_cache_bytes(static_nodes, static_row_bytes, static_edges, index_itemsize)
+    static_bytes = static_cache_bytes(static_nodes, static_row_bytes, static_edges, index_itemsize, static_sources)
 
     def make(n_d: int) -> HierarchicalBudget:
         return HierarchicalBudget(budget, fixed, static_nodes, static_bytes,
@@ -202,21 +204,23 @@ def plan_memory(*, budget: int, num_nodes: int, partitions: PartitionTable, frac
     return make(lo)
 
 
-def plan_with_static(plan: Callable[[int, int], HierarchicalBudget], *, static_degrees: np.ndarray,
-                     static_cut_edges: np.ndarray, cut_edges: int, edge_cut: float,
+def plan_with_static(plan: Callable[[int, int, int], HierarchicalBudget], *, static_degrees: np.ndarray,
+                     static_cut_edges: np.ndarray, static_sources: np.ndarray, cut_edges: int, edge_cut: float,
                      num_partitions: int) -> HierarchicalBudget:
     """``static_cache = "auto"``: the static prefix and N_d with the highest expected edge coverage.
 
-    plan(static_nodes, static_edges): ``plan_memory`` with every other argument bound (``fraction`` None
-    or fixed). static_degrees and static_cut_edges: in-degree and cut in-edges of each prepared static
-    node, in the order prefixes are kept (highest degree first); cut_edges: all cut edges of the graph.
+    plan(static_nodes, static_edges, static_sources): ``plan_memory`` with every other argument bound
+    (``fraction`` None or fixed). static_degrees and static_cut_edges: in-degree and cut in-edges of each
+    prepared static node, in the order prefixes are kept (highest degree first); static_sources: per prefix
+    length k (K+1 entries), the in-list entries of the first k from among them
+    (``assembly_kernels.static_sources_by_prefix``); cut_edges: all cut edges of the graph.
     Raises ``plan``'s error when not even the plan without a static cache fits.
     """
     best: tuple[float, HierarchicalBudget] | None = None
     for share in STATIC_SHARES:  # smallest first: a tie keeps the smaller cache
         k = round(share * len(static_degrees))
         try:
-            candidate = plan(k, int(static_degrees[:k].sum()))
+            candidate = plan(k, int(static_degrees[:k].sum()), int(static_sources[k]))
         except UserError:
             if best is None:
                 raise

@@ -18,6 +18,7 @@ from loader.daemon.disk_graph import DiskGraph, disk_eval, eval_graph_bytes
 from loader.daemon.eval_stream import EvalAccess
 from loader.daemon.hierarchical.arena import FeatureArena
 from loader.daemon.hierarchical.assemble import group_static_lists
+from loader.daemon.hierarchical.assembly_kernels import static_sources_by_prefix
 from loader.daemon.hierarchical.coverage import QualityKnobs, expected_edge_coverage, static_cut_share
 from loader.daemon.hierarchical.memplan import HierarchicalBudget, plan_memory, plan_with_static
 from loader.daemon.hierarchical.pipeline import PipelineContext, start_train_pipeline
@@ -152,12 +153,12 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
     parts = resident.partitions
     train_counts = parts.count_in(resident.split_ids["train"])
 
-    def plan_for(static_nodes: int, static_edges: int) -> HierarchicalBudget:
+    def plan_for(static_nodes: int, static_edges: int, static_sources: int) -> HierarchicalBudget:
         return plan_memory(budget=cfg.memory.budget, num_nodes=m.num_nodes, partitions=parts,
                            fraction=cfg.hierarchy.megabatch_fraction, static_nodes=static_nodes,
                            # with the aggregation cache a static node holds its aggregate row beside its features
                            static_row_bytes=m.row_bytes * (2 if cfg.sampler.aggregation_cache else 1),
-                           static_edges=static_edges,
+                           static_edges=static_edges, static_sources=static_sources,
                            index_itemsize=index_itemsize, sessions=setup.sessions, train_counts=train_counts,
                            batch_size=cfg.sampler.batch_size, batch_bytes=8 * batch.nodes + 16 * batch.edges,
                            eval_bytes=eval_bytes, aggregated=cfg.sampler.aggregation_cache, fixed=setup.fixed,
@@ -172,7 +173,7 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
         resident = replace(resident, static=static)
     static_cut = static.cut_in_degree(parts)
     if setup.serving.link is not None:
-        plan = plan_for(0, 0)
+        plan = plan_for(0, 0, 0)
         problem = check_buffer(setup.serving.link, m.num_partitions, plan.buffer.partitions)
         if problem is not None:
             raise UserError(problem)
@@ -181,16 +182,22 @@ def _plan_budget(setup: ModeSetup) -> tuple[HierarchicalBudget, ResidentData]:
             log.warning("%s", warning)
     elif cfg.hierarchy.static_cache is None:
         ranked = static.by_degree()
+        rank = np.empty(static.num_nodes, dtype=np.int64)
+        rank[ranked] = np.arange(static.num_nodes)
         plan = plan_with_static(plan_for, static_degrees=np.diff(static.indptr)[ranked],
-                                static_cut_edges=static_cut[ranked], cut_edges=cut_edges, edge_cut=cut,
-                                num_partitions=m.num_partitions)
+                                static_cut_edges=static_cut[ranked],
+                                static_sources=static_sources_by_prefix(static.indptr, static.indices, static.nodes,
+                                                                        rank),
+                                cut_edges=cut_edges, edge_cut=cut, num_partitions=m.num_partitions)
         log.info("static cache \"auto\": %s of %s prepared static nodes", f"{plan.static_nodes:,}",
                  f"{static.num_nodes:,}")
         kept = np.sort(ranked[:plan.static_nodes])  # select keeps ascending ids, so its rows in this order
         static, static_cut = static.select(kept), static_cut[kept]
         resident = replace(resident, static=static)
     else:
-        plan = plan_for(static.num_nodes, len(static.indices))
+        every = np.zeros(static.num_nodes, dtype=np.int64)  # the whole cache: one prefix, ranks all below it
+        plan = plan_for(static.num_nodes, len(static.indices),
+                        int(static_sources_by_prefix(static.indptr, static.indices, static.nodes, every)[-1]))
     if setup.serving.link is None and cfg.hierarchy.formation == "comet":
         problem = swap_refusal(m.num_partitions, plan.buffer.partitions)
         if problem is not None:

@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.daemon.hierarchical.assemble import group_static_lists
-from loader.daemon.hierarchical.assembly_kernels import clear_local_of, fill_local_of, induce_subgraph
+from loader.daemon.hierarchical.assembly_kernels import (
+    clear_local_of,
+    fill_local_of,
+    induce_subgraph,
+    static_sources_by_prefix,
+)
 from loader.daemon.resident import StaticCache
 
 
@@ -93,6 +98,25 @@ def test_induce_subgraph_equals_reference(case):
     assert indptr.dtype == np.int64 and indices.dtype == np.int32
     assert indptr.tolist() == expected_indptr
     assert indices.tolist() == expected_indices
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), k=st.integers(0, 8), dtype=st.sampled_from([np.int32, np.int64]))
+def test_static_sources_by_prefix_counts_what_each_prefix_keeps_first(data, k, dtype):
+    """Entry j: of the first j static nodes in rank order, their in-list entries from among those j, the head
+    ``group_static_lists`` makes of the cache ``select`` keeps for that prefix."""
+    nodes = sorted(data.draw(st.lists(st.integers(0, 30), unique=True, min_size=k, max_size=k)))
+    lists = [data.draw(st.lists(st.integers(0, 30), max_size=8)) for _ in nodes]
+    order = data.draw(st.permutations(range(k)))  # positions in rank order
+    rank = np.empty(k, dtype=np.int64)
+    rank[order] = np.arange(k)
+    indptr, indices = csc(lists, dtype)
+    counts = static_sources_by_prefix(indptr, indices, np.array(nodes, dtype=np.int64), rank)
+    expect = []
+    for j in range(k + 1):
+        kept = {nodes[v] for v in order[:j]}
+        expect.append(sum(u in kept for v in order[:j] for u in lists[v]))
+    assert counts.tolist() == expect
 
 
 def test_fill_local_of_rejects_bad_ids_and_leaves_the_map_clean():

@@ -59,16 +59,16 @@ def test_fits_and_describes():
 
 
 def test_the_static_cache_is_charged_once_with_its_in_lists():
-    # 5 static nodes of 64 B rows with 5,000 in-list entries of 4 B, each with room for its position among the
-    # static nodes: a page of rows and 10 of lists in the static part; a buffer's raw lists hold its partitions'
-    # lists only (the assembler reads the static lists where they are held), its induced lists room for every
-    # raw entry of its nodes and the static ones
-    with_static = plan_memory(**kwargs(static_edges=5000))
+    # 5 static nodes of 64 B rows with 5,000 in-list entries of 4 B, 1,000 of them from static nodes (each with
+    # its position among them, 4 B): a page of rows and 6 of lists in the static part; a buffer's raw lists hold
+    # its partitions' lists only (the assembler reads the static lists where they are held), its induced lists
+    # room for every raw entry of its nodes and the static ones
+    with_static = plan_memory(**kwargs(static_edges=5000, static_sources=1000))
     without = plan_memory(**kwargs(static_nodes=0, static_edges=0))
-    assert with_static.static_bytes == PAGE + 10 * PAGE and without.static_bytes == 0
-    assert 9 * PAGE < 5 * PER_STATIC_NODE_BYTES + 16 + 5000 * (4 + HEAD_SOURCE_BYTES) <= 10 * PAGE
+    assert with_static.static_bytes == PAGE + 6 * PAGE and without.static_bytes == 0
+    assert 5 * PAGE < 5 * PER_STATIC_NODE_BYTES + 16 + 5000 * 4 + 1000 * HEAD_SOURCE_BYTES <= 6 * PAGE
     assert with_static.buffer.max_raw_edges == without.buffer.max_raw_edges == 3000 + 100  # the 2 largest lists
-    assert "static cache 5 nodes (rows and in-lists) 44 KiB" in with_static.describe()
+    assert "static cache 5 nodes (rows and in-lists) 28 KiB" in with_static.describe()
     extra = with_static.buffer.index_bytes - without.buffer.index_bytes
     assert 5000 * 4 <= extra <= 5000 * 4 + 5 * 48 + PAGE
 
@@ -113,11 +113,12 @@ def test_the_evaluation_reader_is_charged_whatever_n_d():
 
 def static_plans(**over):
     """plan_memory with its static arguments left to plan_with_static (the harness's small table)."""
-    return lambda k, e: plan_memory(**kwargs(static_nodes=k, static_edges=e, **over))
+    return lambda k, e, h: plan_memory(**kwargs(static_nodes=k, static_edges=e, static_sources=h, **over))
 
 
 def choose(make, degrees, cut=0.4, cut_edges=1000):
-    return plan_with_static(make, static_degrees=degrees, static_cut_edges=degrees // 2, cut_edges=cut_edges,
+    return plan_with_static(make, static_degrees=degrees, static_cut_edges=degrees // 2,
+                            static_sources=np.concatenate([[0], np.cumsum(degrees // 4)]), cut_edges=cut_edges,
                             edge_cut=cut, num_partitions=5)
 
 
@@ -155,7 +156,7 @@ def test_auto_static_picks_the_best_fitting_candidate(budget, row_bytes, degrees
     for share in STATIC_SHARES:
         k = round(share * len(degrees))
         with contextlib.suppress(UserError):
-            candidates.append(make(k, int(degrees[:k].sum())))
+            candidates.append(make(k, int(degrees[:k].sum()), int((degrees[:k] // 4).sum())))
     if not candidates:
         with pytest.raises(UserError):
             choose(make, degrees, cut)
