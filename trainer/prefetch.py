@@ -1,5 +1,6 @@
-"""One batch ahead: the next batch is taken from the source and its device copy started (on a side CUDA
-stream) while the current one trains; every batch's seq is checked to follow the last one's."""
+"""One batch ahead on CUDA: the next batch is taken from the source and its device copy started (on a side
+stream) while the current one trains; on the host, where nothing overlaps the step, the next batch is taken
+only once the current one is handed back. Every batch's seq is checked to follow the last one's."""
 
 import time
 from collections.abc import Generator, Iterator
@@ -139,11 +140,20 @@ class Stager:
 
 def prefetched(batches: Iterator[Batch], stager: Stager, check: SequenceCheck
                 ) -> Generator[tuple[Batch, float], None, None]:
-    """(batch ready on the device, seconds waited for it), fetching and copying one batch ahead.
+    """(batch ready on the device, seconds waited for it), fetching and copying one batch ahead on CUDA.
+
+    On the host (no copy stream) it does not fetch ahead: there is no copy to overlap, and a batch taken
+    early would hold a second of the daemon's slots (2 a client by default) through the whole step, so the
+    daemon could publish the next batch only after the step, and the trainer would wait for every publish
+    (7.5 ms of a 36 ms step on bench/compare's graph). The consumer releases each batch before asking for the
+    next (``Batch.release``), so the daemon fills the other slot during the step.
 
     On the way out (end, error, or the consumer closing it) every batch taken from ``batches``
     has been released, the one being consumed included: release is idempotent.
     """
+    if stager.stream is None:
+        yield from _fetched_in_turn(batches, stager, check)
+        return
     fetched: Batch | None = None
     staged: _Staged | None = None
     current: _Staged | None = None
@@ -170,6 +180,33 @@ def prefetched(batches: Iterator[Batch], stager: Stager, check: SequenceCheck
                 stager.abandon(pending)
         if fetched is not None:
             fetched.release()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _fetched_in_turn(batches: Iterator[Batch], stager: Stager, check: SequenceCheck
+                     ) -> Generator[tuple[Batch, float], None, None]:
+    """``prefetched`` on the host: each batch taken from ``batches`` when the consumer asks for it."""
+    current: _Staged | None = None
+    try:
+        while True:
+            started = time.perf_counter()
+            fetched = next(batches, None)
+            if fetched is None:
+                return
+            current = None
+            try:
+                check(fetched.seq)
+            except BaseException:
+                fetched.release()
+                raise
+            current = stager.start(fetched)
+            ready = stager.finish(current)
+            yield ready, time.perf_counter() - started
+    finally:
+        if current is not None:
+            stager.abandon(current)
         close = getattr(batches, "close", None)
         if close is not None:
             close()

@@ -34,6 +34,8 @@ class ToySource(BatchSource):
         self.seqs = seqs if seqs is not None else list(range(batches))
         self.released: list[int] = []
         self.handed_out = 0
+        self.most_held = 0
+        """The most batches out and not yet released at once, counting the one being handed out."""
 
     @property
     def info(self) -> SourceInfo:
@@ -43,6 +45,7 @@ class ToySource(BatchSource):
     def _batch(self, key: int, seq: int) -> Batch:
         gen = torch.Generator().manual_seed(key)
         self.handed_out += 1
+        self.most_held = max(self.most_held, self.handed_out - len(self.released))
         return Batch(x=torch.randn(16, 4, generator=gen), y=torch.randint(0, 3, (8,), generator=gen),
                      edge_index=torch.stack([torch.randint(8, 16, (16,), generator=gen), torch.arange(8).repeat(2)]),
                      n_id=torch.arange(16), num_sampled_nodes=[8, 8], num_sampled_edges=[16], seq=seq,
@@ -152,6 +155,14 @@ def test_every_batch_is_released_once():
     toy = ToySource(batches=4)
     train(toy, TrainConfig(hidden=8, epochs=2))
     assert toy.handed_out == 2 * 4 + 2 * 2 * 2 and len(toy.released) == toy.handed_out
+
+
+def test_on_the_host_a_batch_is_taken_only_once_the_last_went_back():
+    # a batch taken ahead would hold a second of the daemon's 2 slots through the step, and the daemon could
+    # publish the next one only after it: the trainer would wait for every publish
+    toy = ToySource(batches=4)
+    train(toy, TrainConfig(hidden=8, epochs=2, device="cpu"))
+    assert toy.most_held == 1 and len(toy.released) == toy.handed_out
 
 
 def test_metrics_count_samples_and_serve_over_http():
